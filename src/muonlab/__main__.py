@@ -1,0 +1,3 @@
+from muonlab.cli import main
+
+raise SystemExit(main())
