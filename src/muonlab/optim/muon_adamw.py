@@ -1,0 +1,175 @@
+"""MuonAdamW: Muon (Polar Express + NorMuon + cautious weight decay) for matrices, AdamW for the rest.
+
+Numerically the upstream optimizer (karpathy/autoresearch train.py @ 228791f). Param groups
+carry `kind='muon'` or `kind='adamw'`. Hyperparameters enter the step functions as 0-D fp32
+tensors, as upstream, so that (a) torch.compile does not recompile when the schedule changes
+them and (b) the arithmetic on them is the same fp32 arithmetic compiled or not.
+
+Muon step per same-shape stack of matrices (one group per shape):
+  1. Nesterov momentum via lerp: m <- lerp(m, g, 1-mu);  u <- lerp(g, m, mu)
+  2. Polar Express orthogonalisation in bf16 (see polar.py)
+  3. NorMuon: per-row (tall) / per-column (wide) second moment v <- lerp(v, mean(u^2), 1-beta2),
+     u <- u / sqrt(v), rescaled to keep the Frobenius norm of the orthogonalised update
+  4. cautious weight decay (only where update and parameter agree in sign), lr scaled by
+     sqrt(max(1, rows/cols)).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from muonlab.optim.polar import polar_express
+
+ADAMW_DEFAULTS = dict(betas=(0.8, 0.95), eps=1e-10, weight_decay=0.0)
+MUON_DEFAULTS = dict(momentum=0.95, ns_steps=5, beta2=0.95, weight_decay=0.0)
+
+
+def adamw_step(p, grad, exp_avg, exp_avg_sq, step_t, lr_t, beta1_t, beta2_t, eps_t, wd_t):
+    """One AdamW update with bias correction, in place on p and its moments."""
+    p.mul_(1 - lr_t * wd_t)
+    exp_avg.lerp_(grad, 1 - beta1_t)
+    exp_avg_sq.lerp_(grad.square(), 1 - beta2_t)
+    bias1 = 1 - beta1_t ** step_t
+    bias2 = 1 - beta2_t ** step_t
+    denom = (exp_avg_sq / bias2).sqrt() + eps_t
+    p.add_(exp_avg / denom, alpha=-(lr_t / bias1))
+
+
+def muon_step(stacked_grads, stacked_params, momentum_buffer, second_momentum_buffer,
+              momentum_t, lr_t, wd_t, beta2_t, ns_steps: int, red_dim: int):
+    """One Muon update of a stack [N, rows, cols], in place on params and buffers.
+
+    `stacked_grads` is overwritten (it becomes the Nesterov look-ahead).
+    """
+    momentum = momentum_t.to(stacked_grads.dtype)
+    momentum_buffer.lerp_(stacked_grads, 1 - momentum)
+    g = stacked_grads.lerp_(momentum_buffer, momentum)
+    g = polar_express(g, ns_steps)
+    # NorMuon: per-neuron second moment along the reduced dimension
+    beta2 = beta2_t.to(g.dtype)
+    v_mean = g.float().square().mean(dim=red_dim, keepdim=True)
+    red_dim_size = g.size(red_dim)
+    v_norm = (v_mean.sum(dim=(-2, -1), keepdim=True) * red_dim_size).sqrt()
+    second_momentum_buffer.lerp_(v_mean.to(dtype=second_momentum_buffer.dtype), 1 - beta2)
+    step_size = second_momentum_buffer.clamp_min(1e-10).rsqrt()
+    scaled_sq_sum = (v_mean * red_dim_size) * step_size.float().square()
+    v_norm_new = scaled_sq_sum.sum(dim=(-2, -1), keepdim=True).sqrt()
+    g = g * (step_size * (v_norm / v_norm_new.clamp_min(1e-10))).to(g.dtype)
+    # cautious weight decay: decay only coordinates where update and parameter agree in sign
+    lr = lr_t.to(g.dtype)
+    wd = wd_t.to(g.dtype)
+    mask = (g * stacked_params) >= 0
+    stacked_params.sub_(lr * g + lr * wd * stacked_params * mask)
+
+
+def _scalar() -> torch.Tensor:
+    return torch.tensor(0.0, dtype=torch.float32, device="cpu")
+
+
+class MuonAdamW(torch.optim.Optimizer):
+    """Combined optimizer: Muon for 2-D matrix groups, AdamW for the others.
+
+    Args:
+        param_groups: dicts with `params`, `kind` ('muon' or 'adamw'), `lr`, and optionally
+            the kind's hyperparameters (defaults: ADAMW_DEFAULTS / MUON_DEFAULTS). All params
+            of a muon group must share one 2-D shape (they are stacked).
+        compile: wrap the step functions in torch.compile. None (default) compiles on CUDA,
+            where it pays, and runs eagerly elsewhere.
+    """
+
+    def __init__(self, param_groups, compile: bool | None = None):
+        groups = []
+        for group in param_groups:
+            group = dict(group)
+            kind = group.get("kind")
+            if kind not in ("muon", "adamw"):
+                raise ValueError(f"every param group needs kind='muon' or 'adamw', got {kind!r}")
+            defaults = MUON_DEFAULTS if kind == "muon" else ADAMW_DEFAULTS
+            for key, value in defaults.items():
+                group.setdefault(key, value)
+            group["params"] = list(group["params"])
+            if kind == "muon":
+                shapes = {tuple(p.shape) for p in group["params"]}
+                if len(shapes) > 1 or any(len(s) != 2 for s in shapes):
+                    raise ValueError(f"a muon group needs 2-D params of one shape, got {sorted(shapes)}")
+            groups.append(group)
+        super().__init__(groups, defaults={})
+        self._compile = compile
+        self._fns: dict[str, object] = {}
+        self._adamw_step_t, self._adamw_lr_t = _scalar(), _scalar()
+        self._adamw_beta1_t, self._adamw_beta2_t = _scalar(), _scalar()
+        self._adamw_eps_t, self._adamw_wd_t = _scalar(), _scalar()
+        self._muon_momentum_t, self._muon_lr_t = _scalar(), _scalar()
+        self._muon_wd_t, self._muon_beta2_t = _scalar(), _scalar()
+
+    def _fn(self, name: str, device: torch.device):
+        """The step function for `name`, compiled on CUDA unless told otherwise."""
+        key = f"{name}:{device.type}"
+        if key not in self._fns:
+            fn = adamw_step if name == "adamw" else muon_step
+            use_compile = self._compile if self._compile is not None else device.type == "cuda"
+            self._fns[key] = torch.compile(fn, dynamic=False, fullgraph=True) if use_compile else fn
+        return self._fns[key]
+
+    def _step_adamw(self, group):
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            state = self.state[p]
+            if not state:
+                state["step"] = 0
+                state["exp_avg"] = torch.zeros_like(p)
+                state["exp_avg_sq"] = torch.zeros_like(p)
+            state["step"] += 1
+            self._adamw_step_t.fill_(state["step"])
+            self._adamw_lr_t.fill_(group["lr"])
+            self._adamw_beta1_t.fill_(group["betas"][0])
+            self._adamw_beta2_t.fill_(group["betas"][1])
+            self._adamw_eps_t.fill_(group["eps"])
+            self._adamw_wd_t.fill_(group["weight_decay"])
+            self._fn("adamw", p.device)(
+                p, p.grad, state["exp_avg"], state["exp_avg_sq"], self._adamw_step_t,
+                self._adamw_lr_t, self._adamw_beta1_t, self._adamw_beta2_t,
+                self._adamw_eps_t, self._adamw_wd_t)
+
+    def _step_muon(self, group):
+        params = group["params"]
+        if not params:
+            return
+        if any(p.grad is None for p in params):
+            if all(p.grad is None for p in params):
+                return
+            raise RuntimeError("MuonAdamW: some matrices of a muon group have no gradient")
+        p0 = params[0]
+        state = self.state[p0]  # the stack's state lives on its first parameter
+        rows, cols = p0.shape
+        if "momentum_buffer" not in state:
+            state["momentum_buffer"] = torch.zeros(len(params), rows, cols, dtype=p0.dtype, device=p0.device)
+        if "second_momentum_buffer" not in state:
+            shape = (len(params), rows, 1) if rows >= cols else (len(params), 1, cols)
+            state["second_momentum_buffer"] = torch.zeros(shape, dtype=p0.dtype, device=p0.device)
+        red_dim = -1 if rows >= cols else -2
+        stacked_grads = torch.stack([p.grad for p in params])
+        stacked_params = torch.stack(params)
+        self._muon_momentum_t.fill_(group["momentum"])
+        self._muon_beta2_t.fill_(group["beta2"] if group["beta2"] is not None else 0.0)
+        self._muon_lr_t.fill_(group["lr"] * max(1.0, rows / cols) ** 0.5)  # shape factor
+        self._muon_wd_t.fill_(group["weight_decay"])
+        self._fn("muon", p0.device)(
+            stacked_grads, stacked_params, state["momentum_buffer"], state["second_momentum_buffer"],
+            self._muon_momentum_t, self._muon_lr_t, self._muon_wd_t, self._muon_beta2_t,
+            group["ns_steps"], red_dim)
+        torch._foreach_copy_(params, list(stacked_params.unbind(0)))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            if group["kind"] == "adamw":
+                self._step_adamw(group)
+            else:
+                self._step_muon(group)
+        return loss
