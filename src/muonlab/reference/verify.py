@@ -20,6 +20,7 @@ import torch
 from muonlab.device import autocast_context
 from muonlab.errors import MuonlabError, UsageError
 from muonlab.model import GPT, GPTConfig
+from muonlab.optim.schedules import set_schedule_values
 
 BUNDLE_FORMAT = "autoresearch-reference/1"
 REQUIRED_KEYS = ("format", "model_config", "optimizer", "precision", "init_state_dict",
@@ -176,11 +177,7 @@ def verify_bundle(path: str | Path) -> ReferenceReport:
         for n, p in named.items():
             p.grad = ref_grads[n].clone().to(p.dtype)
         sched = bundle["schedule"][s]
-        for group in optimizer.param_groups:
-            group["lr"] = group["initial_lr"] * sched["lrm"]
-            if group["kind"] == "muon":
-                group["momentum"] = sched["muon_momentum"]
-                group["weight_decay"] = sched["muon_weight_decay"]
+        set_schedule_values(optimizer, sched["lrm"], sched["muon_momentum"], sched["muon_weight_decay"])
         optimizer.step()
         after = steps[s + 1]["params"] if s + 1 < n_steps else bundle["final_state_dict"]
         before = steps[s]["params"]

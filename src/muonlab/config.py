@@ -1,0 +1,222 @@
+"""Typed run configuration, protocol presets, validation and the config hash.
+
+A run is fully described by a `TrainConfig` (with its nested `DataConfig`). Presets are
+named starting points; arms and CLI flags are overrides on top of them. The resolved config
+is saved whole with every run, and its hash (over everything that can change the numbers)
+identifies the run in the ledger.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from muonlab.data.config import DataConfig
+from muonlab.device import PRECISIONS
+from muonlab.errors import UsageError
+from muonlab.model.attention import BACKENDS
+
+COMPILE_MODES = ("auto", "on", "off")
+
+# Fields that only say where things go or how much is printed: they never change a result.
+BOOKKEEPING_FIELDS = ("run_name", "runs_dir", "ledger", "log_every", "quiet", "arm")
+
+
+@dataclass
+class TrainConfig:
+    # model shape (upstream: model_dim = depth * aspect_ratio rounded up to head_dim)
+    depth: int = 8
+    aspect_ratio: int = 64
+    head_dim: int = 128
+    n_embd: int | None = None  # explicit width; None derives it from depth and aspect ratio
+    n_kv_head: int | None = None  # None: as many as query heads
+    window_pattern: str = "SSSL"
+    sequence_len: int = 2048
+    # batch: total_batch_size tokens per optimizer step, device_batch_size rows per micro-step
+    device_batch_size: int = 64
+    total_batch_size: int = 2**19
+    # duration: fixed steps (seed 002 protocol) or upstream's training-time budget in seconds
+    num_steps: int | None = 953
+    time_budget: float | None = None
+    untimed_steps: int = 11  # compile/warm-up steps excluded from timing and progress
+    # optimizer (upstream train.py defaults)
+    embedding_lr: float = 0.6
+    unembedding_lr: float = 0.004
+    matrix_lr: float = 0.04
+    scalar_lr: float = 0.5
+    weight_decay: float = 0.2
+    adam_beta1: float = 0.8
+    adam_beta2: float = 0.95
+    warmup_ratio: float = 0.0
+    warmdown_ratio: float = 0.5
+    final_lr_frac: float = 0.0
+    muon_momentum_start: float = 0.85
+    muon_momentum_end: float = 0.95
+    muon_momentum_warmup_steps: int = 300
+    # evaluation: tokens scored per split (val and holdout), batch rows per eval step
+    eval_tokens: int = 40 * 2**19
+    eval_batch_size: int | None = None  # None: device_batch_size
+    max_loss: float = 100.0  # fast fail above this training loss (upstream)
+    # runtime
+    seed: int = 42
+    device: str = "auto"
+    precision: str = "auto"
+    compile: str = "auto"
+    attn_backend: str = "auto"
+    # bookkeeping
+    arm: str = "baseline"
+    run_name: str | None = None
+    runs_dir: str | None = None  # default: <cache>/runs
+    ledger: str | None = None  # default: <runs_dir>/ledger.jsonl
+    log_every: int = 1
+    quiet: bool = False
+    data: DataConfig = field(default_factory=DataConfig)
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def model_dim(self) -> int:
+        if self.n_embd is not None:
+            return self.n_embd
+        base = self.depth * self.aspect_ratio
+        return ((base + self.head_dim - 1) // self.head_dim) * self.head_dim
+
+    @property
+    def n_head(self) -> int:
+        return self.model_dim // self.head_dim
+
+    @property
+    def tokens_per_micro_step(self) -> int:
+        return self.device_batch_size * self.sequence_len
+
+    @property
+    def grad_accum_steps(self) -> int:
+        return self.total_batch_size // self.tokens_per_micro_step
+
+    # ------------------------------------------------------------------ checks
+    def validate(self) -> "TrainConfig":
+        """Raise UsageError with one line naming the first impossible setting; return self."""
+        positive = ("depth", "aspect_ratio", "head_dim", "sequence_len", "device_batch_size",
+                    "total_batch_size", "eval_tokens", "log_every")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise UsageError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.model_dim % self.head_dim != 0:
+            raise UsageError(f"width {self.model_dim} is not divisible by head_dim {self.head_dim}")
+        if self.head_dim % 2 != 0:
+            raise UsageError(f"head_dim must be even for RoPE, got {self.head_dim}")
+        if self.model_dim < 32:
+            raise UsageError(f"width must be >= 32 (the value-embedding gate reads 32 channels), got {self.model_dim}")
+        if self.n_kv_head is not None and (self.n_kv_head < 1 or self.n_head % self.n_kv_head):
+            raise UsageError(f"n_head {self.n_head} is not a multiple of n_kv_head {self.n_kv_head}")
+        if self.total_batch_size % self.tokens_per_micro_step != 0:
+            raise UsageError(
+                f"total_batch_size {self.total_batch_size} is not divisible by device_batch_size x "
+                f"sequence_len = {self.device_batch_size} x {self.sequence_len} = {self.tokens_per_micro_step}")
+        if not self.window_pattern or any(c not in "SLsl" for c in self.window_pattern):
+            raise UsageError(f"window_pattern must use only S and L, got {self.window_pattern!r}")
+        if (self.num_steps is None) == (self.time_budget is None):
+            raise UsageError("give exactly one of num_steps and time_budget")
+        if self.num_steps is not None and self.num_steps < 1:
+            raise UsageError(f"num_steps must be >= 1, got {self.num_steps}")
+        if self.time_budget is not None and self.time_budget <= 0:
+            raise UsageError(f"time_budget must be > 0 seconds, got {self.time_budget}")
+        if self.untimed_steps < 0:
+            raise UsageError(f"untimed_steps must be >= 0, got {self.untimed_steps}")
+        if not (0 <= self.warmup_ratio <= 1 and 0 < self.warmdown_ratio <= 1
+                and self.warmup_ratio + self.warmdown_ratio <= 1):
+            raise UsageError("need 0 <= warmup_ratio, 0 < warmdown_ratio, warmup_ratio + warmdown_ratio <= 1")
+        for name in ("embedding_lr", "unembedding_lr", "matrix_lr", "scalar_lr", "weight_decay"):
+            if getattr(self, name) < 0:
+                raise UsageError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("adam_beta1", "adam_beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise UsageError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.eval_batch_size is not None and self.eval_batch_size < 1:
+            raise UsageError(f"eval_batch_size must be >= 1, got {self.eval_batch_size}")
+        if self.precision not in PRECISIONS:
+            raise UsageError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.compile not in COMPILE_MODES:
+            raise UsageError(f"compile must be one of {', '.join(COMPILE_MODES)}, got {self.compile!r}")
+        if self.attn_backend not in BACKENDS:
+            raise UsageError(f"attn_backend must be one of {', '.join(BACKENDS)}, got {self.attn_backend!r}")
+        self.data.validate()
+        return self
+
+    # ------------------------------------------------------------------ serialisation
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "TrainConfig":
+        values = dict(values)
+        data = DataConfig(**values.pop("data", {}))
+        return cls(**values, data=data)
+
+    def config_hash(self) -> str:
+        """sha256 (first 16 hex digits) of every field that can change a result."""
+        values = self.to_dict()
+        for name in BOOKKEEPING_FIELDS:
+            values.pop(name, None)
+        values["data"].pop("cache_dir", None)
+        values["data"].pop("download_workers", None)
+        blob = json.dumps(values, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # Seed papers' protocol (spec-002 §3.1): depth 8, T 2048, vocab 8192, 64 x 4 accumulation
+    # = 524,288 tokens per step, 953 fixed steps, zero warmup, ClimbMix.
+    "gpu-d8": dict(depth=8, sequence_len=2048, device_batch_size=64, total_batch_size=2**19,
+                   num_steps=953, warmup_ratio=0.0, eval_tokens=40 * 2**19,
+                   data=dict(source="climbmix", vocab_size=8192)),
+    # Same protocol at depth 6 (26,345,772 scaling parameters).
+    "gpu-d6": dict(depth=6, sequence_len=2048, device_batch_size=64, total_batch_size=2**19,
+                   num_steps=953, warmup_ratio=0.0, eval_tokens=40 * 2**19,
+                   data=dict(source="climbmix", vocab_size=8192)),
+    # Upstream autoresearch as published: 5-minute budget, device batch 128.
+    "upstream": dict(depth=8, sequence_len=2048, device_batch_size=128, total_batch_size=2**19,
+                     num_steps=None, time_budget=300.0, eval_tokens=40 * 2**19,
+                     data=dict(source="climbmix", vocab_size=8192)),
+    # The CPU demo: embedded stdlib corpus, 4 layers x 256 wide, T 256, vocab 2048.
+    "cpu-demo": dict(depth=4, aspect_ratio=64, head_dim=128, sequence_len=256,
+                     device_batch_size=16, total_batch_size=16 * 256, num_steps=400,
+                     untimed_steps=2, muon_momentum_warmup_steps=100,
+                     eval_tokens=2**17, precision="fp32", compile="off",
+                     log_every=10, data=dict(source="stdlib", vocab_size=2048)),
+    # A seconds-long configuration for tests and smoke checks.
+    "cpu-tiny": dict(depth=2, aspect_ratio=32, head_dim=32, sequence_len=64,
+                     device_batch_size=4, total_batch_size=4 * 64 * 2, num_steps=12,
+                     untimed_steps=1, muon_momentum_warmup_steps=10, eval_tokens=4 * 64 * 4,
+                     precision="fp32", compile="off", log_every=1,
+                     data=dict(source="synthetic", vocab_size=300, synthetic_bytes=200_000)),
+}
+
+
+def preset(name: str) -> TrainConfig:
+    if name not in PRESETS:
+        raise UsageError(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}")
+    return apply_overrides(TrainConfig(), PRESETS[name])
+
+
+def apply_overrides(cfg: TrainConfig, overrides: dict[str, Any]) -> TrainConfig:
+    """Return a copy of cfg with `overrides` applied (a nested `data` dict updates DataConfig)."""
+    cfg = copy.deepcopy(cfg)
+    train_fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    data_fields = {f.name for f in dataclasses.fields(DataConfig)}
+    for key, value in overrides.items():
+        if key == "data":
+            for dkey, dvalue in value.items():
+                if dkey not in data_fields:
+                    raise UsageError(f"unknown data setting {dkey!r}")
+                setattr(cfg.data, dkey, dvalue)
+        elif key in train_fields:
+            setattr(cfg, key, value)
+        elif key in data_fields:
+            setattr(cfg.data, key, value)
+        else:
+            raise UsageError(f"unknown setting {key!r}")
+    return cfg

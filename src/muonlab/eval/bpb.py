@@ -1,0 +1,54 @@
+"""Bits per byte (BPB), the tokenizer-independent metric of upstream autoresearch.
+
+BPB = sum of per-token cross-entropy (nats) / (ln 2 * sum of target byte lengths), where a
+token's byte length is that of its UTF-8 text. Special tokens have byte length 0 and are
+left out of both sums. Sums are kept in float64 on the device to avoid a sync per batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import asdict, dataclass
+from typing import Iterable
+
+import torch
+
+
+@dataclass
+class EvalResult:
+    bpb: float
+    ce: float  # mean nats per scored token
+    ppl: float
+    nats: float
+    bytes: int
+    tokens: int  # scored tokens (non-special targets)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@torch.no_grad()
+def evaluate_bpb(model, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], token_bytes: torch.Tensor,
+                 autocast=contextlib.nullcontext, device: torch.device | None = None) -> EvalResult:
+    """Score every (x, y) batch; `token_bytes[id]` is the byte length of token id (0 = special)."""
+    device = device or token_bytes.device
+    token_bytes = token_bytes.to(device)
+    total_nats = torch.zeros((), dtype=torch.float64, device=device)
+    total_bytes = torch.zeros((), dtype=torch.int64, device=device)
+    total_tokens = torch.zeros((), dtype=torch.int64, device=device)
+    for x, y in batches:
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        with autocast():
+            loss = model(x, y, reduction="none").view(-1)
+        nbytes = token_bytes[y.view(-1)]
+        mask = nbytes > 0
+        total_nats += (loss.double() * mask).sum()
+        total_bytes += nbytes.sum()
+        total_tokens += mask.sum()
+    nats, nbytes, ntok = total_nats.item(), int(total_bytes.item()), int(total_tokens.item())
+    if nbytes == 0:
+        raise ValueError("evaluation saw no bytes: the split is empty")
+    ce = nats / max(ntok, 1)
+    return EvalResult(bpb=nats / (math.log(2) * nbytes), ce=ce, ppl=math.exp(min(ce, 700.0)),
+                      nats=nats, bytes=nbytes, tokens=ntok)

@@ -1,0 +1,1 @@
+"""The experiment lab: ledger, provenance (and, later, arms, sweeps, statistics, reports)."""

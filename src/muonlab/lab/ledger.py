@@ -1,0 +1,45 @@
+"""The run ledger: append-only JSON Lines, one object per finished or failed run.
+
+Appends take an exclusive file lock and write the whole line with one `write` followed by
+fsync, so concurrent writers never interleave or tear lines, and a reader never sees a
+partial record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+from filelock import FileLock
+
+STATUSES = ("ok", "failed", "diverged")
+
+
+def append_record(path: str | os.PathLike, record: dict[str, Any]) -> None:
+    path = Path(path)
+    if record.get("status") not in STATUSES:
+        raise ValueError(f"ledger status must be one of {STATUSES}, got {record.get('status')!r}")
+    line = json.dumps(record, sort_keys=True, separators=(",", ":"), allow_nan=True) + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(path) + ".lock"):
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line.encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def read_records(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
+    path = Path(path)
+    if not path.exists():
+        return
+    with open(path) as f:
+        for lineno, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    yield json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{path}:{lineno}: not a JSON ledger line") from exc

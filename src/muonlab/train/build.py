@@ -1,0 +1,39 @@
+"""Build the model and optimizer of a run exactly as upstream's set-up does."""
+
+from __future__ import annotations
+
+import torch
+
+from muonlab.config import TrainConfig
+from muonlab.device import Runtime
+from muonlab.model import GPT, GPTConfig
+
+
+def model_config(cfg: TrainConfig, vocab_size: int) -> GPTConfig:
+    n_head = cfg.n_head
+    return GPTConfig(sequence_len=cfg.sequence_len, vocab_size=vocab_size, n_layer=cfg.depth,
+                     n_head=n_head, n_kv_head=cfg.n_kv_head or n_head, n_embd=cfg.model_dim,
+                     window_pattern=cfg.window_pattern.upper(), attn_backend=cfg.attn_backend)
+
+
+def build_model(cfg: TrainConfig, vocab_size: int, runtime: Runtime) -> GPT:
+    """Construct on the meta device, materialise on the target device, initialise.
+
+    Under precision fp32 the whole model (embeddings included) is cast to fp32 after
+    init_weights, as the reference bundle's fp32 recording does.
+    """
+    with torch.device("meta"):
+        model = GPT(model_config(cfg, vocab_size))
+    model.to_empty(device=runtime.device)
+    model.init_weights()
+    if runtime.precision == "fp32":
+        model.float()
+    model.resolve_attention_backend()
+    return model
+
+
+def build_optimizer(model: GPT, cfg: TrainConfig, compile_step: bool):
+    return model.setup_optimizer(
+        unembedding_lr=cfg.unembedding_lr, embedding_lr=cfg.embedding_lr, matrix_lr=cfg.matrix_lr,
+        weight_decay=cfg.weight_decay, adam_betas=(cfg.adam_beta1, cfg.adam_beta2),
+        scalar_lr=cfg.scalar_lr, compile=compile_step)

@@ -1,0 +1,172 @@
+"""One training run end to end: data, model, loop, evaluation, run directory, ledger line.
+
+Bad configuration fails before anything is written. Once the run directory exists, every
+outcome is recorded: `ok`, `diverged` (NaN/Inf or exploding loss, with the step) or
+`failed` (any other error, including Ctrl-C), each as exactly one ledger line.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from muonlab.config import TrainConfig
+from muonlab.data.packing import BestFitLoader
+from muonlab.data.prepare import PreparedData, prepare_data
+from muonlab.device import Runtime, detect_device, peak_flops, peak_memory_mb, resolve_precision
+from muonlab.eval import EvalResult, evaluate_bpb
+from muonlab.lab import ledger, provenance
+from muonlab.train.build import build_model, build_optimizer
+from muonlab.train.loop import Diverged, train_loop
+from muonlab.train.rundir import RunDir, append_metrics, ledger_path, new_run_id
+
+SUMMARY_KEYS = ("val_bpb", "holdout_bpb", "training_seconds", "total_seconds", "peak_vram_mb",
+                "mfu_percent", "total_tokens_M", "num_steps", "num_params_M", "depth")
+
+
+@dataclass
+class RunResult:
+    run_id: str
+    run_dir: Path
+    status: str
+    summary: dict
+    metrics: dict = field(default_factory=dict)
+    error: str | None = None
+
+
+def format_summary(summary: dict) -> str:
+    """Upstream's closing block: '---' then one `key: value` line per summary key."""
+    lines = ["---"]
+    for key in SUMMARY_KEYS:
+        value = summary.get(key)
+        if isinstance(value, float):
+            digits = 6 if key.endswith("bpb") else (2 if key == "mfu_percent" else 1)
+            text = f"{value:.{digits}f}"
+        else:
+            text = "n/a" if value is None else str(value)
+        lines.append(f"{key + ':':<18}{text}")
+    return "\n".join(lines)
+
+
+def _use_compile(cfg: TrainConfig, runtime: Runtime) -> bool:
+    return cfg.compile == "on" or (cfg.compile == "auto" and runtime.device.type == "cuda")
+
+
+def evaluate_splits(model, data: PreparedData, cfg: TrainConfig, runtime: Runtime) -> dict[str, EvalResult]:
+    """val_bpb and holdout_bpb, each over at most cfg.eval_tokens tokens of its split."""
+    token_bytes = data.tokenizer.token_bytes(device=runtime.device)
+    batch = cfg.eval_batch_size or cfg.device_batch_size
+    model.eval()
+    results = {}
+    for split in ("val", "holdout"):
+        rows = data.eval_rows(split, batch, cfg.sequence_len, cfg.eval_tokens)
+        results[split] = evaluate_bpb(model, rows, token_bytes, runtime.autocast, runtime.device)
+    model.train()
+    return results
+
+
+def run_training(cfg: TrainConfig, log: Callable[[str], None] = print,
+                 data: PreparedData | None = None) -> RunResult:
+    """Train and evaluate one run; raises on failure after recording it."""
+    cfg.validate()
+    t_start = time.time()
+    device = detect_device(cfg.device)
+    runtime = Runtime(device, resolve_precision(cfg.precision, device))
+    if data is None:
+        data = prepare_data(cfg.data, log=log)
+    run_id = new_run_id(cfg)
+    run = RunDir.create(cfg, run_id)
+    prov = provenance.collect(runtime.device, corpus_hash=data.corpus_hash,
+                              tokenizer_hash=data.tokenizer_hash, data_source=cfg.data.source)
+    record = dict(run_id=run_id, arm=cfg.arm, seed=cfg.seed, config_hash=cfg.config_hash(),
+                  run_dir=str(run.path), config=cfg.to_dict(), provenance=prov)
+    summary: dict = {"status": "failed", "run_id": run_id}
+    try:
+        summary, metrics = _train_and_evaluate(cfg, data, runtime, run, t_start, log)
+        record.update(status="ok", metrics=metrics)
+        return RunResult(run_id, run.path, "ok", summary, metrics)
+    except Diverged as exc:
+        summary = {"status": "diverged", "run_id": run_id, "diverged_step": exc.step, "loss": exc.loss}
+        record.update(status="diverged", metrics={"diverged_step": exc.step, "loss": exc.loss},
+                      error=str(exc))
+        raise
+    except BaseException as exc:
+        message = str(exc) or exc.__class__.__name__
+        summary = {"status": "failed", "run_id": run_id, "error": message}
+        record.update(status="failed", metrics={}, error=message,
+                      traceback=traceback.format_exc(limit=8))
+        raise
+    finally:
+        record["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        if summary.get("status") != "ok":
+            run.write_summary(summary)
+        ledger.append_record(ledger_path(cfg), record)
+
+
+def _train_and_evaluate(cfg, data, runtime, run, t_start, log):
+    torch.manual_seed(cfg.seed)
+    if runtime.device.type == "cuda":
+        torch.cuda.manual_seed(cfg.seed)
+        torch.cuda.reset_peak_memory_stats(runtime.device)
+        torch.set_float32_matmul_precision("high")
+    compile_on = _use_compile(cfg, runtime)
+    model = build_model(cfg, data.tokenizer.vocab_size, runtime)
+    counts = model.num_scaling_params()
+    flops_per_token = model.estimate_flops()
+    optimizer = build_optimizer(model, cfg, compile_step=compile_on)
+    train_model = torch.compile(model, dynamic=False) if compile_on else model
+    loader = BestFitLoader(data.train_documents, data.tokenizer, cfg.device_batch_size,
+                           cfg.sequence_len, device=runtime.device)
+    log(f"run {run.path.name}: {counts['total']:,} params, width {cfg.model_dim}, depth {cfg.depth}, "
+        f"{cfg.grad_accum_steps} micro-steps x {cfg.tokens_per_micro_step:,} tokens, device {runtime.device}, "
+        f"precision {runtime.precision}, attention {model.transformer.h[0].attn.backend}, compile {compile_on}")
+    t_train = time.time()
+    with run.open_metrics() as metrics_file:
+        stats = train_loop(cfg, train_model, optimizer, loader, runtime, flops_per_token,
+                           on_step=lambda rec: append_metrics(metrics_file, rec))
+    evals = evaluate_splits(model, data, cfg, runtime)
+    run.save_weights(model)
+    timed_steps = stats.steps - min(cfg.untimed_steps, stats.steps)
+    peak = peak_flops(runtime.device)
+    mfu = (100 * flops_per_token * cfg.total_batch_size * timed_steps / stats.training_seconds / peak
+           if peak and stats.training_seconds > 0 else None)
+    total_tokens = stats.steps * cfg.total_batch_size
+    summary = {
+        "val_bpb": evals["val"].bpb,
+        "holdout_bpb": evals["holdout"].bpb,
+        "training_seconds": stats.training_seconds,
+        "total_seconds": time.time() - t_start,
+        "peak_vram_mb": peak_memory_mb(runtime.device),
+        "mfu_percent": mfu,
+        "total_tokens_M": total_tokens / 1e6,
+        "num_steps": stats.steps,
+        "num_params_M": counts["total"] / 1e6,
+        "depth": cfg.depth,
+        "status": "ok",
+        "run_id": run.path.name,
+        "startup_seconds": t_train - t_start,
+        "tokens_per_second": (cfg.total_batch_size * timed_steps / stats.training_seconds
+                              if stats.training_seconds > 0 else math.nan),
+        "final_train_loss": stats.smooth_loss,
+        "entropy_bpb": data.entropy_bits_per_byte,
+    }
+    run.write_summary(summary)
+    metrics = {
+        "val_bpb": evals["val"].bpb, "holdout_bpb": evals["holdout"].bpb,
+        "val_ce": evals["val"].ce, "holdout_ce": evals["holdout"].ce,
+        "val_ppl": evals["val"].ppl, "holdout_ppl": evals["holdout"].ppl,
+        "val_tokens": evals["val"].tokens, "holdout_tokens": evals["holdout"].tokens,
+        "val_bytes": evals["val"].bytes, "holdout_bytes": evals["holdout"].bytes,
+        "peak_memory_mb": summary["peak_vram_mb"], "training_seconds": stats.training_seconds,
+        "total_seconds": summary["total_seconds"], "steps": stats.steps, "tokens": total_tokens,
+        "tokens_per_second": summary["tokens_per_second"], "mfu_percent": mfu,
+        "num_params": counts["total"], "param_counts": counts, "flops_per_token": flops_per_token,
+        "final_train_loss": stats.smooth_loss, "entropy_bpb": data.entropy_bits_per_byte,
+    }
+    return summary, metrics

@@ -1,0 +1,67 @@
+"""A run directory: resolved config, per-step metrics (JSONL), summary, final weights.
+
+Layout (DESIGN.md contract):
+    <runs_dir>/<run_id>/config.json     the resolved TrainConfig, whole
+                        metrics.jsonl   one line per optimizer step
+                        summary.json    upstream's summary keys + holdout_bpb + status
+                        model.pt        final weights (state_dict, read with weights_only=True)
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from muonlab.atomic import atomic_open, write_json
+from muonlab.config import TrainConfig
+from muonlab.paths import cache_root
+
+
+def runs_dir(cfg: TrainConfig) -> Path:
+    return Path(cfg.runs_dir).expanduser() if cfg.runs_dir else cache_root(cfg.data.cache_dir) / "runs"
+
+
+def ledger_path(cfg: TrainConfig) -> Path:
+    return Path(cfg.ledger).expanduser() if cfg.ledger else runs_dir(cfg) / "ledger.jsonl"
+
+
+def new_run_id(cfg: TrainConfig) -> str:
+    if cfg.run_name:
+        return cfg.run_name
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return f"{cfg.arm}-s{cfg.seed}-{stamp}-{cfg.config_hash()[:8]}"
+
+
+class RunDir:
+    def __init__(self, path: Path):
+        self.path = path
+
+    @classmethod
+    def create(cls, cfg: TrainConfig, run_id: str) -> "RunDir":
+        path = runs_dir(cfg) / run_id
+        if path.exists() and any(path.iterdir()):
+            raise FileExistsError(f"run directory {path} already exists")
+        path.mkdir(parents=True, exist_ok=True)
+        run = cls(path)
+        write_json(path / "config.json", {"config": cfg.to_dict(), "config_hash": cfg.config_hash()})
+        return run
+
+    def open_metrics(self):
+        return open(self.path / "metrics.jsonl", "a", buffering=1)
+
+    def write_summary(self, summary: dict) -> None:
+        write_json(self.path / "summary.json", summary)
+
+    def save_weights(self, model) -> Path:
+        target = self.path / "model.pt"
+        state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+        with atomic_open(target, "wb") as f:
+            torch.save(state, f)
+        return target
+
+
+def append_metrics(handle, record: dict) -> None:
+    handle.write(json.dumps(record, separators=(",", ":")) + "\n")
