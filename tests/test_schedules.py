@@ -1,0 +1,53 @@
+"""Schedules against upstream's formulas and the fixed-step progress of seed 002 §4."""
+
+import pytest
+
+from muonlab.optim.schedules import Schedule, step_progress, time_progress
+
+
+def test_fixed_step_progress_953():
+    assert all(step_progress(s, 953) == 0.0 for s in range(12))
+    assert step_progress(12, 953) == pytest.approx(1 / 942)
+    assert step_progress(952, 953) == pytest.approx(941 / 942)
+    assert step_progress(953, 953) == 1.0
+
+
+def test_lr_multiplier_953_matches_spec():
+    sched = Schedule()
+    lrm = [sched.lr_multiplier(step_progress(s, 953)) for s in range(953)]
+    assert all(v == 1.0 for v in lrm[:482])  # lrm = 1 for steps <= 481 (spec-002 §1.2)
+    assert lrm[952] == pytest.approx(2 / 942)
+    assert all(a >= b for a, b in zip(lrm, lrm[1:]))
+
+
+def test_warmup_and_final_fraction():
+    sched = Schedule(warmup_ratio=0.1, warmdown_ratio=0.5, final_lr_frac=0.1)
+    assert sched.lr_multiplier(0.05) == pytest.approx(0.5)
+    assert sched.lr_multiplier(0.3) == 1.0
+    assert sched.lr_multiplier(1.0) == pytest.approx(0.1)
+    assert sched.lr_multiplier(0.75) == pytest.approx(0.55)
+
+
+def test_momentum_and_weight_decay():
+    sched = Schedule(weight_decay=0.2)
+    assert sched.muon_momentum(0) == 0.85
+    assert sched.muon_momentum(150) == pytest.approx(0.90)
+    assert sched.muon_momentum(300) == sched.muon_momentum(5000) == pytest.approx(0.95)
+    assert sched.muon_weight_decay(0.0) == 0.2 and sched.muon_weight_decay(1.0) == 0.0
+    assert sched.muon_weight_decay(0.25) == pytest.approx(0.15)
+
+
+def test_time_progress():
+    assert time_progress(150, 300) == 0.5 and time_progress(400, 300) == 1.0
+
+
+def test_apply_sets_groups():
+    class Opt:
+        param_groups = [dict(kind="adamw", initial_lr=0.2, lr=0.0), dict(kind="muon", initial_lr=0.04, lr=0.0)]
+
+    values = Schedule().apply(Opt, step=0, progress=0.75)
+    assert values["lrm"] == pytest.approx(0.5)
+    assert Opt.param_groups[0]["lr"] == pytest.approx(0.1) and "momentum" not in Opt.param_groups[0]
+    assert Opt.param_groups[1]["lr"] == pytest.approx(0.02)
+    assert Opt.param_groups[1]["momentum"] == 0.85
+    assert Opt.param_groups[1]["weight_decay"] == pytest.approx(0.05)
