@@ -161,8 +161,9 @@ class TrainConfig:
         values = self.to_dict()
         for name in BOOKKEEPING_FIELDS:
             values.pop(name, None)
-        values["data"].pop("cache_dir", None)
-        values["data"].pop("download_workers", None)
+        for name in ("cache_dir", "download_workers", "download_retries", "download_backoff_s",
+                     "download_timeout_s"):
+            values["data"].pop(name, None)
         blob = json.dumps(values, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -186,7 +187,10 @@ PRESETS: dict[str, dict[str, Any]] = {
                      device_batch_size=16, total_batch_size=16 * 256, num_steps=400,
                      untimed_steps=2, muon_momentum_warmup_steps=100,
                      eval_tokens=2**17, precision="fp32", compile="off",
-                     log_every=10, data=dict(source="stdlib", vocab_size=2048)),
+                     log_every=10,
+                     # stdlib files are ~2,600 tokens long: cut them at line breaks into pieces
+                     # that fit a 257-token row, or best-fit packing drops all but each file's head
+                     data=dict(source="stdlib", vocab_size=2048, max_doc_chars=768)),
     # A seconds-long configuration for tests and smoke checks.
     "cpu-tiny": dict(depth=2, aspect_ratio=32, head_dim=32, sequence_len=64,
                      device_batch_size=4, total_batch_size=4 * 64 * 2, num_steps=12,

@@ -17,7 +17,6 @@ from typing import Callable
 import torch
 
 from muonlab.config import TrainConfig
-from muonlab.data.packing import BestFitLoader
 from muonlab.data.prepare import PreparedData, prepare_data
 from muonlab.device import Runtime, detect_device, peak_flops, peak_memory_mb, resolve_precision
 from muonlab.eval import EvalResult, evaluate_bpb
@@ -65,7 +64,7 @@ def evaluate_splits(model, data: PreparedData, cfg: TrainConfig, runtime: Runtim
     model.eval()
     results = {}
     for split in ("val", "holdout"):
-        rows = data.eval_rows(split, batch, cfg.sequence_len, cfg.eval_tokens)
+        rows = data.eval_rows(split, batch, cfg.sequence_len, cfg.eval_tokens, device=runtime.device)
         results[split] = evaluate_bpb(model, rows, token_bytes, runtime.autocast, runtime.device)
     model.train()
     return results
@@ -121,8 +120,7 @@ def _train_and_evaluate(cfg, data, runtime, run, t_start, log):
     flops_per_token = model.estimate_flops()
     optimizer = build_optimizer(model, cfg, compile_step=compile_on)
     train_model = torch.compile(model, dynamic=False) if compile_on else model
-    loader = BestFitLoader(data.train_documents, data.tokenizer, cfg.device_batch_size,
-                           cfg.sequence_len, device=runtime.device)
+    loader = data.loader(cfg.device_batch_size, cfg.sequence_len, "train", device=runtime.device)
     log(f"run {run.path.name}: {counts['total']:,} params, width {cfg.model_dim}, depth {cfg.depth}, "
         f"{cfg.grad_accum_steps} micro-steps x {cfg.tokens_per_micro_step:,} tokens, device {runtime.device}, "
         f"precision {runtime.precision}, attention {model.transformer.h[0].attn.backend}, compile {compile_on}")

@@ -10,6 +10,7 @@ Layout (DESIGN.md contract):
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -32,7 +33,8 @@ def new_run_id(cfg: TrainConfig) -> str:
     if cfg.run_name:
         return cfg.run_name
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return f"{cfg.arm}-s{cfg.seed}-{stamp}-{cfg.config_hash()[:8]}"
+    # a random suffix keeps ids unique when runs of one config start within the same second
+    return f"{cfg.arm}-s{cfg.seed}-{stamp}-{cfg.config_hash()[:8]}-{os.urandom(2).hex()}"
 
 
 class RunDir:

@@ -1,0 +1,68 @@
+"""Shared pieces of the benchmark scripts: timing side by side, loading upstream's train.py."""
+
+from __future__ import annotations
+
+import re
+import statistics
+import sys
+import types
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+
+def interleaved(steps: dict, repeats: int, warmup: int = 2) -> dict[str, dict[str, float]]:
+    """Median seconds of each phase of each step function, the calls interleaved so that
+    machine noise hits every contender alike. A step function returns {phase: seconds}."""
+    for step in steps.values():
+        for _ in range(warmup):
+            step()
+    samples = {name: [] for name in steps}
+    for _ in range(repeats):
+        for name, step in steps.items():
+            samples[name].append(step())
+    return {name: {phase: statistics.median(s[phase] for s in runs) for phase in runs[0]}
+            for name, runs in samples.items()}
+
+
+def _sdpa_window_attn(q, k, v, causal=True, window_size=(-1, 0)):
+    """Stand-in for FA3 on CPU: SDPA with the explicit causal window of the reference bundles."""
+    T = q.size(1)
+    left = window_size[0]
+    i = torch.arange(T)[:, None]
+    j = torch.arange(T)[None, :]
+    mask = (j <= i) & (j >= i - left) if 0 <= left < T - 1 else None
+    y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                       attn_mask=mask, is_causal=mask is None,
+                                       enable_gqa=k.size(2) != q.size(2))
+    return y.transpose(1, 2)
+
+
+def load_upstream(train_py: str | Path) -> dict:
+    """Execute the model and optimizer definitions of upstream's train.py (not its script part).
+
+    The user supplies the file (e.g. a clone of karpathy/autoresearch); nothing of it ships
+    with muonlab. FA3 is replaced by SDPA and torch.compile by the identity, as the reference
+    bundles were recorded.
+    """
+    source = Path(train_py).read_text()
+    cut = source.index("# Hyperparameters")
+    source = source[:cut]
+    source = re.sub(r"^from kernels import get_kernel.*?^fa3 = .*?$", "", source, flags=re.S | re.M)
+    source = re.sub(r"^from prepare import .*$", "", source, flags=re.M)
+    source = source.replace('os.environ["PYTORCH_ALLOC_CONF"] = "expandable_segments:True"', "")
+
+    class _FA3:
+        flash_attn_func = staticmethod(_sdpa_window_attn)
+
+    module = types.ModuleType("upstream_train")
+    module.fa3 = _FA3
+    sys.modules[module.__name__] = module  # dataclasses look their module up there
+    real_compile = torch.compile
+    torch.compile = lambda *a, **k: (a[0] if a and callable(a[0]) else (lambda f: f))
+    try:
+        exec(compile(source, str(train_py), "exec"), module.__dict__)
+    finally:
+        torch.compile = real_compile
+    return module.__dict__

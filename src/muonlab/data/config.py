@@ -1,0 +1,99 @@
+"""Configuration of the data layer: which corpus, how it is split, and the tokenizer size."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from muonlab.errors import UsageError
+
+SOURCES = ("climbmix", "local", "stdlib", "synthetic")
+
+# Upstream's pre-shuffled ClimbMix shards on the Hugging Face hub.
+CLIMBMIX_URL = "https://huggingface.co/datasets/karpathy/climbmix-400b-shuffle/resolve/main"
+CLIMBMIX_MAX_SHARD = 6542  # the last shard, pinned as the validation shard
+
+TXT_MODES = ("file", "paragraph")
+
+
+@dataclass
+class DataConfig:
+    """Everything that decides which documents exist, how they split, and the tokenizer.
+
+    Small corpora (local, stdlib, synthetic) are split by document into train/val/holdout
+    with `val_fraction` and `holdout_fraction`. ClimbMix uses upstream's fixed split:
+    shards 0..num_shards-1 for training and the pinned shard 06542 for val and holdout.
+    """
+
+    source: str = "stdlib"
+    path: str | None = None  # local: a file or a folder of .txt/.jsonl/.parquet
+    local_txt_docs: str = "file"  # .txt: one document per file, or per blank-line paragraph
+    # Small corpora: cut documents longer than this into line-aligned pieces after the
+    # split (None keeps whole documents). Best-fit packing crops a document longer than
+    # a row and drops its tail, so with long files and a short T most text is never seen.
+    max_doc_chars: int | None = None
+
+    # ClimbMix download.
+    num_shards: int = 10  # training shards; -1 means all of them
+    base_url: str = CLIMBMIX_URL
+    download_workers: int = 8
+    download_retries: int = 5
+    download_backoff_s: float = 2.0  # sleep backoff_s * 2**(attempt-1) between attempts
+    download_timeout_s: float = 30.0
+
+    # Tokenizer.
+    vocab_size: int = 8192
+    tokenizer_max_chars: int = 1_000_000_000  # chars of the train split fed to BPE training
+    tokenizer_doc_cap: int = 10_000  # chars taken from each document for BPE training
+
+    # Document split of small corpora.
+    val_fraction: float = 0.05
+    holdout_fraction: float = 0.05
+
+    # Synthetic Markov-chain text.
+    synthetic_bytes: int = 4_000_000
+    synthetic_seed: int = 0
+    synthetic_words: int = 512  # distinct words in the vocabulary
+    synthetic_branching: int = 8  # random successors per word (plus one fixed edge)
+    synthetic_doc_words: int = 256  # words per document
+
+    cache_dir: str | None = None
+
+    def validate(self) -> "DataConfig":
+        """Raise UsageError with one line naming the first bad field; return self."""
+        if self.source not in SOURCES:
+            raise UsageError(f"data source {self.source!r} is not one of {', '.join(SOURCES)}")
+        if self.source == "local" and not self.path:
+            raise UsageError("data source 'local' needs a path to a file or folder of .txt/.jsonl/.parquet")
+        if self.local_txt_docs not in TXT_MODES:
+            raise UsageError(f"local_txt_docs {self.local_txt_docs!r} is not one of {', '.join(TXT_MODES)}")
+        if self.max_doc_chars is not None and self.max_doc_chars < 16:
+            raise UsageError(f"max_doc_chars must be >= 16 or None, got {self.max_doc_chars}")
+        if self.num_shards != -1 and self.num_shards < 1:
+            raise UsageError(f"num_shards must be >= 1 or -1 (all), got {self.num_shards}")
+        if self.download_workers < 1:
+            raise UsageError(f"download_workers must be >= 1, got {self.download_workers}")
+        if self.download_retries < 1:
+            raise UsageError(f"download_retries must be >= 1, got {self.download_retries}")
+        if self.download_backoff_s < 0 or self.download_timeout_s <= 0:
+            raise UsageError("download_backoff_s must be >= 0 and download_timeout_s > 0")
+        if not 256 + 4 <= self.vocab_size <= 1_000_000:
+            raise UsageError(f"vocab_size must be between 260 and 1000000, got {self.vocab_size}")
+        if self.tokenizer_max_chars < 1 or self.tokenizer_doc_cap < 1:
+            raise UsageError("tokenizer_max_chars and tokenizer_doc_cap must be >= 1")
+        for name in ("val_fraction", "holdout_fraction"):
+            value = getattr(self, name)
+            if not 0.0 < value < 1.0:
+                raise UsageError(f"{name} must be strictly between 0 and 1, got {value}")
+        if self.val_fraction + self.holdout_fraction >= 1.0:
+            raise UsageError("val_fraction + holdout_fraction must be < 1 to leave a train split")
+        if self.synthetic_bytes < 1000:
+            raise UsageError(f"synthetic_bytes must be >= 1000, got {self.synthetic_bytes}")
+        if self.synthetic_words < 2 or not 1 <= self.synthetic_branching < self.synthetic_words:
+            raise UsageError("synthetic_words must be >= 2 and 1 <= synthetic_branching < synthetic_words")
+        if self.synthetic_doc_words < 2:
+            raise UsageError(f"synthetic_doc_words must be >= 2, got {self.synthetic_doc_words}")
+        return self
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
