@@ -184,8 +184,8 @@ PRESETS: dict[str, dict[str, Any]] = {
                      data=dict(source="climbmix", vocab_size=8192)),
     # The CPU demo: embedded stdlib corpus, 4 layers x 256 wide, T 256, vocab 2048.
     "cpu-demo": dict(depth=4, aspect_ratio=64, head_dim=128, sequence_len=256,
-                     device_batch_size=16, total_batch_size=16 * 256, num_steps=400,
-                     untimed_steps=2, muon_momentum_warmup_steps=100,
+                     device_batch_size=16, total_batch_size=16 * 256, num_steps=200,
+                     untimed_steps=2, muon_momentum_warmup_steps=60,
                      eval_tokens=2**17, precision="fp32", compile="off",
                      log_every=10,
                      # stdlib files are ~2,600 tokens long: cut them at line breaks into pieces
