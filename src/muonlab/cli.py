@@ -15,6 +15,12 @@ from typing import Any, Callable
 from muonlab.errors import MuonlabError, UsageError
 
 
+def threading_is_main() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
 class _Parser(argparse.ArgumentParser):
     """Print one line and exit 2 on bad usage, instead of argparse's usage dump."""
 
@@ -53,7 +59,7 @@ def _add_config_flags(parser: argparse.ArgumentParser, config_cls, skip=(), grou
         if f.name in skip or dataclasses.is_dataclass(f.default_factory if f.default_factory
                                                       is not dataclasses.MISSING else None):
             continue
-        if f.name == "data":
+        if f.name in ("data", "arm"):  # `arm` has its own flag: it applies the arm's overrides
             continue
         convert, _ = _field_type(f.type)
         default = f.default if f.default is not dataclasses.MISSING else None
@@ -67,7 +73,8 @@ def _collect_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _resolve_config(args: argparse.Namespace):
-    from muonlab.config import apply_overrides, preset
+    from muonlab.arms import resolve_config
+    from muonlab.config import apply_overrides, load_config_file
 
     overrides = _collect_overrides(args)
     # giving one duration switches the other off
@@ -75,7 +82,9 @@ def _resolve_config(args: argparse.Namespace):
         overrides["num_steps"] = None
     if "num_steps" in overrides and overrides["num_steps"] is not None and "time_budget" not in overrides:
         overrides["time_budget"] = None
-    return apply_overrides(preset(args.preset), overrides).validate()
+    if getattr(args, "config", None):
+        return apply_overrides(load_config_file(args.config), overrides).validate()
+    return resolve_config(getattr(args, "arm", "baseline"), args.preset, overrides)
 
 
 def _emit(args, payload: dict, text: str) -> None:
@@ -114,6 +123,51 @@ def cmd_train(args) -> int:
                  "summary": result.summary, "metrics": result.metrics},
           format_summary(result.summary) + f"\nrun_dir:          {result.run_dir}")
     return 0
+
+
+def cmd_arms(args) -> int:
+    from muonlab.arms import ARMS
+
+    payload = {name: arm.to_dict() for name, arm in sorted(ARMS.items())}
+    lines = []
+    for arm in payload.values():
+        origin = " / ".join(x for x in (arm["paper"], arm["experiment"]) if x) or "-"
+        lines.append(f"{arm['name']:<20} [{arm['family']}] {arm['description']}")
+        lines.append(f"{'':<20} reproduces: {origin}; overrides: {json.dumps(arm['overrides']) if arm['overrides'] else 'none'}")
+    _emit(args, payload, "\n".join(lines))
+    return 0
+
+
+def _parse_slurm_options(items: list[str]) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise UsageError(f"--slurm expects KEY=VALUE, got {item!r}")
+        key, value = item.split("=", 1)
+        try:
+            options[key] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key] = value
+    return options
+
+
+def cmd_sweep(args) -> int:
+    from muonlab.arms import get_arm
+    from muonlab.lab.sweep import format_outcomes, parse_seeds, run_sweep
+
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    for arm in arms:
+        get_arm(arm)
+    seeds = parse_seeds(args.seeds)
+    overrides = _collect_overrides(args)
+    overrides.setdefault("quiet", True)
+    outcomes = run_sweep(arms, seeds, args.preset, overrides, executor=args.executor, parallel=args.parallel,
+                         retry_failed=args.retry_failed, slurm=_parse_slurm_options(args.slurm),
+                         log=_log_for(args))
+    payload = [dict(arm=o.job.arm, seed=o.job.seed, config_hash=o.job.config_hash, action=o.action,
+                    status=o.status, metrics=o.metrics) for o in outcomes]
+    _emit(args, {"runs": payload}, format_outcomes(outcomes))
+    return 0 if all(o.status == "ok" for o in outcomes) else 1
 
 
 def cmd_demo(args) -> int:
@@ -155,8 +209,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_prepare)
 
     p = sub.add_parser("train", help="train one run and evaluate val/holdout BPB")
+    p.add_argument("--arm", default="baseline", help="registered arm to train (see `muonlab arms`)")
+    p.add_argument("--config", default=None, help="start from a saved config (a run's config.json) instead of --preset/--arm")
     with_config(p, train_flags=True)
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("arms", help="list the registered arms")
+    p.add_argument("--json", action="store_true", help="print the registry as JSON")
+    p.set_defaults(func=cmd_arms)
+
+    p = sub.add_parser("sweep", help="run arms x seeds under one preset, resumable from the ledger")
+    p.add_argument("--arms", required=True, help="comma-separated arm names")
+    p.add_argument("--seeds", required=True, help="comma-separated seeds, e.g. 41,42,47")
+    p.add_argument("--executor", default="local", choices=("local", "slurm"))
+    p.add_argument("--parallel", type=int, default=None,
+                   help="runs at a time (local; default: one per visible GPU, else 1)")
+    p.add_argument("--retry-failed", action="store_true", help="run failed or diverged (arm, seed) again")
+    p.add_argument("--slurm", action="append", default=[], metavar="KEY=VALUE",
+                   help="submitit parameter, e.g. slurm_partition=gpu, timeout_min=60, cluster=local")
+    with_config(p, train_flags=True)
+    p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("demo", help="the CPU demo: stdlib corpus, cpu-demo preset, compare with xz")
     p.add_argument("--cache-dir", default=None, help="cache directory (default ~/.cache/muonlab)")
@@ -170,7 +242,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _sigterm_as_interrupt(signum, frame):
+    raise KeyboardInterrupt  # a SLURM preemption or `kill` ends a run like Ctrl-C: recorded, then exit
+
+
 def main(argv: list[str] | None = None) -> int:
+    import signal
+
+    previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt) if threading_is_main() else None
     try:
         args = build_parser().parse_args(argv)
         return args.func(args)
@@ -180,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from muonlab.model.attention import BACKENDS
 COMPILE_MODES = ("auto", "on", "off")
 
 # Fields that only say where things go or how much is printed: they never change a result.
-BOOKKEEPING_FIELDS = ("run_name", "runs_dir", "ledger", "log_every", "quiet", "arm")
+BOOKKEEPING_FIELDS = ("run_name", "runs_dir", "ledger", "log_every", "quiet", "arm", "sinks", "sink_project")
 
 
 @dataclass
@@ -57,6 +57,9 @@ class TrainConfig:
     muon_momentum_start: float = 0.85
     muon_momentum_end: float = 0.95
     muon_momentum_warmup_steps: int = 300
+    matrix_optimizer: str = "muon"  # "adamw": the adamw_only control (every block matrix on AdamW)
+    adamw_matrix_lr: float = 0.003
+    adamw_matrix_weight_decay: float = 0.0
     # evaluation: tokens scored per split (val and holdout), batch rows per eval step
     eval_tokens: int = 40 * 2**19
     eval_batch_size: int | None = None  # None: device_batch_size
@@ -74,6 +77,8 @@ class TrainConfig:
     ledger: str | None = None  # default: <runs_dir>/ledger.jsonl
     log_every: int = 1
     quiet: bool = False
+    sinks: str = ""  # optional metric sinks: "wandb", "tensorboard" (comma-separated)
+    sink_project: str = "muonlab"
     data: DataConfig = field(default_factory=DataConfig)
 
     # ------------------------------------------------------------------ derived
@@ -135,6 +140,8 @@ class TrainConfig:
         for name in ("adam_beta1", "adam_beta2"):
             if not 0 <= getattr(self, name) < 1:
                 raise UsageError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.matrix_optimizer not in ("muon", "adamw"):
+            raise UsageError(f"matrix_optimizer must be muon or adamw, got {self.matrix_optimizer!r}")
         if self.eval_batch_size is not None and self.eval_batch_size < 1:
             raise UsageError(f"eval_batch_size must be >= 1, got {self.eval_batch_size}")
         if self.precision not in PRECISIONS:
@@ -143,6 +150,9 @@ class TrainConfig:
             raise UsageError(f"compile must be one of {', '.join(COMPILE_MODES)}, got {self.compile!r}")
         if self.attn_backend not in BACKENDS:
             raise UsageError(f"attn_backend must be one of {', '.join(BACKENDS)}, got {self.attn_backend!r}")
+        from muonlab.lab.sinks import parse_sinks
+
+        parse_sinks(self.sinks)
         self.data.validate()
         return self
 
@@ -198,6 +208,26 @@ PRESETS: dict[str, dict[str, Any]] = {
                      precision="fp32", compile="off", log_every=1,
                      data=dict(source="synthetic", vocab_size=300, synthetic_bytes=200_000)),
 }
+
+
+def load_config_file(path) -> TrainConfig:
+    """A TrainConfig from JSON: a run's config.json ({"config": {...}}) or a bare config dict."""
+    from pathlib import Path
+
+    path = Path(path)
+    try:
+        payload = json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise UsageError(f"config file not found: {path}") from exc
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UsageError(f"{path} is not a JSON config ({exc.__class__.__name__})") from exc
+    values = payload.get("config", payload) if isinstance(payload, dict) else None
+    if not isinstance(values, dict):
+        raise UsageError(f"{path} does not hold a config object")
+    try:
+        return TrainConfig.from_dict(values)
+    except TypeError as exc:
+        raise UsageError(f"{path}: {exc}") from exc
 
 
 def preset(name: str) -> TrainConfig:

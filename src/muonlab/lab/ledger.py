@@ -43,3 +43,25 @@ def read_records(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
                     yield json.loads(line)
                 except json.JSONDecodeError as exc:
                     raise ValueError(f"{path}:{lineno}: not a JSON ledger line") from exc
+
+
+def read_records_tolerant(path: str | os.PathLike) -> tuple[list[dict[str, Any]], list[str]]:
+    """All parseable records, and one message per malformed line (with its line number)."""
+    path = Path(path)
+    records, problems = [], []
+    if not path.exists():
+        return records, problems
+    with open(path) as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                problems.append(f"{path}:{lineno}: malformed ledger line skipped")
+                continue
+            if not isinstance(rec, dict):
+                problems.append(f"{path}:{lineno}: ledger line is not an object; skipped")
+                continue
+            records.append(rec)
+    return records, problems

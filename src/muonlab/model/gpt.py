@@ -200,8 +200,15 @@ class GPT(nn.Module):
         return counts
 
     def setup_optimizer(self, unembedding_lr=0.004, embedding_lr=0.2, matrix_lr=0.02,
-                        weight_decay=0.0, adam_betas=(0.8, 0.95), scalar_lr=0.5, **optimizer_kwargs):
-        """MuonAdamW with upstream's groups; AdamW LRs scaled by (d/768)^-1/2 (tuned at d=768)."""
+                        weight_decay=0.0, adam_betas=(0.8, 0.95), scalar_lr=0.5,
+                        matrix_optimizer="muon", adamw_matrix_lr=0.003, adamw_matrix_weight_decay=0.0,
+                        **optimizer_kwargs):
+        """MuonAdamW with upstream's groups; AdamW LRs scaled by (d/768)^-1/2 (tuned at d=768).
+
+        `matrix_optimizer="adamw"` (muonlab's `adamw_only` control, not upstream) puts every
+        block matrix on AdamW instead of Muon, with `adamw_matrix_lr` (not d-scaled), the
+        other groups' betas and eps, and decoupled weight decay `adamw_matrix_weight_decay`.
+        """
         from muonlab.optim import MuonAdamW
 
         matrix_params = list(self.transformer.h.parameters())
@@ -218,8 +225,13 @@ class GPT(nn.Module):
             dict(adamw, params=[self.resid_lambdas], lr=scalar_lr * 0.01),
             dict(adamw, params=[self.x0_lambdas], lr=scalar_lr, betas=(0.96, 0.95)),
         ]
+        if matrix_optimizer == "adamw":
+            param_groups.append(dict(adamw, params=matrix_params, lr=adamw_matrix_lr,
+                                     weight_decay=adamw_matrix_weight_decay))
+        elif matrix_optimizer != "muon":
+            raise ValueError(f"matrix_optimizer must be 'muon' or 'adamw', got {matrix_optimizer!r}")
         # one Muon group per matrix shape, so same-shape matrices are stacked in one step
-        for shape in sorted({p.shape for p in matrix_params}):
+        for shape in sorted({p.shape for p in matrix_params}) if matrix_optimizer == "muon" else ():
             param_groups.append(dict(
                 kind="muon", params=[p for p in matrix_params if p.shape == shape], lr=matrix_lr,
                 momentum=0.95, ns_steps=5, beta2=0.95, weight_decay=weight_decay,

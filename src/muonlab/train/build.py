@@ -36,4 +36,6 @@ def build_optimizer(model: GPT, cfg: TrainConfig, compile_step: bool):
     return model.setup_optimizer(
         unembedding_lr=cfg.unembedding_lr, embedding_lr=cfg.embedding_lr, matrix_lr=cfg.matrix_lr,
         weight_decay=cfg.weight_decay, adam_betas=(cfg.adam_beta1, cfg.adam_beta2),
-        scalar_lr=cfg.scalar_lr, compile=compile_step)
+        scalar_lr=cfg.scalar_lr, matrix_optimizer=cfg.matrix_optimizer,
+        adamw_matrix_lr=cfg.adamw_matrix_lr, adamw_matrix_weight_decay=cfg.adamw_matrix_weight_decay,
+        compile=compile_step)

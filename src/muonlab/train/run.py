@@ -21,6 +21,7 @@ from muonlab.data.prepare import PreparedData, prepare_data
 from muonlab.device import Runtime, detect_device, peak_flops, peak_memory_mb, resolve_precision
 from muonlab.eval import EvalResult, evaluate_bpb
 from muonlab.lab import ledger, provenance
+from muonlab.lab.sinks import SinkGroup, parse_sinks
 from muonlab.train.build import build_model, build_optimizer
 from muonlab.train.loop import Diverged, train_loop
 from muonlab.train.rundir import RunDir, append_metrics, ledger_path, new_run_id
@@ -96,9 +97,10 @@ def run_training(cfg: TrainConfig, log: Callable[[str], None] = print,
                       error=str(exc))
         raise
     except BaseException as exc:
-        message = str(exc) or exc.__class__.__name__
-        summary = {"status": "failed", "run_id": run_id, "error": message}
-        record.update(status="failed", metrics={}, error=message,
+        interrupted = isinstance(exc, KeyboardInterrupt)  # Ctrl-C, or SIGTERM via the CLI
+        message = "interrupted" if interrupted else (str(exc) or exc.__class__.__name__)
+        summary = {"status": "failed", "run_id": run_id, "error": message, "interrupted": interrupted}
+        record.update(status="failed", metrics={}, error=message, interrupted=interrupted,
                       traceback=traceback.format_exc(limit=8))
         raise
     finally:
@@ -124,10 +126,15 @@ def _train_and_evaluate(cfg, data, runtime, run, t_start, log):
     log(f"run {run.path.name}: {counts['total']:,} params, width {cfg.model_dim}, depth {cfg.depth}, "
         f"{cfg.grad_accum_steps} micro-steps x {cfg.tokens_per_micro_step:,} tokens, device {runtime.device}, "
         f"precision {runtime.precision}, attention {model.transformer.h[0].attn.backend}, compile {compile_on}")
+    sinks = SinkGroup(parse_sinks(cfg.sinks), run.path.name, run.path, cfg.to_dict(), cfg.sink_project)
+
+    def on_step(rec: dict) -> None:
+        append_metrics(metrics_file, rec)
+        sinks.log_step(rec)
+
     t_train = time.time()
     with run.open_metrics() as metrics_file:
-        stats = train_loop(cfg, train_model, optimizer, loader, runtime, flops_per_token,
-                           on_step=lambda rec: append_metrics(metrics_file, rec))
+        stats = train_loop(cfg, train_model, optimizer, loader, runtime, flops_per_token, on_step=on_step)
     evals = evaluate_splits(model, data, cfg, runtime)
     run.save_weights(model)
     timed_steps = stats.steps - min(cfg.untimed_steps, stats.steps)
@@ -155,6 +162,7 @@ def _train_and_evaluate(cfg, data, runtime, run, t_start, log):
         "entropy_bpb": data.entropy_bits_per_byte,
     }
     run.write_summary(summary)
+    sinks.close(summary)
     metrics = {
         "val_bpb": evals["val"].bpb, "holdout_bpb": evals["holdout"].bpb,
         "val_ce": evals["val"].ce, "holdout_ce": evals["holdout"].ce,

@@ -1,0 +1,91 @@
+"""Optional metric sinks: Weights & Biases and TensorBoard. Off by default, never required.
+
+`--sinks wandb,tensorboard` streams each step's metrics (loss, lrm, tok/s, ...) and the final
+summary. The packages are optional extras (`pip install 'muonlab[sinks]'`); asking for a sink
+whose package is missing is a usage error, raised before training starts. The ledger and the
+run directory stay the record of truth: sinks only mirror them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+from muonlab.errors import UsageError
+
+SINKS = ("wandb", "tensorboard")
+
+
+_MODULES = {"wandb": "wandb", "tensorboard": "tensorboard"}
+
+
+def parse_sinks(text: str) -> list[str]:
+    """Validate a comma-separated sink list, including that each sink's package is installed."""
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = [n for n in names if n not in SINKS]
+    if unknown:
+        raise UsageError(f"unknown metric sink {unknown[0]!r}; choose from {', '.join(SINKS)}")
+    for name in names:
+        if importlib.util.find_spec(_MODULES[name]) is None:
+            raise UsageError(f"metric sink {name!r} needs the {_MODULES[name]} package: pip install 'muonlab[sinks]'")
+    return names
+
+
+def _import(module: str, extra_hint: str):
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise UsageError(f"metric sink needs {extra_hint}: pip install 'muonlab[sinks]'") from exc
+
+
+class WandbSink:
+    def __init__(self, run_id: str, run_dir: Path, config: dict[str, Any], project: str):
+        wandb = _import("wandb", "wandb")
+        self.run = wandb.init(project=project, name=run_id, id=run_id, dir=str(run_dir), config=config)
+
+    def log_step(self, record: dict[str, Any]) -> None:
+        self.run.log({k: v for k, v in record.items() if isinstance(v, (int, float)) and v is not None},
+                     step=record["step"])
+
+    def close(self, summary: dict[str, Any]) -> None:
+        for key, value in summary.items():
+            if isinstance(value, (int, float, str)):
+                self.run.summary[key] = value
+        self.run.finish()
+
+
+class TensorBoardSink:
+    def __init__(self, run_id: str, run_dir: Path, config: dict[str, Any], project: str):
+        tb = _import("torch.utils.tensorboard", "tensorboard")
+        self.writer = tb.SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+        self.writer.add_text("config", f"```\n{config}\n```")
+
+    def log_step(self, record: dict[str, Any]) -> None:
+        for key, value in record.items():
+            if key != "step" and isinstance(value, (int, float)) and value is not None:
+                self.writer.add_scalar(f"train/{key}", value, record["step"])
+
+    def close(self, summary: dict[str, Any]) -> None:
+        for key, value in summary.items():
+            if isinstance(value, (int, float)) and value is not None:
+                self.writer.add_scalar(f"summary/{key}", value, 0)
+        self.writer.close()
+
+
+class SinkGroup:
+    """Fan-out to the requested sinks; an empty group costs nothing."""
+
+    def __init__(self, names: list[str], run_id: str, run_dir: Path, config: dict[str, Any],
+                 project: str = "muonlab"):
+        classes = {"wandb": WandbSink, "tensorboard": TensorBoardSink}
+        self.sinks = [classes[n](run_id, run_dir, config, project) for n in names]
+
+    def log_step(self, record: dict[str, Any]) -> None:
+        for sink in self.sinks:
+            sink.log_step(record)
+
+    def close(self, summary: dict[str, Any]) -> None:
+        for sink in self.sinks:
+            sink.close(summary)

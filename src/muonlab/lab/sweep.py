@@ -1,0 +1,147 @@
+"""Sweeps: arms x seeds under one protocol, resumable from the ledger.
+
+A job is identified by (arm, seed, config hash). Before running, the ledger is read: a job
+whose latest record is `ok` is skipped; one that `failed` or `diverged` is skipped too unless
+`retry_failed` is set (its failure stays on record); one that was interrupted (Ctrl-C,
+SIGTERM, preemption) is run again. Every run writes exactly one ledger line itself, so an
+interrupted sweep leaves a consistent ledger.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from muonlab.arms import resolve_config
+from muonlab.config import TrainConfig
+from muonlab.errors import UsageError
+from muonlab.lab.ledger import read_records_tolerant
+from muonlab.train.rundir import ledger_path, runs_dir
+
+
+@dataclass
+class SweepJob:
+    arm: str
+    seed: int
+    config: TrainConfig
+
+    @property
+    def config_hash(self) -> str:
+        return self.config.config_hash()
+
+    @property
+    def key(self) -> tuple[str, int, str]:
+        return (self.arm, self.seed, self.config_hash)
+
+    @property
+    def name(self) -> str:
+        return f"{self.arm}-s{self.seed}"
+
+
+@dataclass
+class SweepOutcome:
+    job: SweepJob
+    action: str  # "ran", "skipped-ok", "skipped-failed"
+    status: str | None = None  # ledger status after the sweep
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+def parse_seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError as exc:
+        raise UsageError(f"seeds must be comma-separated integers, got {text!r}") from exc
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise UsageError(f"seeds must be a non-empty list without repeats, got {text!r}")
+    return seeds
+
+
+def plan_sweep(arms: list[str], seeds: list[int], preset_name: str,
+               overrides: dict[str, Any] | None = None) -> list[SweepJob]:
+    if not arms or len(set(arms)) != len(arms):
+        raise UsageError("arms must be a non-empty list without repeats")
+    jobs = []
+    for arm in arms:
+        for seed in seeds:
+            cfg = resolve_config(arm, preset_name, {**(overrides or {}), "seed": seed})
+            jobs.append(SweepJob(arm, seed, cfg))
+    # one ledger and one runs directory for the whole sweep
+    if len({str(ledger_path(j.config)) for j in jobs}) != 1:
+        raise UsageError("all runs of a sweep must share one ledger")
+    return jobs
+
+
+def latest_records(ledger: Path, warn: Callable[[str], None]) -> dict[tuple, dict]:
+    """The latest ledger record of each (arm, seed, config hash)."""
+    records, problems = read_records_tolerant(ledger)
+    for problem in problems:
+        warn(f"warning: {problem}")
+    latest: dict[tuple, dict] = {}
+    for rec in records:
+        latest[(rec.get("arm"), rec.get("seed"), rec.get("config_hash"))] = rec
+    return latest
+
+
+def select(jobs: list[SweepJob], latest: dict[tuple, dict], retry_failed: bool):
+    """Split jobs into (to run, skipped outcomes)."""
+    to_run, skipped = [], []
+    for job in jobs:
+        rec = latest.get(job.key)
+        if rec is None or rec.get("interrupted"):
+            to_run.append(job)
+        elif rec.get("status") == "ok":
+            skipped.append(SweepOutcome(job, "skipped-ok", "ok", rec.get("metrics", {})))
+        elif retry_failed:
+            to_run.append(job)
+        else:
+            skipped.append(SweepOutcome(job, "skipped-failed", rec.get("status"), rec.get("metrics", {})))
+    return to_run, skipped
+
+
+def sweep_dir(jobs: list[SweepJob]) -> Path:
+    stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(2).hex()}"
+    path = runs_dir(jobs[0].config) / "sweeps" / stamp
+    path.mkdir(parents=True)
+    return path
+
+
+def run_sweep(arms: list[str], seeds: list[int], preset_name: str, overrides: dict[str, Any] | None = None,
+              executor: str = "local", parallel: int | None = None, retry_failed: bool = False,
+              slurm: dict[str, Any] | None = None, log: Callable[[str], None] = print) -> list[SweepOutcome]:
+    from muonlab.lab.executors import make_executor
+
+    jobs = plan_sweep(arms, seeds, preset_name, overrides)
+    ledger = ledger_path(jobs[0].config)
+    runner = make_executor(executor, parallel=parallel, slurm=slurm or {})  # validate before any work
+    to_run, skipped = select(jobs, latest_records(ledger, log), retry_failed)
+    for outcome in skipped:
+        log(f"skip {outcome.job.name}: already {outcome.status} in {ledger}"
+            + ("" if outcome.status == "ok" else " (use --retry-failed to run it again)"))
+    if to_run:
+        log(f"sweep: {len(to_run)} run(s) to do, {len(skipped)} skipped; executor {executor}; ledger {ledger}")
+        workdir = sweep_dir(to_run)
+        for job in to_run:
+            (workdir / f"{job.name}.json").write_text(json.dumps({"config": job.config.to_dict()}, indent=2))
+        runner.run(to_run, workdir, log)
+    latest = latest_records(ledger, lambda _: None)
+    ran = []
+    for job in to_run:
+        rec = latest.get(job.key, {})
+        ran.append(SweepOutcome(job, "ran", rec.get("status", "missing"), rec.get("metrics", {})))
+    order = {job.key: i for i, job in enumerate(jobs)}
+    return sorted(skipped + ran, key=lambda o: order[o.job.key])
+
+
+def format_outcomes(outcomes: list[SweepOutcome]) -> str:
+    lines = [f"{'arm':<20} {'seed':>5}  {'action':<15} {'status':<9} {'val_bpb':>9} {'holdout_bpb':>11}"]
+    for o in outcomes:
+        val, hold = o.metrics.get("val_bpb"), o.metrics.get("holdout_bpb")
+        val_text = "-" if val is None else f"{val:.6f}"
+        hold_text = "-" if hold is None else f"{hold:.6f}"
+        lines.append(f"{o.job.arm:<20} {o.job.seed:>5}  {o.action:<15} {str(o.status):<9} "
+                     f"{val_text:>9} {hold_text:>11}")
+    return "\n".join(lines)

@@ -1,0 +1,200 @@
+"""The lab's arms, sweeps (resume, interruption, executors), ledger concurrency and TSV export."""
+
+import json
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from muonlab.arms import ARMS, get_arm, resolve_config
+from muonlab.cli import main
+from muonlab.errors import UsageError
+from muonlab.lab.ledger import append_record, read_records, read_records_tolerant
+from muonlab.lab.results_tsv import results_tsv
+from muonlab.lab.sweep import parse_seeds
+
+SWEEP = ["sweep", "--preset", "cpu-tiny", "--arms", "baseline,adamw_only", "--seeds", "1,2"]
+
+
+def ledger_of(tmp_path) -> Path:
+    return Path(tmp_path) / "cache" / "runs" / "ledger.jsonl"
+
+
+def test_registry_and_cli(capsys):
+    assert {"baseline", "adamw_only"} <= set(ARMS)
+    assert main(["arms", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert listed["adamw_only"]["overrides"] == {"matrix_optimizer": "adamw"}
+    cfg = resolve_config("adamw_only", "cpu-tiny", {"seed": 3})
+    assert cfg.arm == "adamw_only" and cfg.matrix_optimizer == "adamw" and cfg.seed == 3
+    assert resolve_config("baseline", "cpu-tiny").config_hash() != cfg.config_hash()
+    with pytest.raises(UsageError, match="unknown arm"):
+        get_arm("nope")
+    assert main(SWEEP[:3] + ["--arms", "nope", "--seeds", "1"]) == 2
+
+
+def test_adamw_only_puts_matrices_on_adamw():
+    from muonlab.model import GPT, GPTConfig
+
+    model = GPT(GPTConfig(sequence_len=8, vocab_size=16, n_layer=2, n_head=1, n_kv_head=1, n_embd=32))
+    model.init_weights()
+    opt = model.setup_optimizer(matrix_optimizer="adamw", adamw_matrix_lr=0.001)
+    assert all(g["kind"] == "adamw" for g in opt.param_groups)
+    matrix = {id(p) for p in model.transformer.h.parameters()}
+    (group,) = [g for g in opt.param_groups if {id(p) for p in g["params"]} == matrix]
+    assert group["lr"] == 0.001
+
+
+def test_parse_seeds():
+    assert parse_seeds("41, 42,47") == [41, 42, 47]
+    for bad in ("", "a,b", "1,1"):
+        with pytest.raises(UsageError):
+            parse_seeds(bad)
+
+
+def test_sweep_runs_and_resumes(tmp_path, capsys):
+    assert main(SWEEP + ["--json"]) == 0
+    first = json.loads(capsys.readouterr().out)["runs"]
+    assert [(r["arm"], r["seed"], r["action"], r["status"]) for r in first] == [
+        ("baseline", 1, "ran", "ok"), ("baseline", 2, "ran", "ok"),
+        ("adamw_only", 1, "ran", "ok"), ("adamw_only", 2, "ran", "ok")]
+    records = list(read_records(ledger_of(tmp_path)))
+    assert len(records) == 4 and {r["status"] for r in records} == {"ok"}
+    # the same sweep again does nothing; a new seed runs only the new (arm, seed)s
+    assert main(SWEEP[:-1] + ["1,2,3", "--json"]) == 0
+    second = json.loads(capsys.readouterr().out)["runs"]
+    assert [r["action"] for r in second] == ["skipped-ok"] * 2 + ["ran"] + ["skipped-ok"] * 2 + ["ran"]
+    assert len(list(read_records(ledger_of(tmp_path)))) == 6
+    # TSV export in upstream's columns
+    tsv = results_tsv(read_records(ledger_of(tmp_path))).splitlines()
+    assert tsv[0].split("\t") == ["commit", "val_bpb", "memory_gb", "status", "description"]
+    assert len(tsv) == 7 and tsv[1].split("\t")[3] == "keep"
+
+
+def test_failed_runs_are_retried_only_when_asked(tmp_path, capsys):
+    args = ["sweep", "--preset", "cpu-tiny", "--arms", "baseline", "--seeds", "1", "--max-loss", "0.5"]
+    assert main(args) == 1  # diverges at step 0
+    capsys.readouterr()
+    assert main(args + ["--json"]) == 1
+    (run,) = json.loads(capsys.readouterr().out)["runs"]
+    assert run["action"] == "skipped-failed" and run["status"] == "diverged"
+    records = list(read_records(ledger_of(tmp_path)))
+    assert [r["status"] for r in records] == ["diverged"]  # skipped, not repeated
+    assert main(args + ["--retry-failed"]) == 1
+    assert [r["status"] for r in read_records(ledger_of(tmp_path))] == ["diverged", "diverged"]
+
+
+def test_interrupted_sweep_resumes_without_repeating(tmp_path):
+    env = dict(os.environ, MUONLAB_CACHE=str(tmp_path / "cache"))
+    # long enough runs (a few seconds each) that the interrupt lands mid-run
+    cmd = [sys.executable, "-m", "muonlab", "sweep", "--preset", "cpu-tiny", "--arms", "baseline",
+           "--seeds", "1,2,3", "--num-steps", "150"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    ledger = ledger_of(tmp_path)
+    runs = tmp_path / "cache" / "runs"
+    deadline = time.time() + 240
+    # wait until the second run is training (its metrics file has lines)
+    while time.time() < deadline and not any(
+            p.stat().st_size > 0 for p in runs.glob("baseline-s2-*/metrics.jsonl")):
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the sweep and its run, as in a terminal
+    proc.communicate(timeout=120)
+    records = list(read_records(ledger))  # every line parses: no torn line
+    assert records[0]["status"] == "ok" and records[0]["seed"] == 1
+    interrupted = [r for r in records if r.get("interrupted")]
+    assert len(interrupted) == 1 and interrupted[0]["status"] == "failed" and interrupted[0]["seed"] == 2
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    final = list(read_records(ledger))
+    ok = [(r["seed"]) for r in final if r["status"] == "ok"]
+    assert sorted(ok) == [1, 2, 3]  # seed 1 was not repeated, seed 2 was rerun, seed 3 ran
+
+
+def test_slurm_executor_through_submitit_local(tmp_path, capsys):
+    args = ["sweep", "--preset", "cpu-tiny", "--arms", "baseline", "--seeds", "4,5",
+            "--executor", "slurm", "--slurm", "cluster=local", "--json"]
+    assert main(args) == 0
+    runs = json.loads(capsys.readouterr().out)["runs"]
+    assert [r["status"] for r in runs] == ["ok", "ok"]
+    assert sorted(r["seed"] for r in read_records(ledger_of(tmp_path))) == [4, 5]
+
+
+def _append_many(path, worker, count, payload):
+    for i in range(count):
+        append_record(path, {"run_id": f"{worker}-{i}", "arm": "a", "seed": i, "status": "ok",
+                             "metrics": {"val_bpb": 1.0}, "blob": payload})
+
+
+def test_concurrent_ledger_writes_lose_nothing(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    payload = "x" * 20_000  # larger than a pipe buffer, so unlocked writes could interleave
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_append_many, args=(path, w, 25, payload)) for w in range(6)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+        assert p.exitcode == 0
+    records, problems = read_records_tolerant(path)
+    assert problems == []
+    assert sorted(r["run_id"] for r in records) == sorted(f"{w}-{i}" for w in range(6) for i in range(25))
+
+
+def test_tolerant_reader_reports_line_numbers(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    append_record(path, {"run_id": "a", "status": "ok"})
+    with open(path, "a") as f:
+        f.write('{"run_id": "torn", "sta\n')
+    append_record(path, {"run_id": "b", "status": "failed"})
+    records, problems = read_records_tolerant(path)
+    assert [r["run_id"] for r in records] == ["a", "b"]
+    assert len(problems) == 1 and ":2:" in problems[0]
+    with pytest.raises(ValueError):
+        append_record(path, {"run_id": "c", "status": "weird"})
+
+
+def test_metric_sinks_mirror_steps(tmp_path, monkeypatch):
+    """Sinks are optional: a fake TensorBoard writer receives every step and the summary."""
+    import importlib.util
+    import types
+
+    import muonlab.lab.sinks as sinks
+
+    seen = []
+
+    class FakeWriter:
+        def __init__(self, log_dir):
+            seen.append(("dir", log_dir))
+
+        def add_text(self, *a):
+            pass
+
+        def add_scalar(self, tag, value, step):
+            seen.append((tag, step))
+
+        def close(self):
+            seen.append(("closed",))
+
+    fake = types.SimpleNamespace(SummaryWriter=FakeWriter)
+    monkeypatch.setattr(sinks, "_import", lambda module, hint: fake)
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "tensorboard" else real_find_spec(name, *a))
+    assert main(["train", "--preset", "cpu-tiny", "--sinks", "tensorboard", "--num-steps", "3"]) == 0
+    assert {step for tag, *rest in seen if tag == "train/loss" for step in rest} == {0, 1, 2}
+    assert ("summary/val_bpb", 0) in seen and seen[-1] == ("closed",)
+
+
+def test_missing_sink_package_is_a_usage_error(tmp_path, monkeypatch, capsys):
+    import importlib.util
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    assert main(["train", "--preset", "cpu-tiny", "--sinks", "wandb"]) == 2
+    assert "muonlab[sinks]" in capsys.readouterr().err
+    assert not ledger_of(tmp_path).exists()
