@@ -74,6 +74,25 @@ def test_sweep_runs_and_resumes(tmp_path, capsys):
     tsv = results_tsv(read_records(ledger_of(tmp_path))).splitlines()
     assert tsv[0].split("\t") == ["commit", "val_bpb", "memory_gb", "status", "description"]
     assert len(tsv) == 7 and tsv[1].split("\t")[3] == "keep"
+    # the report, through the CLI, shows exactly the ledger's numbers
+    out_dir = tmp_path / "report"
+    assert main(["report", "--ledger", str(ledger_of(tmp_path)), "--out", str(out_dir), "--json",
+                 "--tsv", str(tmp_path / "results.tsv")]) == 0
+    report = json.loads(capsys.readouterr().out)
+    ledger_vals = {(r["arm"], r["seed"]): r["metrics"]["val_bpb"] for r in read_records(ledger_of(tmp_path))}
+    markdown = (out_dir / "report.md").read_text()
+    for (arm, seed), value in ledger_vals.items():
+        arm_json = report["arms"][arm]
+        assert arm_json["values"][arm_json["seeds"].index(seed)] == value
+        assert f"{value:.6f}" in markdown  # every seed is shown
+    contrast = report["contrasts"]["adamw_only"]
+    deltas = [ledger_vals[("adamw_only", s)] - ledger_vals[("baseline", s)] for s in (1, 2, 3)]
+    assert contrast["n"] == 3 and abs(contrast["mean_delta"] - sum(deltas) / 3) < 1e-12
+    assert len(contrast["ci95"]) == 2 and contrast["decision"] in ("improves", "inconclusive", "worse")
+    for name in ("report.md", "report.json", "loss_curves.png", "paired_deltas.png", "forest.png"):
+        assert (out_dir / name).stat().st_size > 0
+    assert (out_dir / "loss_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "results.tsv").read_text().splitlines()[0].startswith("commit\t")
 
 
 def test_failed_runs_are_retried_only_when_asked(tmp_path, capsys):
@@ -154,7 +173,7 @@ def test_tolerant_reader_reports_line_numbers(tmp_path):
     append_record(path, {"run_id": "b", "status": "failed"})
     records, problems = read_records_tolerant(path)
     assert [r["run_id"] for r in records] == ["a", "b"]
-    assert len(problems) == 1 and ":2:" in problems[0]
+    assert len(problems) == 1 and problems[0].startswith("line 2:")
     with pytest.raises(ValueError):
         append_record(path, {"run_id": "c", "status": "weird"})
 

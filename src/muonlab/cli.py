@@ -170,6 +170,32 @@ def cmd_sweep(args) -> int:
     return 0 if all(o.status == "ok" for o in outcomes) else 1
 
 
+def cmd_report(args) -> int:
+    from pathlib import Path
+
+    from muonlab.arms import ARMS
+    from muonlab.atomic import write_text
+    from muonlab.lab.ledger import read_records_tolerant
+    from muonlab.lab.report import format_text, run_report
+    from muonlab.lab.results_tsv import results_tsv
+    from muonlab.paths import cache_root
+
+    ledger = Path(args.ledger) if args.ledger else cache_root() / "runs" / "ledger.jsonl"
+    if not ledger.is_file():
+        raise UsageError(f"ledger not found: {ledger}")
+    report = run_report(ledger, baseline=args.baseline, metric=args.metric, threshold=args.threshold,
+                        out_dir=args.out, rule=args.rule,
+                        arm_overrides={name: arm.overrides for name, arm in ARMS.items()})
+    if args.tsv:
+        records, _ = read_records_tolerant(ledger)
+        write_text(args.tsv, results_tsv(sorted(records, key=lambda r: r["_line"])))
+    text = format_text(report)
+    if args.tsv:
+        text += f"\nresults.tsv: {args.tsv}"
+    _emit(args, report, text)
+    return 0
+
+
 def cmd_demo(args) -> int:
     from muonlab.demo import format_demo, run_demo
 
@@ -229,6 +255,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="submitit parameter, e.g. slurm_partition=gpu, timeout_min=60, cluster=local")
     with_config(p, train_flags=True)
     p.set_defaults(func=cmd_sweep)
+
+    p = sub.add_parser("report", help="per-arm statistics, paired contrasts, Markdown/JSON/PNG report")
+    p.add_argument("--ledger", default=None, help="ledger to analyse (default <cache>/runs/ledger.jsonl)")
+    p.add_argument("--baseline", default="baseline", help="reference arm of the contrasts (default baseline)")
+    p.add_argument("--metric", default="val_bpb", help="metrics key to compare: val_bpb (default), holdout_bpb, ...")
+    p.add_argument("--threshold", type=float, default=0.0005,
+                   help="preregistered decision threshold in metric units (default 0.0005 BPB)")
+    p.add_argument("--rule", default="ci+threshold", choices=("ci+threshold", "ci", "threshold"),
+                   help="decision rule (default: CI excludes 0 and |mean delta| >= threshold)")
+    p.add_argument("--out", default=None, help="report directory (default <ledger dir>/report)")
+    p.add_argument("--tsv", default=None, metavar="PATH", help="also export upstream-style results.tsv")
+    p.add_argument("--json", action="store_true", help="print the report's numbers as JSON")
+    p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("demo", help="the CPU demo: stdlib corpus, cpu-demo preset, compare with xz")
     p.add_argument("--cache-dir", default=None, help="cache directory (default ~/.cache/muonlab)")

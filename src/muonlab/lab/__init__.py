@@ -1,1 +1,2 @@
-"""The experiment lab: ledger, provenance (and, later, arms, sweeps, statistics, reports)."""
+"""The experiment lab: arms x seeds sweeps, the run ledger with provenance, paired statistics,
+reports with plots, results.tsv export and optional metric sinks."""

@@ -45,23 +45,29 @@ def read_records(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
                     raise ValueError(f"{path}:{lineno}: not a JSON ledger line") from exc
 
 
-def read_records_tolerant(path: str | os.PathLike) -> tuple[list[dict[str, Any]], list[str]]:
-    """All parseable records, and one message per malformed line (with its line number)."""
+def read_records_tolerant(path: str | os.PathLike, validate=None) -> tuple[list[dict[str, Any]], list[str]]:
+    """All usable records, and one message per unusable line ("line N: why"); never silent.
+
+    `validate(record) -> str | None` may reject parsed records with a reason. Each kept record
+    gets `_line`, its 1-based line number.
+    """
     path = Path(path)
     records, problems = [], []
     if not path.exists():
         return records, problems
-    with open(path) as f:
+    with open(path, encoding="utf-8", errors="replace") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
                 rec = json.loads(line)
-            except json.JSONDecodeError:
-                problems.append(f"{path}:{lineno}: malformed ledger line skipped")
+            except json.JSONDecodeError as exc:
+                problems.append(f"line {lineno}: not valid JSON ({exc.msg} at column {exc.colno})")
                 continue
-            if not isinstance(rec, dict):
-                problems.append(f"{path}:{lineno}: ledger line is not an object; skipped")
+            issue = (f"not a JSON object (got {type(rec).__name__})" if not isinstance(rec, dict)
+                     else validate(rec) if validate else None)
+            if issue:
+                problems.append(f"line {lineno}: {issue}")
                 continue
-            records.append(rec)
+            records.append({**rec, "_line": lineno})
     return records, problems

@@ -79,7 +79,7 @@ def latest_records(ledger: Path, warn: Callable[[str], None]) -> dict[tuple, dic
     """The latest ledger record of each (arm, seed, config hash)."""
     records, problems = read_records_tolerant(ledger)
     for problem in problems:
-        warn(f"warning: {problem}")
+        warn(f"warning: {ledger}: {problem}; skipped")
     latest: dict[tuple, dict] = {}
     for rec in records:
         latest[(rec.get("arm"), rec.get("seed"), rec.get("config_hash"))] = rec

@@ -1,0 +1,251 @@
+"""Paired multi-seed statistics of the seed papers: per-arm mean ± SD, paired deltas with
+95% t-intervals, difference-of-differences, retention ratios and a preregistered decision.
+
+Protocol (spec-002 §3.4, spec-000-003 §3 "Statistics", seed 003 "Experimental protocol"):
+- per arm: mean ± *sample* SD (ddof = 1) over seeds;
+- per seed, paired Δ = arm − reference (negative = lower BPB = better), then mean ± SD of the
+  Δs and the descriptive 95% t-interval mean ± t_{0.975, n−1}·SD/√n (t_{0.975,2} = 4.302653);
+  no multiplicity adjustment;
+- "k/n improved" = number of seeds with Δ < 0;
+- difference-of-differences per seed (a − b) − (c − d), summarised the same way;
+- descriptive retention ratio = mean conditional Δ / mean reference Δ (e.g. 48.6 %);
+- a contrast with fewer than 2 paired seeds has no SD and no interval: it is *not estimable*.
+
+Functions are pure: values come in as `{seed: value}` mappings, results go out as frozen
+dataclasses whose `to_dict()` is JSON-ready (None where a number does not exist, never NaN).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import numpy as np
+from scipy import stats as _scipy_stats
+
+from muonlab.errors import UsageError
+
+CI_LEVEL = 0.95
+
+# Decision outcomes.
+IMPROVES, WORSE, INCONCLUSIVE, NOT_ESTIMABLE = "improves", "worse", "inconclusive", "not estimable"
+
+RULE_KINDS = {
+    # Default: both papers' conditions at once. Seed 002 calls a contrast "significant" only if
+    # its 2-df CI excludes 0 (spec-002 §3.4); seed 003 preregisters a practical separation of
+    # 0.0005 BPB that the mean effect must reach ("a decision threshold, not a confidence
+    # interval"; its state gate at -0.000453 "misses the 0.0005 rule").
+    "ci+threshold": "improves if the CI upper bound < 0 and mean Δ ≤ −θ; worse if the CI lower "
+                    "bound > 0 and mean Δ ≥ +θ; otherwise inconclusive",
+    # Seed 002 alone: the CI must exclude zero.
+    "ci": "improves if the CI upper bound < 0; worse if the CI lower bound > 0; otherwise inconclusive",
+    # Seed 003 alone: the practical threshold on the mean, without a CI.
+    "threshold": "improves if mean Δ ≤ −θ; worse if mean Δ ≥ +θ; otherwise inconclusive",
+}
+
+
+def t_quantile(n: int, level: float = CI_LEVEL) -> float:
+    """Two-sided Student-t quantile t_{(1+level)/2, n−1}; 4.302653 for n = 3 at 95%."""
+    if n < 2:
+        raise ValueError(f"a t-interval needs n >= 2, got {n}")
+    return float(_scipy_stats.t.ppf(0.5 + level / 2, n - 1))
+
+
+def t_interval(mean: float, sd: float, n: int, level: float = CI_LEVEL) -> tuple[float, float]:
+    """mean ± t_{(1+level)/2, n−1}·sd/√n (spec-002 §3.4)."""
+    half = t_quantile(n, level) * sd / math.sqrt(n)
+    return (mean - half, mean + half)
+
+
+def _sample_sd(values: np.ndarray) -> float | None:
+    return float(np.std(values, ddof=1)) if values.size >= 2 else None
+
+
+def _check_values(values: Mapping[int, float], what: str) -> dict[int, float]:
+    out = {}
+    for seed, value in values.items():
+        value = float(value)
+        if not math.isfinite(value):
+            raise UsageError(f"{what}: seed {seed} has a non-finite value {value!r}")
+        out[int(seed)] = value
+    return dict(sorted(out.items()))
+
+
+# ---------------------------------------------------------------------------- decisions
+@dataclass(frozen=True)
+class DecisionRule:
+    """How a contrast's mean Δ and 95% CI turn into improves / worse / inconclusive.
+
+    `threshold` θ is in the metric's units (0.0005 BPB is seed 003's preregistered rule).
+    `higher_is_better` flips the direction for metrics such as tokens_per_second; for BPB,
+    CE and loss, lower is better and Δ < 0 is an improvement.
+    """
+
+    threshold: float = 0.0005
+    kind: str = "ci+threshold"
+    higher_is_better: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind not in RULE_KINDS:
+            raise UsageError(f"decision rule must be one of {', '.join(RULE_KINDS)}, got {self.kind!r}")
+        if not (self.threshold >= 0 and math.isfinite(self.threshold)):
+            raise UsageError(f"threshold must be a finite number >= 0, got {self.threshold!r}")
+
+    def describe(self) -> str:
+        text = RULE_KINDS[self.kind]
+        if self.kind != "ci":
+            text += f" (θ = {self.threshold:g})"
+        if self.higher_is_better:
+            text += " (signs reversed: higher is better for this metric)"
+        return text
+
+    def decide(self, mean: float, ci: tuple[float, float] | None) -> str:
+        # Work in "gain" units where negative is always good, so one rule serves both signs.
+        s = -1.0 if self.higher_is_better else 1.0
+        m = s * mean
+        lo, hi = (None, None) if ci is None else sorted((s * ci[0], s * ci[1]))
+        if self.kind != "threshold" and ci is None:
+            raise ValueError(f"rule {self.kind!r} needs a confidence interval")
+        ci_below = hi is not None and hi < 0
+        ci_above = lo is not None and lo > 0
+        if self.kind == "ci":
+            return IMPROVES if ci_below else WORSE if ci_above else INCONCLUSIVE
+        if self.kind == "threshold":
+            return IMPROVES if m <= -self.threshold else WORSE if m >= self.threshold else INCONCLUSIVE
+        if ci_below and m <= -self.threshold:
+            return IMPROVES
+        if ci_above and m >= self.threshold:
+            return WORSE
+        return INCONCLUSIVE
+
+    def improved(self, delta: float) -> bool:
+        """Does this seed's Δ point the good way ('k/n improved' counts Δ < 0 for BPB)?"""
+        return delta > 0 if self.higher_is_better else delta < 0
+
+
+# ---------------------------------------------------------------------------- arms
+@dataclass(frozen=True)
+class ArmSummary:
+    """One arm's metric over its seeds: n, mean, sample SD (None for n < 2), per-seed values."""
+
+    arm: str
+    seeds: tuple[int, ...]
+    values: tuple[float, ...]
+    n: int
+    mean: float | None
+    sd: float | None
+
+    def value_of(self, seed: int) -> float:
+        return self.values[self.seeds.index(seed)]
+
+    def as_mapping(self) -> dict[int, float]:
+        return dict(zip(self.seeds, self.values))
+
+    def to_dict(self) -> dict:
+        return {"arm": self.arm, "n": self.n, "mean": self.mean, "sd": self.sd,
+                "seeds": list(self.seeds), "values": list(self.values)}
+
+
+def summarize_arm(arm: str, values: Mapping[int, float]) -> ArmSummary:
+    """Mean ± sample SD (n−1) of one arm's per-seed values (spec-002 §3.4)."""
+    checked = _check_values(values, f"arm {arm!r}")
+    array = np.array(list(checked.values()), dtype=np.float64)
+    mean = float(array.mean()) if array.size else None
+    return ArmSummary(arm, tuple(checked), tuple(checked.values()), int(array.size), mean,
+                      _sample_sd(array))
+
+
+# ---------------------------------------------------------------------------- contrasts
+@dataclass(frozen=True)
+class Contrast:
+    """A paired contrast over seeds: per-seed Δ, mean ± SD, 95% t-CI, k/n improved, decision.
+
+    With fewer than 2 paired seeds it is not estimable: every number is None and `reason`
+    says why (a single Δ has no spread, so no interval and no decision).
+    """
+
+    name: str
+    seeds: tuple[int, ...]
+    deltas: tuple[float, ...]
+    n: int
+    mean_delta: float | None
+    sd_delta: float | None
+    ci95: tuple[float, float] | None
+    seeds_improved: int | None
+    decision: str
+    estimable: bool
+    reason: str | None = None
+    rule: DecisionRule = field(default_factory=DecisionRule)
+
+    def to_dict(self) -> dict:
+        return {
+            "n": self.n,
+            "mean_delta": self.mean_delta,
+            "sd_delta": self.sd_delta,
+            "ci95": list(self.ci95) if self.ci95 is not None else None,
+            "seeds_improved": self.seeds_improved,
+            "decision": self.decision,
+            "seeds": list(self.seeds),
+            "deltas": list(self.deltas),
+            "estimable": self.estimable,
+            "reason": self.reason,
+        }
+
+
+def contrast_from_deltas(deltas: Mapping[int, float], name: str = "contrast",
+                         rule: DecisionRule | None = None, level: float = CI_LEVEL) -> Contrast:
+    """Summarise per-seed paired differences (spec-002 §3.4): mean, SD, t-CI, k/n, decision."""
+    rule = rule or DecisionRule()
+    checked = _check_values(deltas, name)
+    seeds, values = tuple(checked), tuple(checked.values())
+    n = len(values)
+    if n < 2:
+        reason = (f"not estimable: {n} paired seed{'s' if n != 1 else ''}; a mean ± SD and "
+                  f"a t-interval need at least 2")
+        return Contrast(name, seeds, values, n, None, None, None, None, NOT_ESTIMABLE, False,
+                        reason, rule)
+    array = np.array(values, dtype=np.float64)
+    mean, sd = float(array.mean()), float(np.std(array, ddof=1))
+    ci = t_interval(mean, sd, n, level)
+    improved = sum(rule.improved(v) for v in values)
+    return Contrast(name, seeds, values, n, mean, sd, ci, improved, rule.decide(mean, ci), True,
+                    None, rule)
+
+
+def paired_deltas(arm: Mapping[int, float], reference: Mapping[int, float]) -> dict[int, float]:
+    """Δ = arm − reference for every seed both have (the paired design of spec-002 §3.3)."""
+    common = sorted(set(arm) & set(reference))
+    return {seed: float(arm[seed]) - float(reference[seed]) for seed in common}
+
+
+def paired_contrast(arm: Mapping[int, float], reference: Mapping[int, float],
+                    name: str = "arm - reference", rule: DecisionRule | None = None) -> Contrast:
+    """Paired contrast of an arm against a reference arm over the seeds both have."""
+    return contrast_from_deltas(paired_deltas(arm, reference), name, rule)
+
+
+def difference_of_differences(a: Mapping[int, float], b: Mapping[int, float],
+                              c: Mapping[int, float], d: Mapping[int, float],
+                              name: str = "(a - b) - (c - d)",
+                              rule: DecisionRule | None = None) -> Contrast:
+    """Per seed (a − b) − (c − d) over seeds present in all four arms (spec-002 §3.4).
+
+    E.g. DoD(OE×Opt) = (11 − 10) − (01 − 00): a = 11, b = 10, c = 01, d = 00.
+    """
+    common = sorted(set(a) & set(b) & set(c) & set(d))
+    deltas = {s: (float(a[s]) - float(b[s])) - (float(c[s]) - float(d[s])) for s in common}
+    return contrast_from_deltas(deltas, name, rule)
+
+
+def retention_ratio(conditional: Contrast | float | None, reference: Contrast | float | None) -> float | None:
+    """Descriptive ratio of mean effects, e.g. mean Δ(Opt|OE) / mean Δ(Opt|Dense) = 48.6 %.
+
+    Both inputs carry sampling error, so this is descriptive only (seed 002 §4.1 item 2).
+    None where either mean does not exist or the reference mean is zero.
+    """
+    num = conditional.mean_delta if isinstance(conditional, Contrast) else conditional
+    den = reference.mean_delta if isinstance(reference, Contrast) else reference
+    if num is None or den is None or den == 0 or not (math.isfinite(num) and math.isfinite(den)):
+        return None
+    return float(num) / float(den)

@@ -1,0 +1,309 @@
+"""muonlab.lab.report on synthetic ledgers and run directories (no training, CPU, fast)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from muonlab.errors import MuonlabError, UsageError
+from muonlab.lab.ledger import append_record
+from muonlab.lab.report import build_report, fmt, format_text, load_ledger, run_report
+from muonlab.lab.stats import DecisionRule, paired_contrast, summarize_arm
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+SEEDS = (41, 42, 47)
+# Seed 002 Table 2, depth 8: 00_dense_native and 11_oe_opt (val / held-out per seed).
+D8 = {
+    "baseline": {41: (0.994025, 0.993231), 42: (0.994049, 0.993317), 47: (0.995700, 0.994896)},
+    "oe_opt": {41: (0.978568, 0.977915), 42: (0.977664, 0.976973), 47: (0.976309, 0.975506)},
+    "opt": {41: (0.992932, 0.992043), 42: (0.992201, 0.991479), 47: (0.993238, 0.992586)},
+}
+
+
+def config(arm: str, seed: int, **changes) -> dict:
+    cfg = {"depth": 8, "num_steps": 953, "time_budget": None, "total_batch_size": 524288,
+           "sequence_len": 2048, "eval_tokens": 20971520, "matrix_lr": 0.04, "arm": arm,
+           "seed": seed, "run_name": None, "quiet": False,
+           "data": {"source": "climbmix", "vocab_size": 8192, "cache_dir": "/somewhere/else"}}
+    data = changes.pop("data", {})
+    cfg.update(changes)
+    cfg["data"].update(data)
+    return cfg
+
+
+def record(arm: str, seed: int, val: float | None = None, holdout: float | None = None,
+           status: str = "ok", run_dir: str | None = None, finished_at: str | None = None,
+           run_id: str | None = None, **config_changes) -> dict:
+    rid = run_id or f"{arm}-s{seed}"
+    rec = {"run_id": rid, "arm": arm, "seed": seed, "status": status, "config_hash": "0" * 16,
+           "run_dir": run_dir or f"/elsewhere/runs/{rid}", "config": config(arm, seed, **config_changes),
+           "provenance": {"device_name": "NVIDIA H100", "torch": "2.13.0", "cuda": "12.8"}}
+    if status == "ok":
+        rec["metrics"] = {"val_bpb": val, "holdout_bpb": holdout, "val_ce": 2.7, "steps": 953}
+    elif status == "diverged":
+        rec["metrics"] = {"diverged_step": 17, "loss": float("nan")}
+        rec["error"] = "loss is nan at step 17"
+    else:
+        rec["metrics"] = {}
+        rec["error"] = "CUDA out of memory\nTraceback ..."
+    if finished_at:
+        rec["finished_at"] = finished_at
+    return rec
+
+
+def write_ledger(path: Path, records: list[dict], raw_lines: dict[int, str] | None = None) -> Path:
+    """Append records with the real ledger writer; insert raw (malformed) lines by position."""
+    raw_lines = raw_lines or {}
+    for i, rec in enumerate(records):
+        if i in raw_lines:
+            with open(path, "a") as f:
+                f.write(raw_lines[i] + "\n")
+        append_record(path, rec)
+    return path
+
+
+def paper_ledger(tmp_path: Path, arms=("baseline", "oe_opt", "opt")) -> Path:
+    records = [record(arm, seed, *D8[arm][seed]) for arm in arms for seed in SEEDS]
+    return write_ledger(tmp_path / "ledger.jsonl", records)
+
+
+def write_run_dir(root: Path, run_id: str, final_loss: float, steps: int = 40) -> Path:
+    run = root / run_id
+    run.mkdir(parents=True)
+    with open(run / "metrics.jsonl", "w") as f:
+        for step in range(steps):
+            loss = final_loss + 6.0 * 0.85 ** step
+            f.write(json.dumps({"step": step, "loss": loss + 0.01, "smooth_loss": loss, "lrm": 1.0,
+                                "dt": 0.1}) + "\n")
+        f.write('{"step": 40, "loss": \n')  # a line torn by a killed run: skipped, noted
+    return run
+
+
+# ---------------------------------------------------------------------------- numbers
+def test_report_json_equals_stats_computed_directly(tmp_path):
+    ledger = paper_ledger(tmp_path)
+    report = run_report(ledger)
+    saved = json.loads((tmp_path / "report" / "report.json").read_text())
+    for split, table in ((0, saved["arms"]), (1, saved["secondary"]["holdout_bpb"]["arms"])):
+        for arm in D8:
+            expected = summarize_arm(arm, {s: v[split] for s, v in D8[arm].items()})
+            got = table[arm]
+            assert got["n"] == expected.n == 3
+            assert got["mean"] == pytest.approx(expected.mean, abs=1e-15)
+            assert got["sd"] == pytest.approx(expected.sd, abs=1e-15)
+            assert got["seeds"] == list(SEEDS) and got["values"] == list(expected.values)
+    rule = DecisionRule(0.0005)
+    for arm in ("oe_opt", "opt"):
+        expected = paired_contrast({s: v[0] for s, v in D8[arm].items()},
+                                   {s: v[0] for s, v in D8["baseline"].items()}, rule=rule).to_dict()
+        got = saved["contrasts"][arm]
+        for key in ("n", "seeds_improved", "decision", "seeds", "estimable"):
+            assert got[key] == expected[key]
+        for key in ("mean_delta", "sd_delta"):
+            assert got[key] == pytest.approx(expected[key], abs=1e-15)
+        assert got["ci95"] == pytest.approx(expected["ci95"], abs=1e-15)
+        assert got["deltas"] == pytest.approx(expected["deltas"], abs=1e-15)
+    # Seed 002 Table 3 row 1 at d8 (01 − 00, val): −0.001801 ± 0.000686 [−0.003505, −0.000097]
+    opt = saved["contrasts"]["opt"]
+    assert abs(opt["mean_delta"] - -0.001801) <= 1e-6 and abs(opt["sd_delta"] - 0.000686) <= 1e-6
+    assert opt["ci95"] == pytest.approx([-0.003505, -0.000097], abs=2.5e-6)
+    assert opt["decision"] == "improves" and opt["seeds_improved"] == 3
+    assert report["contrasts"]["opt"] == opt
+    assert saved["warnings"] == [] and saved["failed_runs"] == []
+
+
+def test_report_md_shows_every_seed_and_the_contrast_table(tmp_path):
+    ledger = paper_ledger(tmp_path)
+    run_report(ledger)
+    md = (tmp_path / "report" / "report.md").read_text()
+    for arm, seeds in D8.items():
+        assert f"### {arm}" in md
+        for seed, (val, holdout) in seeds.items():
+            row = next(line for line in md.splitlines() if line.startswith(f"| {seed} | {arm}-s{seed} |"))
+            assert fmt(val) in row and fmt(holdout) in row
+    assert "## Contrasts vs `baseline`" in md
+    assert "| oe_opt - baseline | 3 |" in md and "3/3" in md and "**improves**" in md
+    assert "s41: " in md  # per-seed Δs
+    assert "t_0.975,2 = 4.302653" in md
+
+
+def test_plots_are_valid_pngs(tmp_path):
+    from PIL import Image
+
+    ledger = paper_ledger(tmp_path)
+    runs = tmp_path / "runs_here"
+    final = {"baseline": 3.2, "oe_opt": 3.0, "opt": 3.1}
+    records = []
+    for arm in D8:
+        for seed in SEEDS:
+            run_dir = write_run_dir(runs, f"{arm}-s{seed}", final[arm] + 0.01 * seed)
+            records.append(record(arm, seed, *D8[arm][seed], run_dir=str(run_dir)))
+    ledger = write_ledger(tmp_path / "with_runs.jsonl", records)
+    report = run_report(ledger, out_dir=tmp_path / "out")
+    plots = report["files"]["plots"]
+    assert set(plots) == {"loss_curves", "paired_deltas", "forest"}
+    for path in plots.values():
+        data = Path(path).read_bytes()
+        assert data.startswith(PNG_MAGIC) and len(data) > 5000
+        with Image.open(path) as image:
+            image.verify()
+        with Image.open(path) as image:
+            assert image.size[0] > 300 and image.size[1] > 200
+    assert report["curves"]["baseline"]["runs_with_curves"] == 3
+    assert any("skipped 1 unreadable line" in n for n in report["notes"])
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "![loss_curves](loss_curves.png)" in md and "![forest](forest.png)" in md
+
+
+def test_curves_found_beside_the_ledger_when_run_dir_is_from_another_machine(tmp_path):
+    # Default layout: <runs_dir>/ledger.jsonl beside <runs_dir>/<run_id>/; the ledger's recorded
+    # run_dir is a path on the machine that trained.
+    ledger = paper_ledger(tmp_path)
+    write_run_dir(tmp_path, "baseline-s41", 3.2)
+    report = build_report(ledger)
+    assert report["curves"]["baseline"] == {"runs_with_curves": 1,
+                                            "runs_without": ["baseline-s42", "baseline-s47"]}
+    assert any("no run directory" in n and "baseline-s42" in n for n in report["notes"])
+    assert not any("curves not drawn" in n for n in report["notes"])
+
+
+def test_report_works_from_the_ledger_alone(tmp_path):
+    ledger = paper_ledger(tmp_path, arms=("baseline", "opt"))
+    report = run_report(ledger)
+    assert "loss_curves" not in report["files"]["plots"]
+    assert any("curves not drawn" in n for n in report["notes"])
+    assert Path(report["files"]["plots"]["forest"]).read_bytes().startswith(PNG_MAGIC)
+
+
+# ---------------------------------------------------------------------------- bad input
+def test_malformed_line_is_reported_with_its_number(tmp_path):
+    records = [record(arm, seed, *D8[arm][seed]) for arm in ("baseline", "opt") for seed in SEEDS]
+    ledger = write_ledger(tmp_path / "ledger.jsonl", records,
+                          raw_lines={2: '{"run_id": "torn", "arm": "opt", "se', 4: '[1, 2]'})
+    loaded, problems = load_ledger(ledger)
+    assert len(loaded) == 6
+    assert problems[0].startswith("line 3: not valid JSON")
+    assert problems[1].startswith("line 6: not a JSON object")
+    report = build_report(ledger)
+    assert report["counts"]["malformed_lines"] == 2
+    assert any(w.startswith("ledger line 3: not valid JSON") for w in report["warnings"])
+    run_report(ledger)
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "line 3: not valid JSON" in md and "line 6: not a JSON object" in md
+    assert report["arms"]["opt"]["n"] == 3  # the good lines are all used
+
+
+def test_record_without_arm_or_with_bad_status_is_a_problem(tmp_path):
+    ledger = tmp_path / "ledger.jsonl"
+    ledger.write_text(json.dumps({"seed": 1, "status": "ok"}) + "\n"
+                      + json.dumps({"arm": "a", "seed": 1, "status": "running"}) + "\n")
+    records, problems = load_ledger(ledger)
+    assert records == [] and problems[0].startswith("line 1: missing") and "line 2" in problems[1]
+
+
+def test_contrast_with_one_paired_seed_is_not_estimable(tmp_path):
+    records = [record("baseline", s, *D8["baseline"][s]) for s in SEEDS]
+    records += [record("single", 42, 0.990, 0.989), record("stranger", 99, 0.98, 0.97)]
+    report = run_report(write_ledger(tmp_path / "ledger.jsonl", records))
+    single = report["contrasts"]["single"]
+    assert single["decision"] == "not estimable" and single["estimable"] is False
+    assert single["n"] == 1 and single["mean_delta"] is None and single["ci95"] is None
+    assert "not estimable" in single["reason"]
+    assert report["contrasts"]["stranger"]["n"] == 0
+    assert any("seed(s) [99] have no ok baseline run" in w for w in report["warnings"])
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "| single - baseline | 1 | not estimable |" in md
+    assert "not estimable" in format_text(report)
+
+
+def test_protocol_mismatch_is_a_loud_warning(tmp_path):
+    records = [record("baseline", s, *D8["baseline"][s]) for s in SEEDS]
+    records += [record("opt", s, *D8["opt"][s], num_steps=500) for s in SEEDS]
+    records += [record("oe_opt", s, *D8["oe_opt"][s], **({"sequence_len": 1024} if s == 47 else {}))
+                for s in SEEDS]
+    report = run_report(write_ledger(tmp_path / "ledger.jsonl", records))
+    loud = [w for w in report["warnings"] if w.startswith("PROTOCOL MISMATCH")]
+    assert any("arm 'opt' differs from baseline" in w and "num_steps=500 vs 953" in w for w in loud)
+    assert any("within arm 'oe_opt': seed 47 differs from seed 41 in sequence_len=1024 vs 2048" in w
+               for w in loud)
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "**PROTOCOL MISMATCH: arm 'opt'" in md
+    # bookkeeping (cache_dir, run_name) never counts as a protocol difference
+    assert not any("cache_dir" in w for w in report["warnings"])
+
+
+def test_known_arm_overrides_are_allowed_and_everything_else_is_checked(tmp_path):
+    records = [record("baseline", s, *D8["baseline"][s]) for s in SEEDS]
+    records += [record("opt", s, *D8["opt"][s], matrix_lr=0.05) for s in SEEDS]
+    ledger = write_ledger(tmp_path / "ledger.jsonl", records)
+    unknown = build_report(ledger)  # overrides unknown: only protocol keys compared
+    assert not any(w.startswith("PROTOCOL") for w in unknown["warnings"])
+    assert unknown["arm_settings"]["opt"] == {"matrix_lr": [0.05, 0.04]}
+    assert any("overrides unknown" in n for n in unknown["notes"])
+    declared = build_report(ledger, arm_overrides={"baseline": {}, "opt": {"matrix_lr": 0.05}})
+    assert not any(w.startswith("PROTOCOL") for w in declared["warnings"])
+    undeclared = build_report(ledger, arm_overrides={"baseline": [], "opt": ["embedding_lr"]})
+    assert any("PROTOCOL MISMATCH" in w and "matrix_lr=0.05 vs 0.04" in w for w in undeclared["warnings"])
+
+
+def test_unknown_baseline_empty_ledger_and_bad_metric_raise(tmp_path):
+    ledger = paper_ledger(tmp_path, arms=("baseline", "opt"))
+    with pytest.raises(UsageError, match="arm 'nope' has no ok runs.*arms with ok runs: baseline, opt"):
+        build_report(ledger, baseline="nope")
+    with pytest.raises(UsageError, match="'val_bpc' has no numeric value.*holdout_bpb, steps, val_bpb, val_ce"):
+        build_report(ledger, metric="val_bpc")
+    with pytest.raises(UsageError, match="ledger not found"):
+        build_report(tmp_path / "missing.jsonl")
+    with pytest.raises(UsageError, match="threshold"):
+        build_report(ledger, threshold=-0.1)
+    bad = write_ledger(tmp_path / "failed.jsonl", [record("baseline", 1, status="failed")])
+    with pytest.raises(MuonlabError, match="no runs with status 'ok'.*1 failed or diverged"):
+        build_report(bad)
+    assert not (tmp_path / "report").exists()
+
+
+def test_failed_and_diverged_runs_are_listed_and_duplicates_use_the_latest(tmp_path):
+    records = [record("baseline", s, *D8["baseline"][s]) for s in SEEDS]
+    records += [record("opt", 41, *D8["opt"][41]), record("opt", 42, *D8["opt"][42]),
+                record("opt", 47, status="diverged", run_id="opt-s47-a"),
+                record("opt", 42, 0.5, 0.5, run_id="opt-s42-old", finished_at="2026-01-01T00:00:00+0000"),
+                record("opt", 41, 0.99, 0.98, run_id="opt-s41-new", finished_at="2026-03-01T00:00:00+0000"),
+                record("opt", 41, 0.97, 0.96, run_id="opt-s41-old", finished_at="2026-02-01T00:00:00+0000"),
+                record("crashy", 41, status="failed")]
+    report = run_report(write_ledger(tmp_path / "ledger.jsonl", records))
+    opt = report["arms"]["opt"]
+    # s41: the three ok runs do not all carry finished_at, so ledger order decides (latest line)
+    assert opt["run_ids"] == ["opt-s41-old", "opt-s42-old"] and opt["values"] == [0.97, 0.5]
+    assert any("arm 'opt' seed 41: 3 ok runs" in w and "using the latest, opt-s41-old" in w
+               for w in report["warnings"])
+    statuses = {(f["arm"], f["seed"], f["status"]) for f in report["failed_runs"]}
+    assert statuses == {("opt", 47, "diverged"), ("crashy", 41, "failed")}
+    assert any("arm 'opt': 1 run(s) failed or diverged (seed(s) [47])" in w for w in report["warnings"])
+    assert report["arms"]["crashy"]["n"] == 0 and report["contrasts"]["crashy"]["decision"] == "not estimable"
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "| opt-s47-a | opt | 47 | diverged | diverged at step 17 |" in md
+    assert "| crashy-s41 | crashy | 41 | failed | CUDA out of memory |" in md
+    text = format_text(report)
+    assert "failed/diverged runs (2)" in text and "opt seed 47: diverged" in text
+
+
+def test_latest_by_finished_at_when_every_duplicate_has_it(tmp_path):
+    records = [record("baseline", s, *D8["baseline"][s]) for s in SEEDS]
+    records += [record("opt", 41, 0.99, 0.98, run_id="new", finished_at="2026-03-01T00:00:00+0000"),
+                record("opt", 41, 0.97, 0.96, run_id="old", finished_at="2026-02-01T00:00:00+0000")]
+    report = build_report(write_ledger(tmp_path / "ledger.jsonl", records))
+    assert report["arms"]["opt"]["run_ids"] == ["new"]
+
+
+def test_other_metrics_and_the_default_out_dir(tmp_path):
+    ledger = paper_ledger(tmp_path, arms=("baseline", "opt"))
+    report = build_report(ledger, metric="holdout_bpb", threshold=0.001)
+    assert report["metrics"] == ["holdout_bpb", "val_bpb"]
+    assert report["contrasts"]["opt"]["mean_delta"] == pytest.approx(-0.001779, abs=1e-6)
+    assert report["decision_rule"]["text"].startswith("improves if the CI upper bound < 0 and mean Δ ≤ −θ")
+    assert report["decision_rule"]["text"].endswith("(θ = 0.001)")
+    assert not (tmp_path / "report").exists()  # build_report without out_dir writes nothing
+    text = format_text(report)
+    assert "baseline" in text and "opt - baseline" in text and "holdout_bpb mean ± SD" in text
