@@ -113,12 +113,18 @@ def cmd_prepare(args) -> int:
 
 def cmd_train(args) -> int:
     from muonlab.train import run_training
-    from muonlab.train.run import format_summary
+    from muonlab.train.run import format_summary, resume_training
 
-    cfg = _resolve_config(args)
-    if args.json:
-        cfg.quiet = True
-    result = run_training(cfg, log=_log_for(args))
+    if args.resume:
+        if _collect_overrides(args) or args.config:
+            raise UsageError("--resume continues a run with its saved config; give no other settings")
+        result = resume_training(args.resume, log=_log_for(args), fallback=args.fallback,
+                                 quiet=True if args.json else None)
+    else:
+        cfg = _resolve_config(args)
+        if args.json:
+            cfg.quiet = True
+        result = run_training(cfg, log=_log_for(args))
     _emit(args, {"run_id": result.run_id, "run_dir": str(result.run_dir), "status": result.status,
                  "summary": result.summary, "metrics": result.metrics},
           format_summary(result.summary) + f"\nrun_dir:          {result.run_dir}")
@@ -237,6 +243,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train one run and evaluate val/holdout BPB")
     p.add_argument("--arm", default="baseline", help="registered arm to train (see `muonlab arms`)")
     p.add_argument("--config", default=None, help="start from a saved config (a run's config.json) instead of --preset/--arm")
+    p.add_argument("--resume", default=None, metavar="RUN_DIR",
+                   help="continue an interrupted run from its newest checkpoint, in its own directory")
+    p.add_argument("--fallback", action="store_true",
+                   help="with --resume: if the newest checkpoint is corrupted, use the previous valid one")
     with_config(p, train_flags=True)
     p.set_defaults(func=cmd_train)
 
@@ -295,6 +305,9 @@ def main(argv: list[str] | None = None) -> int:
     except MuonlabError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except OSError as exc:  # disk full, permissions, a vanished file: the run is already recorded
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130

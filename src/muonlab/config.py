@@ -23,7 +23,8 @@ from muonlab.model.attention import BACKENDS
 COMPILE_MODES = ("auto", "on", "off")
 
 # Fields that only say where things go or how much is printed: they never change a result.
-BOOKKEEPING_FIELDS = ("run_name", "runs_dir", "ledger", "log_every", "quiet", "arm", "sinks", "sink_project")
+BOOKKEEPING_FIELDS = ("run_name", "runs_dir", "ledger", "log_every", "quiet", "arm", "sinks", "sink_project",
+                      "checkpoint_every", "checkpoint_keep")
 
 
 @dataclass
@@ -77,6 +78,8 @@ class TrainConfig:
     ledger: str | None = None  # default: <runs_dir>/ledger.jsonl
     log_every: int = 1
     quiet: bool = False
+    checkpoint_every: int = 0  # full checkpoint every K steps (0: only at the end and on SIGINT/SIGTERM)
+    checkpoint_keep: int = 2  # newest checkpoints kept (the previous one survives a failed write)
     sinks: str = ""  # optional metric sinks: "wandb", "tensorboard" (comma-separated)
     sink_project: str = "muonlab"
     data: DataConfig = field(default_factory=DataConfig)
@@ -140,6 +143,8 @@ class TrainConfig:
         for name in ("adam_beta1", "adam_beta2"):
             if not 0 <= getattr(self, name) < 1:
                 raise UsageError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.checkpoint_every < 0 or self.checkpoint_keep < 1:
+            raise UsageError("checkpoint_every must be >= 0 and checkpoint_keep >= 1")
         if self.matrix_optimizer not in ("muon", "adamw"):
             raise UsageError(f"matrix_optimizer must be muon or adamw, got {self.matrix_optimizer!r}")
         if self.eval_batch_size is not None and self.eval_batch_size < 1:
@@ -181,15 +186,15 @@ class TrainConfig:
 PRESETS: dict[str, dict[str, Any]] = {
     # Seed papers' protocol (spec-002 §3.1): depth 8, T 2048, vocab 8192, 64 x 4 accumulation
     # = 524,288 tokens per step, 953 fixed steps, zero warmup, ClimbMix.
-    "gpu-d8": dict(depth=8, sequence_len=2048, device_batch_size=64, total_batch_size=2**19,
+    "gpu-d8": dict(depth=8, checkpoint_every=200, sequence_len=2048, device_batch_size=64, total_batch_size=2**19,
                    num_steps=953, warmup_ratio=0.0, eval_tokens=40 * 2**19,
                    data=dict(source="climbmix", vocab_size=8192)),
     # Same protocol at depth 6 (26,345,772 scaling parameters).
-    "gpu-d6": dict(depth=6, sequence_len=2048, device_batch_size=64, total_batch_size=2**19,
+    "gpu-d6": dict(depth=6, checkpoint_every=200, sequence_len=2048, device_batch_size=64, total_batch_size=2**19,
                    num_steps=953, warmup_ratio=0.0, eval_tokens=40 * 2**19,
                    data=dict(source="climbmix", vocab_size=8192)),
     # Upstream autoresearch as published: 5-minute budget, device batch 128.
-    "upstream": dict(depth=8, sequence_len=2048, device_batch_size=128, total_batch_size=2**19,
+    "upstream": dict(depth=8, checkpoint_every=200, sequence_len=2048, device_batch_size=128, total_batch_size=2**19,
                      num_steps=None, time_budget=300.0, eval_tokens=40 * 2**19,
                      data=dict(source="climbmix", vocab_size=8192)),
     # The CPU demo: embedded stdlib corpus, 4 layers x 256 wide, T 256, vocab 2048.

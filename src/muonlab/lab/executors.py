@@ -63,7 +63,9 @@ class LocalExecutor:
                     if i not in running and queue:
                         job = queue.pop(0)
                         logfile = open(workdir / f"{job.name}.log", "w")
-                        cmd = [sys.executable, "-m", "muonlab", "train", "--config", str(workdir / f"{job.name}.json")]
+                        cmd = [sys.executable, "-m", "muonlab", "train"] + (
+                            ["--resume", job.resume_dir] if job.resume_dir
+                            else ["--config", str(workdir / f"{job.name}.json")])
                         proc = subprocess.Popen(cmd, stdout=logfile, stderr=subprocess.STDOUT, env=self._env(slot))
                         running[i] = (proc, job, logfile)
                         where = f"GPU {slot}" if slot is not None else "CPU"
@@ -89,13 +91,15 @@ class LocalExecutor:
             raise
 
 
-def _run_config(config: dict) -> str:
+def _run_config(config: dict, resume_dir: str | None = None) -> str:
     """Body of one SLURM array task (runs on the compute node)."""
     from muonlab.config import TrainConfig
     from muonlab.train import run_training
+    from muonlab.train.run import resume_training
 
-    result = run_training(TrainConfig.from_dict(config))
-    return result.status
+    if resume_dir:
+        return resume_training(resume_dir).status
+    return run_training(TrainConfig.from_dict(config)).status
 
 
 class SlurmExecutor:
@@ -120,7 +124,8 @@ class SlurmExecutor:
         if self.cluster != "slurm":
             params = {k: v for k, v in params.items() if not k.startswith("slurm_") and k != "gpus_per_node"}
         executor.update_parameters(**params)
-        handles = executor.map_array(_run_config, [job.config.to_dict() for job in jobs])
+        handles = executor.map_array(_run_config, [job.config.to_dict() for job in jobs],
+                                     [job.resume_dir for job in jobs])
         log(f"submitted {len(handles)} task(s) as job array {handles[0].job_id.split('_')[0]} ({self.cluster})")
         for job, handle in zip(jobs, handles):
             try:

@@ -14,6 +14,8 @@ from typing import Any, Iterator
 
 from filelock import FileLock
 
+from muonlab.errors import MuonlabError
+
 STATUSES = ("ok", "failed", "diverged")
 
 
@@ -23,11 +25,19 @@ def append_record(path: str | os.PathLike, record: dict[str, Any]) -> None:
         raise ValueError(f"ledger status must be one of {STATUSES}, got {record.get('status')!r}")
     line = json.dumps(record, sort_keys=True, separators=(",", ":"), allow_nan=True) + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
+    data = line.encode()
     with FileLock(str(path) + ".lock"):
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            os.write(fd, line.encode())
-            os.fsync(fd)
+            size = os.fstat(fd).st_size
+            try:
+                written = os.write(fd, data)
+                if written != len(data):  # a full disk can accept part of a line
+                    raise OSError(f"short write ({written} of {len(data)} bytes)")
+                os.fsync(fd)
+            except OSError as exc:
+                os.ftruncate(fd, size)  # never leave a torn line behind
+                raise MuonlabError(f"could not append to the ledger {path}: {exc}") from exc
         finally:
             os.close(fd)
 

@@ -28,6 +28,7 @@ class SweepJob:
     arm: str
     seed: int
     config: TrainConfig
+    resume_dir: str | None = None  # an interrupted run with a checkpoint: continue it
 
     @property
     def config_hash(self) -> str:
@@ -91,7 +92,11 @@ def select(jobs: list[SweepJob], latest: dict[tuple, dict], retry_failed: bool):
     to_run, skipped = [], []
     for job in jobs:
         rec = latest.get(job.key)
-        if rec is None or rec.get("interrupted"):
+        if rec is None:
+            to_run.append(job)
+        elif rec.get("interrupted"):
+            if rec.get("resumable") and rec.get("run_dir") and Path(rec["run_dir"]).is_dir():
+                job.resume_dir = rec["run_dir"]
             to_run.append(job)
         elif rec.get("status") == "ok":
             skipped.append(SweepOutcome(job, "skipped-ok", "ok", rec.get("metrics", {})))
@@ -118,6 +123,9 @@ def run_sweep(arms: list[str], seeds: list[int], preset_name: str, overrides: di
     ledger = ledger_path(jobs[0].config)
     runner = make_executor(executor, parallel=parallel, slurm=slurm or {})  # validate before any work
     to_run, skipped = select(jobs, latest_records(ledger, log), retry_failed)
+    for job in to_run:
+        if job.resume_dir:
+            log(f"resume {job.name}: interrupted run {Path(job.resume_dir).name} has a checkpoint")
     for outcome in skipped:
         log(f"skip {outcome.job.name}: already {outcome.status} in {ledger}"
             + ("" if outcome.status == "ok" else " (use --retry-failed to run it again)"))

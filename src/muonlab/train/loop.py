@@ -3,7 +3,8 @@
 Per optimizer step: grad-accumulated micro-steps (each loss divided by the number of
 micro-steps), the schedules applied to every group, one optimizer step, a fast-fail check on
 the loss. The first `untimed_steps` steps (compilation, warm-up) are excluded from timing
-and, for fixed-step runs, from progress (seed 002 §4).
+and, for fixed-step runs, from progress (seed 002 §4). The loop's whole state is a
+`LoopState`, so a run can be checkpointed after any step and resumed bit for bit.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import gc
 import math
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Callable
 
 import torch
@@ -21,6 +22,8 @@ from muonlab.config import TrainConfig
 from muonlab.device import Runtime, peak_flops, synchronize
 from muonlab.errors import MuonlabError
 from muonlab.optim.schedules import Schedule, step_progress, time_progress
+
+EMA_BETA = 0.9
 
 
 class Diverged(MuonlabError):
@@ -31,14 +34,34 @@ class Diverged(MuonlabError):
         self.step, self.loss = step, loss
 
 
+class RunInterrupted(KeyboardInterrupt):
+    """SIGINT/SIGTERM arrived; the loop stopped after a finished step (and checkpointed it)."""
+
+    def __init__(self, step: int, checkpoint: str | None):
+        super().__init__(f"interrupted after step {step}")
+        self.step, self.checkpoint = step, checkpoint
+
+
+class OutOfMemory(MuonlabError):
+    def __init__(self, step: int, cfg: TrainConfig, device: torch.device):
+        super().__init__(
+            f"out of memory at step {step} on {device} with micro-batch {cfg.device_batch_size} x "
+            f"{cfg.sequence_len} tokens (depth {cfg.depth}, width {cfg.model_dim}); "
+            "lower --device-batch-size (gradient accumulation keeps the total batch)")
+        self.step = step
+
+
 @dataclass
-class LoopStats:
-    steps: int = 0
+class LoopState:
+    step: int = 0  # optimizer steps completed
     training_seconds: float = 0.0
-    last_loss: float = math.nan
+    ema: float = 0.0  # un-debiased EMA of the training loss (upstream's logging)
     smooth_loss: float = math.nan
+    last_loss: float = math.nan
     epoch: int = 1
-    history: list[dict] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
 
 
 def schedule_of(cfg: TrainConfig) -> Schedule:
@@ -53,74 +76,100 @@ def _format_eta(seconds: float) -> str:
     return f"{seconds // 60}m{seconds % 60:02d}s"
 
 
+def _finished(cfg: TrainConfig, state: LoopState) -> bool:
+    if cfg.num_steps is not None:
+        return state.step >= cfg.num_steps
+    return state.step > cfg.untimed_steps and state.training_seconds >= cfg.time_budget
+
+
+Checkpointer = Callable[[LoopState, tuple], str]
+
+
 def train_loop(cfg: TrainConfig, model, optimizer, loader, runtime: Runtime, flops_per_token: int,
-               on_step: Callable[[dict], None] | None = None) -> LoopStats:
-    """Run the optimizer steps; raises Diverged on NaN/Inf or loss > cfg.max_loss."""
+               on_step: Callable[[dict], None] | None = None, state: LoopState | None = None,
+               pending: tuple | None = None, checkpoint: Checkpointer | None = None,
+               stop_requested: Callable[[], bool] = lambda: False) -> LoopState:
+    """Run optimizer steps until done; resumable from (state, pending batch).
+
+    `checkpoint(state, pending)` is called every cfg.checkpoint_every steps, at the end, and
+    when `stop_requested()` turns true (then RunInterrupted is raised). Raises Diverged on
+    NaN/Inf or loss > cfg.max_loss, OutOfMemory when the device runs out of memory.
+    """
     schedule = schedule_of(cfg)
     accum = cfg.grad_accum_steps
     peak = peak_flops(runtime.device)
-    stats = LoopStats()
-    ema_beta, smooth = 0.9, 0.0
+    state = state or LoopState()
     interactive = sys.stdout.isatty() and not cfg.quiet
-    x, y, stats.epoch = next(loader)
-    step = 0
-    while True:
+    x, y, state.epoch = pending if pending is not None else next(loader)
+    x, y = x.to(runtime.device), y.to(runtime.device)
+    while not _finished(cfg, state):
+        step = state.step
         synchronize(runtime.device)
         t0 = time.perf_counter()
-        micro_losses = []
-        for _ in range(accum):
-            with runtime.autocast():
-                loss = model(x, y)
-            micro_losses.append(loss.detach())
-            (loss / accum).backward()
-            x, y, stats.epoch = next(loader)
-        if cfg.num_steps is not None:
-            progress = step_progress(step, cfg.num_steps, cfg.untimed_steps)
-        else:
-            progress = time_progress(stats.training_seconds, cfg.time_budget)
-        values = schedule.apply(optimizer, step, progress)
-        optimizer.step()
-        model.zero_grad(set_to_none=True)
-        train_loss = micro_losses[-1].item()  # upstream's fast-fail looks at the last micro-batch
+        try:
+            micro_losses = []
+            for _ in range(accum):
+                with runtime.autocast():
+                    loss = model(x, y)
+                micro_losses.append(loss.detach())
+                (loss / accum).backward()
+                x, y, state.epoch = next(loader)
+            if cfg.num_steps is not None:
+                progress = step_progress(step, cfg.num_steps, cfg.untimed_steps)
+            else:
+                progress = time_progress(state.training_seconds, cfg.time_budget)
+            values = schedule.apply(optimizer, step, progress)
+            optimizer.step()
+            model.zero_grad(set_to_none=True)
+            train_loss = micro_losses[-1].item()  # upstream's fast-fail looks at the last micro-batch
+        except torch.OutOfMemoryError as exc:
+            raise OutOfMemory(step, cfg, runtime.device) from exc
         if not math.isfinite(train_loss) or train_loss > cfg.max_loss:
             raise Diverged(step, train_loss)
         synchronize(runtime.device)
         dt = time.perf_counter() - t0
         if step >= cfg.untimed_steps:
-            stats.training_seconds += dt
+            state.training_seconds += dt
 
-        smooth = ema_beta * smooth + (1 - ema_beta) * train_loss
-        stats.smooth_loss = smooth / (1 - ema_beta ** (step + 1))
-        stats.last_loss = train_loss
+        state.ema = EMA_BETA * state.ema + (1 - EMA_BETA) * train_loss
+        state.smooth_loss = state.ema / (1 - EMA_BETA ** (step + 1))
+        state.last_loss = train_loss
+        state.step = step + 1
         tok_per_sec = cfg.total_batch_size / dt
         mfu = 100 * flops_per_token * cfg.total_batch_size / dt / peak if peak else None
-        record = dict(step=step, loss=train_loss, smooth_loss=stats.smooth_loss, progress=progress,
-                      dt=dt, tok_per_sec=tok_per_sec, mfu=mfu, epoch=stats.epoch, **values)
+        record = dict(step=step, loss=train_loss, smooth_loss=state.smooth_loss, progress=progress,
+                      dt=dt, tok_per_sec=tok_per_sec, mfu=mfu, epoch=state.epoch, **values)
         if on_step is not None:
             on_step(record)
-
-        if cfg.num_steps is not None:
-            eta = (cfg.num_steps - step - 1) * dt
-        else:
-            eta = cfg.time_budget - stats.training_seconds
-        if not cfg.quiet and (interactive or step % cfg.log_every == 0):
-            mfu_text = f" | mfu {mfu:.1f}%" if mfu is not None else ""
-            line = (f"step {step:05d} ({100 * progress:.1f}%) | loss {stats.smooth_loss:.4f} | "
-                    f"lrm {values['lrm']:.2f} | dt {dt * 1000:.0f}ms | tok/s {tok_per_sec:,.0f}"
-                    f"{mfu_text} | epoch {stats.epoch} | eta {_format_eta(eta)}")
-            print("\r" + line + "   " if interactive else line, end="" if interactive else "\n", flush=True)
+        _print_progress(cfg, state, record, interactive)
 
         if step == 0:  # Python's GC causes long stalls; freeze the start-up garbage, as upstream
             gc.collect()
             gc.freeze()
             gc.disable()
-        step += 1
-        stats.steps = step
-        if cfg.num_steps is not None and step >= cfg.num_steps:
-            break
-        if cfg.time_budget is not None and step > cfg.untimed_steps and stats.training_seconds >= cfg.time_budget:
-            break
+        if checkpoint is not None:
+            if stop_requested():
+                raise RunInterrupted(state.step, checkpoint(state, (x, y, state.epoch)))
+            periodic = cfg.checkpoint_every > 0 and state.step % cfg.checkpoint_every == 0
+            if periodic or _finished(cfg, state):
+                checkpoint(state, (x, y, state.epoch))
+        elif stop_requested():
+            raise RunInterrupted(state.step, None)
     if interactive:
         print()
     gc.enable()
-    return stats
+    return state
+
+
+def _print_progress(cfg: TrainConfig, state: LoopState, rec: dict, interactive: bool) -> None:
+    if cfg.quiet or not (interactive or rec["step"] % cfg.log_every == 0):
+        return
+    if cfg.num_steps is not None:
+        eta = (cfg.num_steps - state.step) * rec["dt"]
+    else:
+        eta = cfg.time_budget - state.training_seconds
+    mfu_text = f" | mfu {rec['mfu']:.1f}%" if rec["mfu"] is not None else ""
+    line = (f"step {rec['step']:05d} ({100 * rec['progress']:.1f}%) | loss {state.smooth_loss:.4f} | "
+            f"lrm {rec['lrm']:.2f} | dt {rec['dt'] * 1000:.0f}ms | tok/s {rec['tok_per_sec']:,.0f}"
+            f"{mfu_text} | epoch {state.epoch} | eta {_format_eta(eta)}")
+    print("\r" + line + "   " if interactive else line, end="" if interactive else "\n", flush=True)

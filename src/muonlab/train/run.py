@@ -1,13 +1,18 @@
 """One training run end to end: data, model, loop, evaluation, run directory, ledger line.
 
 Bad configuration fails before anything is written. Once the run directory exists, every
-outcome is recorded: `ok`, `diverged` (NaN/Inf or exploding loss, with the step) or
-`failed` (any other error, including Ctrl-C), each as exactly one ledger line.
+outcome is recorded as exactly one ledger line: `ok`; `diverged` (NaN/Inf or exploding loss,
+with the step; earlier checkpoints are kept); or `failed` (any other error), where an
+interruption (Ctrl-C, SIGTERM, a SLURM preemption) is marked `interrupted` and, when a
+checkpoint was written, `resumable`. `muonlab train --resume RUN_DIR` continues such a run in
+its own directory from its newest checkpoint, with the same result as an uninterrupted run.
 """
 
 from __future__ import annotations
 
 import math
+import signal
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -16,14 +21,16 @@ from typing import Callable
 
 import torch
 
-from muonlab.config import TrainConfig
+from muonlab.config import TrainConfig, load_config_file
 from muonlab.data.prepare import PreparedData, prepare_data
 from muonlab.device import Runtime, detect_device, peak_flops, peak_memory_mb, resolve_precision
+from muonlab.errors import UsageError
 from muonlab.eval import EvalResult, evaluate_bpb
 from muonlab.lab import ledger, provenance
 from muonlab.lab.sinks import SinkGroup, parse_sinks
 from muonlab.train.build import build_model, build_optimizer
-from muonlab.train.loop import Diverged, train_loop
+from muonlab.train.checkpoint import latest_checkpoint, rng_state, save_checkpoint, set_rng_state
+from muonlab.train.loop import Diverged, LoopState, OutOfMemory, RunInterrupted, train_loop
 from muonlab.train.rundir import RunDir, append_metrics, ledger_path, new_run_id
 
 SUMMARY_KEYS = ("val_bpb", "holdout_bpb", "training_seconds", "total_seconds", "peak_vram_mb",
@@ -58,6 +65,31 @@ def _use_compile(cfg: TrainConfig, runtime: Runtime) -> bool:
     return cfg.compile == "on" or (cfg.compile == "auto" and runtime.device.type == "cuda")
 
 
+class StopSignals:
+    """While active, SIGINT/SIGTERM ask the loop to stop after the current step (and checkpoint);
+    a second signal interrupts at once."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = {}
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        return False
+
+
 def evaluate_splits(model, data: PreparedData, cfg: TrainConfig, runtime: Runtime) -> dict[str, EvalResult]:
     """val_bpb and holdout_bpb, each over at most cfg.eval_tokens tokens of its split."""
     token_bytes = data.tokenizer.token_bytes(device=runtime.device)
@@ -71,24 +103,50 @@ def evaluate_splits(model, data: PreparedData, cfg: TrainConfig, runtime: Runtim
     return results
 
 
-def run_training(cfg: TrainConfig, log: Callable[[str], None] = print,
-                 data: PreparedData | None = None) -> RunResult:
+def resume_training(run_dir: str | Path, log: Callable[[str], None] = print, fallback: bool = False,
+                    quiet: bool | None = None) -> "RunResult":
+    """Continue an interrupted run in its own directory from its newest valid checkpoint."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.json").is_file():
+        raise UsageError(f"{run_dir} is not a run directory (no config.json)")
+    cfg = load_config_file(run_dir / "config.json")
+    if quiet is not None:
+        cfg.quiet = quiet
+    # the run lives where it is, whatever runs_dir said where it was created
+    cfg.runs_dir, cfg.run_name = str(run_dir.parent), run_dir.name
+    return run_training(cfg, log=log, resume=(run_dir, fallback))
+
+
+def run_training(cfg: TrainConfig, log: Callable[[str], None] = print, data: PreparedData | None = None,
+                 resume: tuple[Path, bool] | None = None) -> RunResult:
     """Train and evaluate one run; raises on failure after recording it."""
     cfg.validate()
     t_start = time.time()
     device = detect_device(cfg.device)
     runtime = Runtime(device, resolve_precision(cfg.precision, device))
+    checkpoint = None
+    if resume is not None:
+        run = RunDir(Path(resume[0]))
+        ckpt_path, checkpoint = latest_checkpoint(run.path, fallback=resume[1])
+        if checkpoint.get("config_hash") != cfg.config_hash():
+            raise UsageError(f"checkpoint {ckpt_path} belongs to another configuration")
+        if checkpoint.get("world_size", 1) != 1:
+            raise UsageError(f"checkpoint {ckpt_path} was written by {checkpoint['world_size']} processes; "
+                             "resume it with the same world size")
+        log(f"resuming {run.path.name} from {ckpt_path.name} (step {checkpoint['step']})")
     if data is None:
         data = prepare_data(cfg.data, log=log)
-    run_id = new_run_id(cfg)
-    run = RunDir.create(cfg, run_id)
+    if resume is None:
+        run = RunDir.create(cfg, new_run_id(cfg))
+    run_id = run.path.name
     prov = provenance.collect(runtime.device, corpus_hash=data.corpus_hash,
                               tokenizer_hash=data.tokenizer_hash, data_source=cfg.data.source)
     record = dict(run_id=run_id, arm=cfg.arm, seed=cfg.seed, config_hash=cfg.config_hash(),
-                  run_dir=str(run.path), config=cfg.to_dict(), provenance=prov)
+                  run_dir=str(run.path), config=cfg.to_dict(), provenance=prov,
+                  resumed_from_step=checkpoint["step"] if checkpoint else None)
     summary: dict = {"status": "failed", "run_id": run_id}
     try:
-        summary, metrics = _train_and_evaluate(cfg, data, runtime, run, t_start, log)
+        summary, metrics = _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint)
         record.update(status="ok", metrics=metrics)
         return RunResult(run_id, run.path, "ok", summary, metrics)
     except Diverged as exc:
@@ -97,11 +155,15 @@ def run_training(cfg: TrainConfig, log: Callable[[str], None] = print,
                       error=str(exc))
         raise
     except BaseException as exc:
-        interrupted = isinstance(exc, KeyboardInterrupt)  # Ctrl-C, or SIGTERM via the CLI
-        message = "interrupted" if interrupted else (str(exc) or exc.__class__.__name__)
-        summary = {"status": "failed", "run_id": run_id, "error": message, "interrupted": interrupted}
+        interrupted = isinstance(exc, KeyboardInterrupt)  # Ctrl-C, SIGTERM, preemption
+        message = (str(exc) or "interrupted") if interrupted else (str(exc) or exc.__class__.__name__)
+        ckpt = getattr(exc, "checkpoint", None)
+        summary = {"status": "failed", "run_id": run_id, "error": message, "interrupted": interrupted,
+                   "checkpoint": ckpt}
         record.update(status="failed", metrics={}, error=message, interrupted=interrupted,
-                      traceback=traceback.format_exc(limit=8))
+                      resumable=ckpt is not None, checkpoint=ckpt,
+                      error_kind="oom" if isinstance(exc, OutOfMemory) else exc.__class__.__name__,
+                      traceback=None if interrupted else traceback.format_exc(limit=8))
         raise
     finally:
         record["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
@@ -110,7 +172,7 @@ def run_training(cfg: TrainConfig, log: Callable[[str], None] = print,
         ledger.append_record(ledger_path(cfg), record)
 
 
-def _train_and_evaluate(cfg, data, runtime, run, t_start, log):
+def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint):
     torch.manual_seed(cfg.seed)
     if runtime.device.type == "cuda":
         torch.cuda.manual_seed(cfg.seed)
@@ -123,42 +185,58 @@ def _train_and_evaluate(cfg, data, runtime, run, t_start, log):
     optimizer = build_optimizer(model, cfg, compile_step=compile_on)
     train_model = torch.compile(model, dynamic=False) if compile_on else model
     loader = data.loader(cfg.device_batch_size, cfg.sequence_len, "train", device=runtime.device)
+    state, pending = None, None
+    if checkpoint is not None:
+        model.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        loader.load_state_dict(checkpoint["loader"])
+        set_rng_state(checkpoint["rng"])
+        state, pending = LoopState(**checkpoint["loop"]), tuple(checkpoint["pending"])
+        run.truncate_metrics(state.step)  # steps after the checkpoint are redone
     log(f"run {run.path.name}: {counts['total']:,} params, width {cfg.model_dim}, depth {cfg.depth}, "
         f"{cfg.grad_accum_steps} micro-steps x {cfg.tokens_per_micro_step:,} tokens, device {runtime.device}, "
         f"precision {runtime.precision}, attention {model.transformer.h[0].attn.backend}, compile {compile_on}")
     sinks = SinkGroup(parse_sinks(cfg.sinks), run.path.name, run.path, cfg.to_dict(), cfg.sink_project)
+
+    def save(loop_state: LoopState, next_batch: tuple) -> str:
+        x, y, epoch = next_batch
+        payload = dict(model=model.state_dict(), optimizer=optimizer.state_dict(), loader=loader.state_dict(),
+                       pending=(x.cpu(), y.cpu(), epoch), loop=loop_state.to_dict(), rng=rng_state(),
+                       config_hash=cfg.config_hash(), world_size=1)
+        return str(save_checkpoint(run.path, loop_state.step, payload, keep=cfg.checkpoint_keep))
 
     def on_step(rec: dict) -> None:
         append_metrics(metrics_file, rec)
         sinks.log_step(rec)
 
     t_train = time.time()
-    with run.open_metrics() as metrics_file:
-        stats = train_loop(cfg, train_model, optimizer, loader, runtime, flops_per_token, on_step=on_step)
+    with run.open_metrics() as metrics_file, StopSignals() as stop:
+        state = train_loop(cfg, train_model, optimizer, loader, runtime, flops_per_token, on_step=on_step,
+                           state=state, pending=pending, checkpoint=save, stop_requested=lambda: stop.requested)
     evals = evaluate_splits(model, data, cfg, runtime)
     run.save_weights(model)
-    timed_steps = stats.steps - min(cfg.untimed_steps, stats.steps)
+    timed_steps = state.step - min(cfg.untimed_steps, state.step)
     peak = peak_flops(runtime.device)
-    mfu = (100 * flops_per_token * cfg.total_batch_size * timed_steps / stats.training_seconds / peak
-           if peak and stats.training_seconds > 0 else None)
-    total_tokens = stats.steps * cfg.total_batch_size
+    mfu = (100 * flops_per_token * cfg.total_batch_size * timed_steps / state.training_seconds / peak
+           if peak and state.training_seconds > 0 else None)
+    total_tokens = state.step * cfg.total_batch_size
     summary = {
         "val_bpb": evals["val"].bpb,
         "holdout_bpb": evals["holdout"].bpb,
-        "training_seconds": stats.training_seconds,
+        "training_seconds": state.training_seconds,
         "total_seconds": time.time() - t_start,
         "peak_vram_mb": peak_memory_mb(runtime.device),
         "mfu_percent": mfu,
         "total_tokens_M": total_tokens / 1e6,
-        "num_steps": stats.steps,
+        "num_steps": state.step,
         "num_params_M": counts["total"] / 1e6,
         "depth": cfg.depth,
         "status": "ok",
         "run_id": run.path.name,
         "startup_seconds": t_train - t_start,
-        "tokens_per_second": (cfg.total_batch_size * timed_steps / stats.training_seconds
-                              if stats.training_seconds > 0 else math.nan),
-        "final_train_loss": stats.smooth_loss,
+        "tokens_per_second": (cfg.total_batch_size * timed_steps / state.training_seconds
+                              if state.training_seconds > 0 else math.nan),
+        "final_train_loss": state.smooth_loss,
         "entropy_bpb": data.entropy_bits_per_byte,
     }
     run.write_summary(summary)
@@ -169,10 +247,10 @@ def _train_and_evaluate(cfg, data, runtime, run, t_start, log):
         "val_ppl": evals["val"].ppl, "holdout_ppl": evals["holdout"].ppl,
         "val_tokens": evals["val"].tokens, "holdout_tokens": evals["holdout"].tokens,
         "val_bytes": evals["val"].bytes, "holdout_bytes": evals["holdout"].bytes,
-        "peak_memory_mb": summary["peak_vram_mb"], "training_seconds": stats.training_seconds,
-        "total_seconds": summary["total_seconds"], "steps": stats.steps, "tokens": total_tokens,
+        "peak_memory_mb": summary["peak_vram_mb"], "training_seconds": state.training_seconds,
+        "total_seconds": summary["total_seconds"], "steps": state.step, "tokens": total_tokens,
         "tokens_per_second": summary["tokens_per_second"], "mfu_percent": mfu,
         "num_params": counts["total"], "param_counts": counts, "flops_per_token": flops_per_token,
-        "final_train_loss": stats.smooth_loss, "entropy_bpb": data.entropy_bits_per_byte,
+        "final_train_loss": state.smooth_loss, "entropy_bpb": data.entropy_bits_per_byte,
     }
     return summary, metrics

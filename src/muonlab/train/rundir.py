@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from muonlab.atomic import atomic_open, write_json
+from muonlab.atomic import atomic_open, write_json, write_text
 from muonlab.config import TrainConfig
 from muonlab.paths import cache_root
 
@@ -53,6 +53,20 @@ class RunDir:
 
     def open_metrics(self):
         return open(self.path / "metrics.jsonl", "a", buffering=1)
+
+    def truncate_metrics(self, steps_done: int) -> None:
+        """Keep the metrics of steps < steps_done (a resumed run redoes the later ones)."""
+        path = self.path / "metrics.jsonl"
+        if not path.exists():
+            return
+        kept = []
+        for line in path.read_text().splitlines():
+            try:
+                if json.loads(line)["step"] < steps_done:
+                    kept.append(line)
+            except (json.JSONDecodeError, KeyError, TypeError):
+                continue  # a torn last line from the interruption
+        write_text(path, "".join(f"{line}\n" for line in kept))
 
     def write_summary(self, summary: dict) -> None:
         write_json(self.path / "summary.json", summary)

@@ -1,0 +1,139 @@
+"""Checkpoints: everything a run needs to continue exactly where it stopped.
+
+Layout: `<run_dir>/checkpoints/step-NNNNNN.pt` (written atomically: temp file, fsync, rename)
+and beside it `step-NNNNNN.json`, written after the data, holding the format, step, size and
+sha256 of the .pt file. A checkpoint without its sidecar, or whose bytes do not match it
+(truncated, corrupted), is refused; `fallback=True` resumes from the newest valid one instead.
+The `keep` newest checkpoints are kept, so a crash or a full disk mid-write never loses the
+previous one.
+
+Contents (read with torch.load(..., weights_only=True)): format, step (completed optimizer
+steps), model and optimizer state dicts, the data loader's position, the batch already
+prefetched for the next step, the loop's counters (training seconds, loss EMA) and the RNG
+states of torch (CPU and CUDA) and Python's `random`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from muonlab.atomic import atomic_open, write_json
+from muonlab.errors import MuonlabError
+
+CHECKPOINT_FORMAT = "muonlab-checkpoint/1"
+
+
+class _HashingWriter:
+    """File wrapper that hashes what torch.save writes, so the data is never held twice."""
+
+    def __init__(self, f):
+        self.f, self.sha, self.size = f, hashlib.sha256(), 0
+
+    def write(self, data) -> int:
+        self.sha.update(data)
+        self.size += len(data)
+        return self.f.write(data)
+
+    def flush(self):
+        self.f.flush()
+
+
+def checkpoint_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"torch": torch.get_rng_state(), "python": list(_to_lists(random.getstate()))}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _to_lists(value):
+    return [(_to_lists(v) if isinstance(v, tuple) else v) for v in value]
+
+
+def save_checkpoint(run_dir: Path, step: int, state: dict[str, Any], keep: int = 2) -> Path:
+    """Write step-NNNNNN.pt and its sidecar; prune to the `keep` newest; return the path."""
+    directory = checkpoint_dir(run_dir)
+    path = directory / f"step-{step:06d}.pt"
+    payload = {"format": CHECKPOINT_FORMAT, "step": step, **state}
+    with atomic_open(path, "wb") as f:
+        writer = _HashingWriter(f)
+        torch.save(payload, writer)
+    write_json(path.with_suffix(".json"), {"format": CHECKPOINT_FORMAT, "step": step,
+                                           "bytes": writer.size, "sha256": writer.sha.hexdigest()})
+    for old in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
+        old.unlink(missing_ok=True)
+        old.with_suffix(".json").unlink(missing_ok=True)
+    return path
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """Checkpoint files, oldest first (sidecar present or not)."""
+    directory = checkpoint_dir(run_dir)
+    return sorted(directory.glob("step-*.pt")) if directory.is_dir() else []
+
+
+def verify_checkpoint(path: Path) -> str | None:
+    """None if the file matches its sidecar, else the reason it does not."""
+    sidecar = path.with_suffix(".json")
+    if not sidecar.is_file():
+        return "no checksum sidecar (the write did not finish)"
+    try:
+        meta = json.loads(sidecar.read_text())
+    except (OSError, json.JSONDecodeError):
+        return "unreadable checksum sidecar"
+    if meta.get("format") != CHECKPOINT_FORMAT:
+        return f"unknown checkpoint format {meta.get('format')!r}"
+    size = path.stat().st_size
+    if size != meta.get("bytes"):
+        return f"size {size} differs from the recorded {meta.get('bytes')} (truncated?)"
+    sha = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            sha.update(chunk)
+    if sha.hexdigest() != meta.get("sha256"):
+        return "checksum mismatch (corrupted)"
+    return None
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    problem = verify_checkpoint(path)
+    if problem:
+        raise MuonlabError(f"checkpoint {path} refused: {problem}")
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if state.get("format") != CHECKPOINT_FORMAT:
+        raise MuonlabError(f"checkpoint {path} has format {state.get('format')!r}, not {CHECKPOINT_FORMAT}")
+    return state
+
+
+def latest_checkpoint(run_dir: Path, fallback: bool = False) -> tuple[Path, dict[str, Any]]:
+    """The newest checkpoint; if it is invalid, an error, or with `fallback` the newest valid one."""
+    candidates = list_checkpoints(run_dir)
+    if not candidates:
+        raise MuonlabError(f"no checkpoint in {checkpoint_dir(run_dir)}: nothing to resume")
+    refused = []
+    for path in reversed(candidates):
+        problem = verify_checkpoint(path)
+        if problem is None:
+            return path, load_checkpoint(path)
+        refused.append(f"{path.name}: {problem}")
+        if not fallback:
+            raise MuonlabError(f"checkpoint {path} refused: {problem}; pass --fallback to resume "
+                               "from the previous valid checkpoint")
+    raise MuonlabError(f"no valid checkpoint in {checkpoint_dir(run_dir)} ({'; '.join(refused)})")

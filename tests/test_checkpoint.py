@@ -1,0 +1,187 @@
+"""Checkpoint and resume: exact continuation, refusal of damaged checkpoints, faults."""
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import muonlab.lab.ledger as ledger_module
+import muonlab.train.checkpoint as ckpt_module
+from muonlab.cli import main
+from muonlab.errors import MuonlabError
+from muonlab.lab.ledger import append_record, read_records
+from muonlab.model import GPT
+from muonlab.train.checkpoint import list_checkpoints, verify_checkpoint
+
+TINY = ["train", "--preset", "cpu-tiny", "--num-steps", "40", "--checkpoint-every", "4", "--log-every", "1"]
+
+
+def runs(tmp_path) -> Path:
+    return Path(tmp_path) / "cache" / "runs"
+
+
+def ledger(tmp_path) -> list[dict]:
+    return list(read_records(runs(tmp_path) / "ledger.jsonl"))
+
+
+def weights(run_dir: Path) -> dict:
+    return torch.load(run_dir / "model.pt", weights_only=True)
+
+
+def assert_same_weights(a: Path, b: Path) -> None:
+    wa, wb = weights(a), weights(b)
+    assert wa.keys() == wb.keys()
+    for name in wa:
+        assert torch.equal(wa[name], wb[name]), name
+
+
+@pytest.fixture
+def reference_run(tmp_path, capsys):
+    assert main(TINY + ["--run-name", "reference", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    return Path(out["run_dir"]), out["summary"]
+
+
+def _start(tmp_path, name, extra=()):
+    env = dict(os.environ, MUONLAB_CACHE=str(tmp_path / "cache"))
+    cmd = [sys.executable, "-m", "muonlab"] + TINY + ["--run-name", name, *extra]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def _wait_for_steps(run_dir: Path, n: int, proc, timeout=120):
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.exists() and metrics.read_text().count("\n") >= n:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"run did not reach {n} steps (exit {proc.poll()})")
+
+
+def test_killed_run_resumes_bitwise(tmp_path, reference_run, capsys):
+    ref_dir, ref_summary = reference_run
+    proc = _start(tmp_path, "killed")
+    run_dir = runs(tmp_path) / "killed"
+    _wait_for_steps(run_dir, 14, proc)
+    proc.kill()  # SIGKILL: no chance to clean up, as in a node failure
+    proc.wait(timeout=30)
+    assert list_checkpoints(run_dir), "a periodic checkpoint was written before the kill"
+    assert main(["train", "--resume", str(run_dir), "--json"]) == 0
+    resumed = json.loads(capsys.readouterr().out)["summary"]
+    assert_same_weights(ref_dir, run_dir)
+    assert resumed["val_bpb"] == ref_summary["val_bpb"]
+    assert resumed["holdout_bpb"] == ref_summary["holdout_bpb"]
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(40))  # redone steps replaced, none duplicated
+    rec = [r for r in ledger(tmp_path) if r["run_id"] == "killed"]
+    assert [r["status"] for r in rec] == ["ok"] and rec[0]["resumed_from_step"] % 4 == 0
+
+
+def test_sigterm_checkpoints_and_resumes(tmp_path, reference_run, capsys):
+    ref_dir, _ = reference_run
+    proc = _start(tmp_path, "preempted")
+    run_dir = runs(tmp_path) / "preempted"
+    _wait_for_steps(run_dir, 6, proc)
+    proc.send_signal(signal.SIGTERM)  # a SLURM preemption
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out
+    (rec,) = [r for r in ledger(tmp_path) if r["run_id"] == "preempted"]
+    assert rec["status"] == "failed" and rec["interrupted"] and rec["resumable"]
+    assert verify_checkpoint(Path(rec["checkpoint"])) is None
+    assert main(["train", "--resume", str(run_dir)]) == 0
+    assert_same_weights(ref_dir, run_dir)
+
+
+def test_damaged_checkpoint_is_refused_and_fallback_works(tmp_path, reference_run, capsys):
+    ref_dir, _ = reference_run
+    newest = list_checkpoints(ref_dir)[-1]
+    data = newest.read_bytes()
+    newest.write_bytes(data[: len(data) // 2])  # truncated
+    assert "truncated" in verify_checkpoint(newest)
+    capsys.readouterr()
+    assert main(["train", "--resume", str(ref_dir)]) == 1
+    assert "refused" in capsys.readouterr().err
+    expected = weights(ref_dir)
+    assert main(["train", "--resume", str(ref_dir), "--fallback"]) == 0
+    assert all(torch.equal(expected[k], v) for k, v in weights(ref_dir).items())
+    flipped = list_checkpoints(ref_dir)[-1]
+    raw = bytearray(flipped.read_bytes())
+    raw[len(raw) // 3] ^= 0xFF  # same size, one corrupted byte
+    flipped.write_bytes(bytes(raw))
+    assert verify_checkpoint(flipped) == "checksum mismatch (corrupted)"
+
+
+def test_divergence_keeps_last_good_checkpoint(tmp_path, monkeypatch, capsys):
+    real_forward = GPT.forward
+    calls = {"n": 0}
+
+    def forward(self, idx, targets=None, reduction="mean"):
+        calls["n"] += 1
+        out = real_forward(self, idx, targets, reduction)
+        return out * float("nan") if calls["n"] > 2 * 5 else out  # NaN from step 5 (2 micro-steps)
+
+    monkeypatch.setattr(GPT, "forward", forward)
+    assert main(TINY + ["--run-name", "nan"]) == 1
+    assert "diverged at step 5" in capsys.readouterr().err
+    (rec,) = ledger(tmp_path)
+    assert rec["status"] == "diverged" and rec["metrics"]["diverged_step"] == 5
+    kept = list_checkpoints(runs(tmp_path) / "nan")
+    assert kept and kept[-1].name == "step-000004.pt" and verify_checkpoint(kept[-1]) is None
+
+
+def test_out_of_memory_is_reported_with_the_batch_shape(tmp_path, monkeypatch, capsys):
+    def oom(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(GPT, "forward", oom)
+    assert main(TINY) == 1
+    err = capsys.readouterr().err
+    assert "out of memory at step 0" in err and "micro-batch 4 x 64" in err
+    (rec,) = ledger(tmp_path)
+    assert rec["status"] == "failed" and rec["error_kind"] == "oom"
+
+
+def test_disk_full_during_checkpoint_keeps_the_previous_one(tmp_path, monkeypatch, capsys):
+    real_save = torch.save
+    saves = {"n": 0}
+
+    def flaky_save(obj, f, *args, **kwargs):
+        saves["n"] += 1
+        if saves["n"] == 3:
+            f.write(b"partial")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(ckpt_module.torch, "save", flaky_save)
+    assert main(TINY + ["--run-name", "full"]) == 1
+    run_dir = runs(tmp_path) / "full"
+    kept = list_checkpoints(run_dir)
+    assert [p.name for p in kept] == ["step-000004.pt", "step-000008.pt"]
+    assert all(verify_checkpoint(p) is None for p in kept)
+    assert not list((run_dir / "checkpoints").glob(".*.tmp"))  # no half-written file
+    (rec,) = ledger(tmp_path)
+    assert rec["status"] == "failed" and "No space left" in rec["error"]
+
+
+def test_ledger_short_write_leaves_no_torn_line(tmp_path, monkeypatch):
+    path = tmp_path / "ledger.jsonl"
+    append_record(path, {"run_id": "a", "status": "ok"})
+    before = path.read_bytes()
+    real_write = os.write
+    monkeypatch.setattr(ledger_module.os, "write", lambda fd, data: real_write(fd, data[:10]))
+    with pytest.raises(MuonlabError, match="short write"):
+        append_record(path, {"run_id": "b", "status": "ok"})
+    assert path.read_bytes() == before
+
+
+def test_resume_refuses_foreign_or_missing(tmp_path, capsys):
+    assert main(["train", "--resume", str(tmp_path / "nope")]) == 2
+    assert main(["train", "--resume", str(tmp_path), "--depth", "3"]) == 2
+    assert "give no other settings" in capsys.readouterr().err
