@@ -187,9 +187,11 @@ def test_rank_sharding_partitions_rows():
         return out
 
     everything = rows(0, 1, 4 * W)
+    batches = [everything[i:i + B] for i in range(0, len(everything), B)]
     per_rank = [rows(r, W, 4) for r in range(W)]
     for r in range(W):
-        assert per_rank[r] == everything[r::W]
+        # rank r's k-th batch is the single-process batch k*W + r
+        assert per_rank[r] == [row for batch in batches[r::W] for row in batch]
 
 
 def test_finite_stream_ends_with_a_smaller_batch():

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 from typing import Any, Callable
 
@@ -88,6 +89,8 @@ def _resolve_config(args: argparse.Namespace):
 
 
 def _emit(args, payload: dict, text: str) -> None:
+    if int(os.environ.get("RANK", "0")) != 0:  # under torchrun only rank 0 reports
+        return
     if getattr(args, "json", False):
         print(json.dumps(payload, indent=2, default=str))
     else:

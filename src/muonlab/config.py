@@ -104,6 +104,15 @@ class TrainConfig:
     def grad_accum_steps(self) -> int:
         return self.total_batch_size // self.tokens_per_micro_step
 
+    def accum_steps_per_rank(self, world_size: int) -> int:
+        """Micro-steps per rank when `world_size` processes share one global batch."""
+        per_step = self.tokens_per_micro_step * world_size
+        if self.total_batch_size % per_step != 0:
+            raise UsageError(f"total_batch_size {self.total_batch_size} is not divisible by device_batch_size x "
+                             f"sequence_len x world_size = {self.device_batch_size} x {self.sequence_len} x "
+                             f"{world_size}")
+        return self.total_batch_size // per_step
+
     # ------------------------------------------------------------------ checks
     def validate(self) -> "TrainConfig":
         """Raise UsageError with one line naming the first impossible setting; return self."""

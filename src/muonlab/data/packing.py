@@ -167,7 +167,9 @@ class BestFitLoader:
     """Iterator of (inputs, targets, epoch): int64 tensors [B, T] of packed rows.
 
     Rows are produced one at a time, so the row stream does not depend on B. With
-    `world_size` W, rank r keeps rows r, r+W, r+2W, ... of the global stream. A finite
+    `world_size` W, the global stream is cut into blocks of B rows and rank r keeps blocks
+    r, r+W, r+2W, ...: rank r's k-th batch is the single-process batch k*W + r, so a W-rank
+    step sees the same micro-batches as one process (bit-identical per micro-batch). A finite
     document stream ends with a final, possibly smaller batch.
     """
 
@@ -200,7 +202,7 @@ class BestFitLoader:
         while True:
             index = packer.rows_produced
             row = packer.next_row()
-            if row is None or index % self.world_size == self.rank:
+            if row is None or (index // self.B) % self.world_size == self.rank:
                 return row
 
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor, int]:

@@ -30,8 +30,13 @@ class EvalResult:
 
 @torch.no_grad()
 def evaluate_bpb(model, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], token_bytes: torch.Tensor,
-                 autocast=contextlib.nullcontext, device: torch.device | None = None) -> EvalResult:
-    """Score every (x, y) batch; `token_bytes[id]` is the byte length of token id (0 = special)."""
+                 autocast=contextlib.nullcontext, device: torch.device | None = None,
+                 reduce=None) -> EvalResult:
+    """Score every (x, y) batch; `token_bytes[id]` is the byte length of token id (0 = special).
+
+    `reduce(tensor)` sums a tensor across processes in place (distributed eval: each rank
+    scores a share of the batches; the sums of nats, bytes and tokens are exact to reduce).
+    """
     device = device or token_bytes.device
     token_bytes = token_bytes.to(device)
     total_nats = torch.zeros((), dtype=torch.float64, device=device)
@@ -46,6 +51,11 @@ def evaluate_bpb(model, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], to
         total_nats += (loss.double() * mask).sum()
         total_bytes += nbytes.sum()
         total_tokens += mask.sum()
+    if reduce is not None:
+        counts = torch.stack([total_bytes, total_tokens])
+        reduce(total_nats)
+        reduce(counts)
+        total_bytes, total_tokens = counts[0], counts[1]
     nats, nbytes, ntok = total_nats.item(), int(total_bytes.item()), int(total_tokens.item())
     if nbytes == 0:
         raise ValueError("evaluation saw no bytes: the split is empty")

@@ -202,7 +202,7 @@ class GPT(nn.Module):
     def setup_optimizer(self, unembedding_lr=0.004, embedding_lr=0.2, matrix_lr=0.02,
                         weight_decay=0.0, adam_betas=(0.8, 0.95), scalar_lr=0.5,
                         matrix_optimizer="muon", adamw_matrix_lr=0.003, adamw_matrix_weight_decay=0.0,
-                        **optimizer_kwargs):
+                        optimizer_cls=None, **optimizer_kwargs):
         """MuonAdamW with upstream's groups; AdamW LRs scaled by (d/768)^-1/2 (tuned at d=768).
 
         `matrix_optimizer="adamw"` (muonlab's `adamw_only` control, not upstream) puts every
@@ -236,7 +236,7 @@ class GPT(nn.Module):
                 kind="muon", params=[p for p in matrix_params if p.shape == shape], lr=matrix_lr,
                 momentum=0.95, ns_steps=5, beta2=0.95, weight_decay=weight_decay,
             ))
-        optimizer = MuonAdamW(param_groups, **optimizer_kwargs)
+        optimizer = (optimizer_cls or MuonAdamW)(param_groups, **optimizer_kwargs)
         for group in optimizer.param_groups:
             group["initial_lr"] = group["lr"]
         return optimizer

@@ -32,9 +32,12 @@ def build_model(cfg: TrainConfig, vocab_size: int, runtime: Runtime) -> GPT:
     return model
 
 
-def build_optimizer(model: GPT, cfg: TrainConfig, compile_step: bool):
+def build_optimizer(model: GPT, cfg: TrainConfig, compile_step: bool, distributed: bool = False):
+    """MuonAdamW, or with several processes DistMuonAdamW (it averages gradients itself)."""
+    from muonlab.optim import DistMuonAdamW, MuonAdamW
+
     return model.setup_optimizer(
-        unembedding_lr=cfg.unembedding_lr, embedding_lr=cfg.embedding_lr, matrix_lr=cfg.matrix_lr,
+        optimizer_cls=DistMuonAdamW if distributed else MuonAdamW, unembedding_lr=cfg.unembedding_lr, embedding_lr=cfg.embedding_lr, matrix_lr=cfg.matrix_lr,
         weight_decay=cfg.weight_decay, adam_betas=(cfg.adam_beta1, cfg.adam_beta2),
         scalar_lr=cfg.scalar_lr, matrix_optimizer=cfg.matrix_optimizer,
         adamw_matrix_lr=cfg.adamw_matrix_lr, adamw_matrix_weight_decay=cfg.adamw_matrix_weight_decay,

@@ -88,18 +88,21 @@ Checkpointer = Callable[[LoopState, tuple], str]
 def train_loop(cfg: TrainConfig, model, optimizer, loader, runtime: Runtime, flops_per_token: int,
                on_step: Callable[[dict], None] | None = None, state: LoopState | None = None,
                pending: tuple | None = None, checkpoint: Checkpointer | None = None,
-               stop_requested: Callable[[], bool] = lambda: False) -> LoopState:
+               stop_requested: Callable[[], bool] = lambda: False, dist=None) -> LoopState:
     """Run optimizer steps until done; resumable from (state, pending batch).
 
     `checkpoint(state, pending)` is called every cfg.checkpoint_every steps, at the end, and
     when `stop_requested()` turns true (then RunInterrupted is raised). Raises Diverged on
     NaN/Inf or loss > cfg.max_loss, OutOfMemory when the device runs out of memory.
     """
+    from muonlab.train.distributed import Dist
+
+    dist = dist or Dist()
     schedule = schedule_of(cfg)
-    accum = cfg.grad_accum_steps
+    accum = cfg.accum_steps_per_rank(dist.world_size)
     peak = peak_flops(runtime.device)
     state = state or LoopState()
-    interactive = sys.stdout.isatty() and not cfg.quiet
+    interactive = sys.stdout.isatty() and not cfg.quiet and dist.is_main
     x, y, state.epoch = pending if pending is not None else next(loader)
     x, y = x.to(runtime.device), y.to(runtime.device)
     while not _finished(cfg, state):
@@ -124,6 +127,11 @@ def train_loop(cfg: TrainConfig, model, optimizer, loader, runtime: Runtime, flo
             train_loss = micro_losses[-1].item()  # upstream's fast-fail looks at the last micro-batch
         except torch.OutOfMemoryError as exc:
             raise OutOfMemory(step, cfg, runtime.device) from exc
+        stop_now = stop_requested()
+        if dist.active:  # every rank must take the same decision to stop, diverge or go on
+            shared = torch.tensor([train_loss, float(stop_now)], dtype=torch.float64, device=runtime.device)
+            dist.all_reduce_(shared)
+            train_loss, stop_now = shared[0].item() / dist.world_size, shared[1].item() > 0
         if not math.isfinite(train_loss) or train_loss > cfg.max_loss:
             raise Diverged(step, train_loss)
         synchronize(runtime.device)
@@ -139,21 +147,22 @@ def train_loop(cfg: TrainConfig, model, optimizer, loader, runtime: Runtime, flo
         mfu = 100 * flops_per_token * cfg.total_batch_size / dt / peak if peak else None
         record = dict(step=step, loss=train_loss, smooth_loss=state.smooth_loss, progress=progress,
                       dt=dt, tok_per_sec=tok_per_sec, mfu=mfu, epoch=state.epoch, **values)
-        if on_step is not None:
+        if on_step is not None and dist.is_main:
             on_step(record)
-        _print_progress(cfg, state, record, interactive)
+        if dist.is_main:
+            _print_progress(cfg, state, record, interactive)
 
         if step == 0:  # Python's GC causes long stalls; freeze the start-up garbage, as upstream
             gc.collect()
             gc.freeze()
             gc.disable()
         if checkpoint is not None:
-            if stop_requested():
+            if stop_now:
                 raise RunInterrupted(state.step, checkpoint(state, (x, y, state.epoch)))
             periodic = cfg.checkpoint_every > 0 and state.step % cfg.checkpoint_every == 0
             if periodic or _finished(cfg, state):
                 checkpoint(state, (x, y, state.epoch))
-        elif stop_requested():
+        elif stop_now:
             raise RunInterrupted(state.step, None)
     if interactive:
         print()

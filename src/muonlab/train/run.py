@@ -10,7 +10,9 @@ its own directory from its newest checkpoint, with the same result as an uninter
 
 from __future__ import annotations
 
+import itertools
 import math
+import os
 import signal
 import threading
 import time
@@ -30,6 +32,7 @@ from muonlab.lab import ledger, provenance
 from muonlab.lab.sinks import SinkGroup, parse_sinks
 from muonlab.train.build import build_model, build_optimizer
 from muonlab.train.checkpoint import latest_checkpoint, rng_state, save_checkpoint, set_rng_state
+from muonlab.train.distributed import Dist, init_from_env, shutdown
 from muonlab.train.loop import Diverged, LoopState, OutOfMemory, RunInterrupted, train_loop
 from muonlab.train.rundir import RunDir, append_metrics, ledger_path, new_run_id
 
@@ -90,15 +93,22 @@ class StopSignals:
         return False
 
 
-def evaluate_splits(model, data: PreparedData, cfg: TrainConfig, runtime: Runtime) -> dict[str, EvalResult]:
-    """val_bpb and holdout_bpb, each over at most cfg.eval_tokens tokens of its split."""
+def evaluate_splits(model, data: PreparedData, cfg: TrainConfig, runtime: Runtime,
+                    ctx: Dist = Dist()) -> dict[str, EvalResult]:
+    """val_bpb and holdout_bpb, each over at most cfg.eval_tokens tokens of its split.
+
+    With several processes, rank r scores batches r, r+W, ... and the sums are reduced, so
+    the same tokens are scored whatever the world size.
+    """
     token_bytes = data.tokenizer.token_bytes(device=runtime.device)
     batch = cfg.eval_batch_size or cfg.device_batch_size
     model.eval()
     results = {}
     for split in ("val", "holdout"):
         rows = data.eval_rows(split, batch, cfg.sequence_len, cfg.eval_tokens, device=runtime.device)
-        results[split] = evaluate_bpb(model, rows, token_bytes, runtime.autocast, runtime.device)
+        shard = itertools.islice(rows, ctx.rank, None, ctx.world_size) if ctx.active else rows
+        results[split] = evaluate_bpb(model, shard, token_bytes, runtime.autocast, runtime.device,
+                                      reduce=ctx.all_reduce_ if ctx.active else None)
     model.train()
     return results
 
@@ -122,31 +132,42 @@ def run_training(cfg: TrainConfig, log: Callable[[str], None] = print, data: Pre
     """Train and evaluate one run; raises on failure after recording it."""
     cfg.validate()
     t_start = time.time()
-    device = detect_device(cfg.device)
+    ctx, device = init_from_env(detect_device(cfg.device))
+    try:
+        return _run(cfg, log if ctx.is_main else (lambda _: None), data, resume, ctx, device, t_start)
+    finally:
+        shutdown(ctx)
+
+
+def _run(cfg, log, data, resume, ctx: Dist, device, t_start) -> RunResult:
     runtime = Runtime(device, resolve_precision(cfg.precision, device))
+    cfg.accum_steps_per_rank(ctx.world_size)  # the global batch must split evenly over the ranks
     checkpoint = None
     if resume is not None:
         run = RunDir(Path(resume[0]))
         ckpt_path, checkpoint = latest_checkpoint(run.path, fallback=resume[1])
         if checkpoint.get("config_hash") != cfg.config_hash():
             raise UsageError(f"checkpoint {ckpt_path} belongs to another configuration")
-        if checkpoint.get("world_size", 1) != 1:
-            raise UsageError(f"checkpoint {ckpt_path} was written by {checkpoint['world_size']} processes; "
-                             "resume it with the same world size")
+        if checkpoint.get("world_size", 1) != ctx.world_size:
+            raise UsageError(f"checkpoint {ckpt_path} was written by {checkpoint.get('world_size', 1)} "
+                             f"process(es); resume it with the same number, not {ctx.world_size} (the data "
+                             "loaders' positions are per rank)")
         log(f"resuming {run.path.name} from {ckpt_path.name} (step {checkpoint['step']})")
     if data is None:
         data = prepare_data(cfg.data, log=log)
     if resume is None:
-        run = RunDir.create(cfg, new_run_id(cfg))
+        run_id = ctx.broadcast_object(new_run_id(cfg) if ctx.is_main else None)
+        run = RunDir.create(cfg, run_id) if ctx.is_main else RunDir(_run_path(cfg, run_id))
     run_id = run.path.name
     prov = provenance.collect(runtime.device, corpus_hash=data.corpus_hash,
                               tokenizer_hash=data.tokenizer_hash, data_source=cfg.data.source)
     record = dict(run_id=run_id, arm=cfg.arm, seed=cfg.seed, config_hash=cfg.config_hash(),
                   run_dir=str(run.path), config=cfg.to_dict(), provenance=prov,
                   resumed_from_step=checkpoint["step"] if checkpoint else None)
+    record["world_size"] = ctx.world_size
     summary: dict = {"status": "failed", "run_id": run_id}
     try:
-        summary, metrics = _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint)
+        summary, metrics = _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx)
         record.update(status="ok", metrics=metrics)
         return RunResult(run_id, run.path, "ok", summary, metrics)
     except Diverged as exc:
@@ -166,13 +187,20 @@ def run_training(cfg: TrainConfig, log: Callable[[str], None] = print, data: Pre
                       traceback=None if interrupted else traceback.format_exc(limit=8))
         raise
     finally:
-        record["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-        if summary.get("status") != "ok":
-            run.write_summary(summary)
-        ledger.append_record(ledger_path(cfg), record)
+        if ctx.is_main:  # one run, one record, whatever the number of processes
+            record["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+            if summary.get("status") != "ok":
+                run.write_summary(summary)
+            ledger.append_record(ledger_path(cfg), record)
 
 
-def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint):
+def _run_path(cfg: TrainConfig, run_id: str) -> Path:
+    from muonlab.train.rundir import runs_dir
+
+    return runs_dir(cfg) / run_id
+
+
+def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx: Dist):
     torch.manual_seed(cfg.seed)
     if runtime.device.type == "cuda":
         torch.cuda.manual_seed(cfg.seed)
@@ -182,27 +210,37 @@ def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint):
     model = build_model(cfg, data.tokenizer.vocab_size, runtime)
     counts = model.num_scaling_params()
     flops_per_token = model.estimate_flops()
-    optimizer = build_optimizer(model, cfg, compile_step=compile_on)
+    optimizer = build_optimizer(model, cfg, compile_step=compile_on, distributed=ctx.active)
     train_model = torch.compile(model, dynamic=False) if compile_on else model
-    loader = data.loader(cfg.device_batch_size, cfg.sequence_len, "train", device=runtime.device)
+    loader = data.loader(cfg.device_batch_size, cfg.sequence_len, "train", device=runtime.device,
+                         rank=ctx.rank, world_size=ctx.world_size)
     state, pending = None, None
     if checkpoint is not None:
         model.load_state_dict(checkpoint["model"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        loader.load_state_dict(checkpoint["loader"])
+        optimizer.load_state_dict(checkpoint["optimizer"])  # the full layout; each rank keeps its shard
+        loader.load_state_dict(checkpoint["loader"][ctx.rank])
         set_rng_state(checkpoint["rng"])
-        state, pending = LoopState(**checkpoint["loop"]), tuple(checkpoint["pending"])
-        run.truncate_metrics(state.step)  # steps after the checkpoint are redone
+        state, pending = LoopState(**checkpoint["loop"]), tuple(checkpoint["pending"][ctx.rank])
+        if ctx.is_main:
+            run.truncate_metrics(state.step)  # steps after the checkpoint are redone
     log(f"run {run.path.name}: {counts['total']:,} params, width {cfg.model_dim}, depth {cfg.depth}, "
-        f"{cfg.grad_accum_steps} micro-steps x {cfg.tokens_per_micro_step:,} tokens, device {runtime.device}, "
+        f"{ctx.world_size} process(es) x {cfg.accum_steps_per_rank(ctx.world_size)} micro-steps x "
+        f"{cfg.tokens_per_micro_step:,} tokens, device {runtime.device}, "
         f"precision {runtime.precision}, attention {model.transformer.h[0].attn.backend}, compile {compile_on}")
-    sinks = SinkGroup(parse_sinks(cfg.sinks), run.path.name, run.path, cfg.to_dict(), cfg.sink_project)
+    sinks = SinkGroup(parse_sinks(cfg.sinks) if ctx.is_main else [], run.path.name, run.path,
+                      cfg.to_dict(), cfg.sink_project)
 
-    def save(loop_state: LoopState, next_batch: tuple) -> str:
+    def save(loop_state: LoopState, next_batch: tuple) -> str | None:
+        """Collective: every rank calls it; rank 0 writes one world-size-tagged checkpoint."""
         x, y, epoch = next_batch
-        payload = dict(model=model.state_dict(), optimizer=optimizer.state_dict(), loader=loader.state_dict(),
-                       pending=(x.cpu(), y.cpu(), epoch), loop=loop_state.to_dict(), rng=rng_state(),
-                       config_hash=cfg.config_hash(), world_size=1)
+        full_optimizer = optimizer.full_state_dict() if ctx.active else optimizer.state_dict()
+        loaders = ctx.gather_objects(loader.state_dict())
+        pendings = ctx.gather_objects((x.cpu(), y.cpu(), epoch))
+        if not ctx.is_main:
+            return None
+        payload = dict(model=model.state_dict(), optimizer=full_optimizer, loader=loaders, pending=pendings,
+                       loop=loop_state.to_dict(), rng=rng_state(), config_hash=cfg.config_hash(),
+                       world_size=ctx.world_size)
         return str(save_checkpoint(run.path, loop_state.step, payload, keep=cfg.checkpoint_keep))
 
     def on_step(rec: dict) -> None:
@@ -210,11 +248,14 @@ def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint):
         sinks.log_step(rec)
 
     t_train = time.time()
-    with run.open_metrics() as metrics_file, StopSignals() as stop:
+    metrics_path = run.path / "metrics.jsonl" if ctx.is_main else Path(os.devnull)
+    with open(metrics_path, "a", buffering=1) as metrics_file, StopSignals() as stop:
         state = train_loop(cfg, train_model, optimizer, loader, runtime, flops_per_token, on_step=on_step,
-                           state=state, pending=pending, checkpoint=save, stop_requested=lambda: stop.requested)
-    evals = evaluate_splits(model, data, cfg, runtime)
-    run.save_weights(model)
+                           state=state, pending=pending, checkpoint=save, stop_requested=lambda: stop.requested,
+                           dist=ctx)
+    evals = evaluate_splits(model, data, cfg, runtime, ctx)
+    if ctx.is_main:
+        run.save_weights(model)
     timed_steps = state.step - min(cfg.untimed_steps, state.step)
     peak = peak_flops(runtime.device)
     mfu = (100 * flops_per_token * cfg.total_batch_size * timed_steps / state.training_seconds / peak
@@ -239,7 +280,8 @@ def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint):
         "final_train_loss": state.smooth_loss,
         "entropy_bpb": data.entropy_bits_per_byte,
     }
-    run.write_summary(summary)
+    if ctx.is_main:
+        run.write_summary(summary)
     sinks.close(summary)
     metrics = {
         "val_bpb": evals["val"].bpb, "holdout_bpb": evals["holdout"].bpb,

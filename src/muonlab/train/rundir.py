@@ -51,9 +51,6 @@ class RunDir:
         write_json(path / "config.json", {"config": cfg.to_dict(), "config_hash": cfg.config_hash()})
         return run
 
-    def open_metrics(self):
-        return open(self.path / "metrics.jsonl", "a", buffering=1)
-
     def truncate_metrics(self, steps_done: int) -> None:
         """Keep the metrics of steps < steps_done (a resumed run redoes the later ones)."""
         path = self.path / "metrics.jsonl"

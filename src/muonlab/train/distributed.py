@@ -1,0 +1,83 @@
+"""The process group of a multi-process run launched by `torchrun` (PyTorch's own engine).
+
+`torchrun --nproc_per_node=N -m muonlab train ...` sets RANK, WORLD_SIZE and LOCAL_RANK;
+this module joins the group (NCCL on CUDA, gloo on CPU), pins each rank to its GPU and gives
+the few collectives the training loop and evaluation need. Without those variables (or with
+a world of one) everything here is a no-op and the run is the single-process code path.
+Multi-node runs use torchrun's rendezvous (`--nnodes`, `--rdzv-endpoint`); nothing here
+depends on the number of nodes.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from muonlab.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Dist:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def active(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def all_reduce_(self, tensor: torch.Tensor, op=dist.ReduceOp.SUM) -> torch.Tensor:
+        if self.active:
+            dist.all_reduce(tensor, op=op)
+        return tensor
+
+    def gather_objects(self, obj: Any) -> list[Any]:
+        """Every rank's `obj`, in rank order, on every rank."""
+        if not self.active:
+            return [obj]
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def broadcast_object(self, obj: Any) -> Any:
+        if not self.active:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+
+def init_from_env(device: torch.device, timeout_s: float = 1800) -> tuple[Dist, torch.device]:
+    """Join the torchrun process group if there is one; return it and this rank's device."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return Dist(), device
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    if device.type == "cuda":
+        if local_rank >= torch.cuda.device_count():
+            raise UsageError(f"LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} GPU(s) visible")
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    elif device.type == "cpu":
+        backend = "gloo"
+    else:
+        raise UsageError(f"distributed training supports CUDA (NCCL) and CPU (gloo), not {device.type}")
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s),
+                                device_id=device if backend == "nccl" else None)
+    return Dist(rank=rank, world_size=world, local_rank=local_rank), device
+
+
+def shutdown(ctx: Dist) -> None:
+    if ctx.active and dist.is_initialized():
+        dist.destroy_process_group()

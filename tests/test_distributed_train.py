@@ -1,0 +1,49 @@
+"""`torchrun --nproc_per_node=2 -m muonlab train` on CPU (gloo) against the single-process run."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.multiprocess
+
+ARGS = ["train", "--preset", "cpu-tiny", "--num-steps", "16", "--json"]
+
+
+def _run(tmp_path, argv, nproc=None, threads="1"):
+    env = dict(os.environ, MUONLAB_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS=threads)
+    launcher = ([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+                 "--standalone", "-m", "muonlab"] if nproc else [sys.executable, "-m", "muonlab"])
+    done = subprocess.run(launcher + argv, env=env, capture_output=True, text=True, timeout=300)
+    return done
+
+
+def test_two_ranks_match_one_process(tmp_path):
+    single = _run(tmp_path, ARGS + ["--run-name", "single"])
+    assert single.returncode == 0, single.stderr
+    double = _run(tmp_path, ARGS + ["--run-name", "double"], nproc=2)
+    assert double.returncode == 0, double.stderr[-3000:]
+    s, d = json.loads(single.stdout), json.loads(double.stdout)  # only rank 0 prints
+    # same global batch, same micro-batches (rank r takes batches r, r+W, ...): the same numbers.
+    # The issue's bound is 1e-4; with W=2 the gradient average is exact, so we see equality.
+    assert abs(s["summary"]["val_bpb"] - d["summary"]["val_bpb"]) < 1e-4
+    assert abs(s["summary"]["holdout_bpb"] - d["summary"]["holdout_bpb"]) < 1e-4
+    runs = tmp_path / "cache" / "runs"
+    ws = torch.load(runs / "single" / "model.pt", weights_only=True)
+    wd = torch.load(runs / "double" / "model.pt", weights_only=True)
+    assert all(torch.equal(ws[k], wd[k]) for k in ws)
+    records = [json.loads(line) for line in (runs / "ledger.jsonl").read_text().splitlines()]
+    assert [r["world_size"] for r in records] == [1, 2]  # one ledger line per run, not per rank
+    # a checkpoint written by 2 ranks is refused by 1 process with a clear message
+    resumed = _run(tmp_path, ["train", "--resume", str(runs / "double")])
+    assert resumed.returncode == 2 and "same number" in resumed.stderr
+
+
+def test_global_batch_must_split_over_ranks(tmp_path):
+    done = _run(tmp_path, ARGS + ["--device-batch-size", "8"], nproc=2)  # 512 tokens = 8 rows: 1 rank only
+    assert done.returncode != 0
+    assert "not divisible by device_batch_size x sequence_len x world_size" in done.stderr
