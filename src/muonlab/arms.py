@@ -23,6 +23,7 @@ class Arm:
     paper: str | None = None  # e.g. "seed 002" (../shared/seeds/002_*.txt)
     experiment: str | None = None  # the paper's id for the run, e.g. "arm 01"
     family: str = "baseline"
+    seeds: tuple[int, ...] = ()  # the paper's seeds: the sweep's default when --seeds is omitted
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -66,3 +67,31 @@ register(Arm(
     overrides={"matrix_optimizer": "adamw"},
     family="control",
 ))
+
+
+def default_seeds(arm_names: list[str]) -> list[int]:
+    """The seeds the arms' papers used; the arms must agree."""
+    seeds = {get_arm(name).seeds for name in arm_names}
+    if len(seeds) != 1 or not next(iter(seeds)):
+        raise UsageError("these arms list no common default seeds; pass --seeds")
+    return list(next(iter(seeds)))
+
+
+# Seed 000 (../shared/seeds/000_*.txt) Tables 3-4A: the optimizer part of each run family. The
+# paper's runs also carry pair-tied QK and gains (forward variants, a later issue); until those
+# land these arms reproduce the pre-polar/precision change alone. Seeds 42, 47, 137 (spec-000-003 §3).
+_SEED000 = (42, 47, 137)
+for _name, _exp, _overrides in [
+    ("exp44_hbieq_bf16", "exp48/44/49", dict(prepolar="hbieq")),
+    ("exp27_hbieq_fp32", "exp26/27/32", dict(prepolar="hbieq", post_polar_dtype="fp32")),
+    ("exp50_bieq_undamped_bf16", "exp56/50/57", dict(prepolar="hbieq", prepolar_tau=0.0)),
+    ("exp51_rowrms1_bf16", "exp51", dict(prepolar="hbieq", prepolar_passes=1, prepolar_sides="row")),
+    ("exp47_hbieq_square_only_bf16", "exp47", dict(prepolar="hbieq", prepolar_scope="square_only")),
+    ("exp58_zeta_bf16", "exp59/58/60", dict(prepolar="zeta")),
+    ("exp52_turbo_aol_bf16", "exp62/52/63", dict(prepolar="turbo_aol")),
+    ("exp53_muon2f_bf16", "exp53", dict(prepolar="muon2f")),
+    ("exp40_postpolar_fp32", "exp42/40/45", dict(post_polar_dtype="fp32")),
+]:
+    register(Arm(name=_name, description=f"seed 000 {_exp}: pre-polar conditioning / precision "
+                 "(optimizer part only; pair-tied QK arrives with the forward variants)",
+                 overrides=_overrides, paper="seed 000", experiment=_exp, family="prepolar", seeds=_SEED000))

@@ -161,13 +161,13 @@ def _parse_slurm_options(items: list[str]) -> dict[str, Any]:
 
 
 def cmd_sweep(args) -> int:
-    from muonlab.arms import get_arm
+    from muonlab.arms import default_seeds, get_arm
     from muonlab.lab.sweep import format_outcomes, parse_seeds, run_sweep
 
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     for arm in arms:
         get_arm(arm)
-    seeds = parse_seeds(args.seeds)
+    seeds = parse_seeds(args.seeds) if args.seeds is not None else default_seeds(arms)
     overrides = _collect_overrides(args)
     overrides.setdefault("quiet", True)
     outcomes = run_sweep(arms, seeds, args.preset, overrides, executor=args.executor, parallel=args.parallel,
@@ -203,6 +203,16 @@ def cmd_report(args) -> int:
         text += f"\nresults.tsv: {args.tsv}"
     _emit(args, report, text)
     return 0
+
+
+def cmd_diagnose(args) -> int:
+    from muonlab.diagnostics import conditioning
+
+    if args.tool == "conditioning":
+        result = conditioning.run()
+        _emit(args, result, conditioning.format_table(result))
+        return 0
+    raise UsageError(f"unknown diagnostic {args.tool!r}")
 
 
 def cmd_demo(args) -> int:
@@ -259,7 +269,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("sweep", help="run arms x seeds under one preset, resumable from the ledger")
     p.add_argument("--arms", required=True, help="comma-separated arm names")
-    p.add_argument("--seeds", required=True, help="comma-separated seeds, e.g. 41,42,47")
+    p.add_argument("--seeds", default=None,
+                   help="comma-separated seeds, e.g. 41,42,47 (default: the seeds the arms' paper used)")
     p.add_argument("--executor", default="local", choices=("local", "slurm"))
     p.add_argument("--parallel", type=int, default=None,
                    help="runs at a time (local; default: one per visible GPU, else 1)")
@@ -281,6 +292,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tsv", default=None, metavar="PATH", help="also export upstream-style results.tsv")
     p.add_argument("--json", action="store_true", help="print the report's numbers as JSON")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("diagnose", help="read-only diagnostics (conditioning: pre-polar conditioners on "
+                                        "synthetic anisotropic matrices)")
+    p.add_argument("tool", choices=("conditioning",), help="which diagnostic")
+    p.add_argument("--json", action="store_true", help="print the numbers as JSON")
+    p.set_defaults(func=cmd_diagnose)
 
     p = sub.add_parser("demo", help="the CPU demo: stdlib corpus, cpu-demo preset, compare with xz")
     p.add_argument("--cache-dir", default=None, help="cache directory (default ~/.cache/muonlab)")

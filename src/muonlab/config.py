@@ -58,6 +58,14 @@ class TrainConfig:
     muon_momentum_start: float = 0.85
     muon_momentum_end: float = 0.95
     muon_momentum_warmup_steps: int = 300
+    # pre-polar conditioning and polar precision (muonlab.optim.prepolar; seed 000 §3.3, seed 002 §1.4a-b)
+    prepolar: str | None = None  # None | hbieq | zeta | turbo_aol | muon2f
+    prepolar_scope: str = "all"  # all | square_only | rect_only | a regex on block parameter names
+    prepolar_tau: float = 80.0  # hbieq homotopy horizon (seed 000: 80, seed 002: 25; 0 = undamped)
+    prepolar_passes: int = 2
+    prepolar_sides: str = "both"  # "row" with passes=1: seed 000 exp51's one-sided row-RMS control
+    polar_dtype: str = "bf16"  # "fp32": seed 002's "NS5 in FP32"
+    post_polar_dtype: str | None = None  # None keeps Polar Express's dtype; "fp32": g = X.float()
     matrix_optimizer: str = "muon"  # "adamw": the adamw_only control (every block matrix on AdamW)
     adamw_matrix_lr: float = 0.003
     adamw_matrix_weight_decay: float = 0.0
@@ -154,6 +162,14 @@ class TrainConfig:
                 raise UsageError(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if self.checkpoint_every < 0 or self.checkpoint_keep < 1:
             raise UsageError("checkpoint_every must be >= 0 and checkpoint_keep >= 1")
+        from muonlab.optim.prepolar import DTYPES, PREPOLARS
+
+        if self.prepolar is not None and self.prepolar not in PREPOLARS:
+            raise UsageError(f"prepolar must be one of {', '.join(PREPOLARS)}, got {self.prepolar!r}")
+        if self.polar_dtype not in DTYPES or self.post_polar_dtype not in (None, *DTYPES):
+            raise UsageError("polar_dtype must be bf16|fp32 and post_polar_dtype none|bf16|fp32")
+        if self.prepolar_sides not in ("both", "row") or self.prepolar_passes < 1 or self.prepolar_tau < 0:
+            raise UsageError("need prepolar_sides both|row, prepolar_passes >= 1 and prepolar_tau >= 0")
         if self.matrix_optimizer not in ("muon", "adamw"):
             raise UsageError(f"matrix_optimizer must be muon or adamw, got {self.matrix_optimizer!r}")
         if self.eval_batch_size is not None and self.eval_batch_size < 1:

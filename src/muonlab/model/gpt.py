@@ -202,13 +202,16 @@ class GPT(nn.Module):
     def setup_optimizer(self, unembedding_lr=0.004, embedding_lr=0.2, matrix_lr=0.02,
                         weight_decay=0.0, adam_betas=(0.8, 0.95), scalar_lr=0.5,
                         matrix_optimizer="muon", adamw_matrix_lr=0.003, adamw_matrix_weight_decay=0.0,
-                        optimizer_cls=None, **optimizer_kwargs):
+                        optimizer_cls=None, muon_options=None, **optimizer_kwargs):
         """MuonAdamW with upstream's groups; AdamW LRs scaled by (d/768)^-1/2 (tuned at d=768).
 
         `matrix_optimizer="adamw"` (muonlab's `adamw_only` control, not upstream) puts every
         block matrix on AdamW instead of Muon, with `adamw_matrix_lr` (not d-scaled), the
         other groups' betas and eps, and decoupled weight decay `adamw_matrix_weight_decay`.
+        `muon_options` adds keys to every Muon group (pre-polar conditioning and polar
+        precision, see muonlab.optim.prepolar); empty keeps upstream's groups exactly.
         """
+        muon_options = dict(muon_options or {})
         from muonlab.optim import MuonAdamW
 
         matrix_params = list(self.transformer.h.parameters())
@@ -234,8 +237,12 @@ class GPT(nn.Module):
         for shape in sorted({p.shape for p in matrix_params}) if matrix_optimizer == "muon" else ():
             param_groups.append(dict(
                 kind="muon", params=[p for p in matrix_params if p.shape == shape], lr=matrix_lr,
-                momentum=0.95, ns_steps=5, beta2=0.95, weight_decay=weight_decay,
+                momentum=0.95, ns_steps=5, beta2=0.95, weight_decay=weight_decay, **muon_options,
             ))
+        if muon_options.get("prepolar_scope", "all") not in ("all", "square_only", "rect_only"):
+            names = {id(p): n for n, p in self.named_parameters()}
+            for group in param_groups:  # a name scope needs names; torch wants them on every group
+                group["param_names"] = [names[id(p)] for p in group["params"]]
         optimizer = (optimizer_cls or MuonAdamW)(param_groups, **optimizer_kwargs)
         for group in optimizer.param_groups:
             group["initial_lr"] = group["lr"]

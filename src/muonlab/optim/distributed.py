@@ -43,7 +43,9 @@ Checkpoint layout:
     `"distributed": {"layout": "rank_shard", "rank": r, "world_size": W}`. A muon group's
     state lives on its first parameter (as in MuonAdamW) with `momentum_buffer`
     [n_owned, rows, cols] and `second_momentum_buffer` [n_owned, rows, 1] (tall) or
-    [n_owned, 1, cols] (wide), n_owned possibly 0; a row-sharded adamw param has
+    [n_owned, 1, cols] (wide), n_owned possibly 0 (a stateful pre-polar conditioner's buffer,
+    e.g. `zeta_buffer` [n_owned, rows, cols], likewise; its step counter is replicated); a
+    row-sharded adamw param has
     `exp_avg`/`exp_avg_sq` of its rows only; `step` is replicated. It only loads back on the
     same rank of the same world size. With W = 1 it is exactly MuonAdamW.state_dict().
   - `full_state_dict()` (collective: every rank must call it): the shards gathered into
@@ -59,6 +61,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from muonlab.optim import prepolar as _prepolar
 from muonlab.optim.muon_adamw import MuonAdamW
 
 # nanochat's cut-off: below it one all_reduce beats reduce-scatter + all-gather, and the
@@ -225,6 +228,8 @@ class DistMuonAdamW(MuonAdamW):
             raise RuntimeError("DistMuonAdamW: optimizer state was made for another world size; "
                                "move it with full_state_dict() / load_full_state_dict()")
         send = p0.new_empty(chunk, rows, cols)
+        # every rank advances the conditioner's step counter (and makes its state), owner or not
+        options = _prepolar.step_options(group, state, start, stop, p0.device)
         if owned:
             grads = red["out"][:owned].div_(world)
             torch.stack(params[start:stop], out=send[:owned])
@@ -232,7 +237,7 @@ class DistMuonAdamW(MuonAdamW):
             self._fn("muon", p0.device)(
                 grads, send[:owned], state["momentum_buffer"], state["second_momentum_buffer"],
                 self._muon_momentum_t, self._muon_lr_t, self._muon_wd_t, self._muon_beta2_t,
-                group["ns_steps"], -1 if rows >= cols else -2)
+                group["ns_steps"], -1 if rows >= cols else -2, **options)
         send[owned:].zero_()
         # the reduce-scatter has completed, so its input stack is free to receive the gather
         work = _all_gather(red["stack"], send, group=self.process_group, async_op=True)
@@ -297,8 +302,10 @@ class DistMuonAdamW(MuonAdamW):
                 s = local["state"][i]
                 if group["kind"] == "muon" and j == 0:
                     n = len(group["params"])
-                    full[i] = {k: self._gather_rows(s[k], -(-n // world), world, n)
-                               for k in ("momentum_buffer", "second_momentum_buffer")}
+                    # per-matrix buffers (momentum, NorMuon, a conditioner's) gathered to [N, ...];
+                    # scalars (the conditioner's step counter) are replicated
+                    full[i] = {k: (self._gather_rows(v, -(-n // world), world, n)
+                                   if k in _prepolar.STACKED_STATE_KEYS else v) for k, v in s.items()}
                 elif group["kind"] == "adamw" and adamw_is_sharded(p, world):
                     rows = p.shape[0] // world
                     full[i] = {"step": s["step"]} | {
@@ -327,7 +334,8 @@ class DistMuonAdamW(MuonAdamW):
                         raise ValueError(f"muon state of param {i} holds {s['momentum_buffer'].size(0)} "
                                          f"matrices, the group has {n}")
                     start, stop = owned_range(n, rank, world)
-                    shard[i] = {k: v[start:stop].clone() for k, v in s.items()}
+                    shard[i] = {k: (v[start:stop].clone() if k in _prepolar.STACKED_STATE_KEYS else v)
+                                for k, v in s.items()}
                 elif group["kind"] == "adamw" and adamw_is_sharded(p, world):
                     rows = p.shape[0] // world
                     shard[i] = {k: (v[rank * rows:(rank + 1) * rows].clone() if torch.is_tensor(v) else v)

@@ -12,12 +12,18 @@ Muon step per same-shape stack of matrices (one group per shape):
      u <- u / sqrt(v), rescaled to keep the Frobenius norm of the orthogonalised update
   4. cautious weight decay (only where update and parameter agree in sign), lr scaled by
      sqrt(max(1, rows/cols)).
+
+Per-group options (muonlab, off by default; see prepolar.py): a pre-polar conditioner between
+steps 1 and 2 (`prepolar`, `prepolar_scope`, ...), Polar Express in fp32 (`polar_dtype`) and
+the post-polar dtype (`post_polar_dtype`). With every option off the step is called, and
+computes, exactly as upstream.
 """
 
 from __future__ import annotations
 
 import torch
 
+from muonlab.optim import prepolar as _prepolar
 from muonlab.optim.polar import polar_express
 
 ADAMW_DEFAULTS = dict(betas=(0.8, 0.95), eps=1e-10, weight_decay=0.0)
@@ -36,16 +42,63 @@ def adamw_step(p, grad, exp_avg, exp_avg_sq, step_t, lr_t, beta1_t, beta2_t, eps
 
 
 def muon_step(stacked_grads, stacked_params, momentum_buffer, second_momentum_buffer,
-              momentum_t, lr_t, wd_t, beta2_t, ns_steps: int, red_dim: int):
+              momentum_t, lr_t, wd_t, beta2_t, ns_steps: int, red_dim: int, *,
+              prepolar: str | None = None, select=None, alpha_t=None, passes: int = 2, sides: str = "both",
+              eps: float = 1e-10, zeta_buffer=None, bias_t=None, beta2: float = 0.99,
+              polar_dtype: torch.dtype | None = None, post_polar_dtype: torch.dtype | None = None):
     """One Muon update of a stack [N, rows, cols], in place on params and buffers.
 
-    `stacked_grads` is overwritten (it becomes the Nesterov look-ahead).
+    `stacked_grads` is overwritten (it becomes the Nesterov look-ahead). The keyword arguments
+    are the pre-polar and precision options (built by prepolar.step_options; none: upstream).
+    `select` (a long tensor) restricts an hbieq/zeta conditioner to those matrices of the stack.
     """
     momentum = momentum_t.to(stacked_grads.dtype)
+    if prepolar == "zeta":  # Zeta's EMA reads the raw gradient: before the in-place Nesterov lerp_
+        if select is None:
+            _prepolar.zeta_update(zeta_buffer, stacked_grads, beta2)
+        else:
+            v = zeta_buffer.index_select(0, select)
+            _prepolar.zeta_update(v, stacked_grads.index_select(0, select), beta2)
+            zeta_buffer.index_copy_(0, select, v)
     momentum_buffer.lerp_(stacked_grads, 1 - momentum)
     g = stacked_grads.lerp_(momentum_buffer, momentum)
-    g = polar_express(g, ns_steps)
-    # NorMuon: per-neuron second moment along the reduced dimension
+    if prepolar in ("hbieq", "zeta", "muon2f"):
+        g = _condition(g, prepolar, select, alpha_t, passes, sides, eps, zeta_buffer, bias_t,
+                       second_momentum_buffer, beta2_t, red_dim)
+    if polar_dtype is None and prepolar != "turbo_aol":
+        g = polar_express(g, ns_steps)  # the upstream call (tests patch it with this signature)
+    else:
+        g = polar_express(g, ns_steps, dtype=polar_dtype or torch.bfloat16,
+                          normalize="aol" if prepolar == "turbo_aol" else "frobenius")
+    if post_polar_dtype is not None:
+        g = g.to(post_polar_dtype)
+    if prepolar != "muon2f":  # Muon^2-F moved the second moment before Polar Express
+        g = _normuon(g, second_momentum_buffer, beta2_t, red_dim)
+    # cautious weight decay: decay only coordinates where update and parameter agree in sign
+    lr = lr_t.to(g.dtype)
+    wd = wd_t.to(g.dtype)
+    mask = (g * stacked_params) >= 0
+    stacked_params.sub_(lr * g + lr * wd * stacked_params * mask)
+
+
+def _condition(g, prepolar, select, alpha_t, passes, sides, eps, zeta_buffer, bias_t,
+               second_momentum_buffer, beta2_t, red_dim):
+    """The pre-polar conditioner on the fp32 Nesterov tensor (of the selected matrices)."""
+    sub = g.float() if select is None else g.index_select(0, select).float()
+    if prepolar == "hbieq":
+        sub = _prepolar.hbieq(sub, alpha_t, passes=passes, sides=sides, eps=eps)
+    elif prepolar == "zeta":
+        v = zeta_buffer if select is None else zeta_buffer.index_select(0, select)
+        sub = _prepolar.zeta_whiten(sub, v, bias_t, eps)
+    else:
+        sub = _prepolar.muon2f_precondition(sub, second_momentum_buffer, beta2_t.to(sub.dtype), red_dim)
+    if select is None:
+        return sub
+    return g.index_copy_(0, select, sub.to(g.dtype))
+
+
+def _normuon(g, second_momentum_buffer, beta2_t, red_dim):
+    """NorMuon: per-neuron second moment along the reduced dimension (upstream, unchanged)."""
     beta2 = beta2_t.to(g.dtype)
     v_mean = g.float().square().mean(dim=red_dim, keepdim=True)
     red_dim_size = g.size(red_dim)
@@ -54,12 +107,7 @@ def muon_step(stacked_grads, stacked_params, momentum_buffer, second_momentum_bu
     step_size = second_momentum_buffer.clamp_min(1e-10).rsqrt()
     scaled_sq_sum = (v_mean * red_dim_size) * step_size.float().square()
     v_norm_new = scaled_sq_sum.sum(dim=(-2, -1), keepdim=True).sqrt()
-    g = g * (step_size * (v_norm / v_norm_new.clamp_min(1e-10))).to(g.dtype)
-    # cautious weight decay: decay only coordinates where update and parameter agree in sign
-    lr = lr_t.to(g.dtype)
-    wd = wd_t.to(g.dtype)
-    mask = (g * stacked_params) >= 0
-    stacked_params.sub_(lr * g + lr * wd * stacked_params * mask)
+    return g * (step_size * (v_norm / v_norm_new.clamp_min(1e-10))).to(g.dtype)
 
 
 def _scalar() -> torch.Tensor:
@@ -72,7 +120,9 @@ class MuonAdamW(torch.optim.Optimizer):
     Args:
         param_groups: dicts with `params`, `kind` ('muon' or 'adamw'), `lr`, and optionally
             the kind's hyperparameters (defaults: ADAMW_DEFAULTS / MUON_DEFAULTS). All params
-            of a muon group must share one 2-D shape (they are stacked).
+            of a muon group must share one 2-D shape (they are stacked). A muon group may also
+            carry the pre-polar/precision options of prepolar.PREPOLAR_DEFAULTS (read with
+            their defaults when absent, so older checkpoints' groups load unchanged).
         compile: wrap the step functions in torch.compile. None (default) compiles on CUDA,
             where it pays, and runs eagerly elsewhere.
     """
@@ -92,6 +142,7 @@ class MuonAdamW(torch.optim.Optimizer):
                 shapes = {tuple(p.shape) for p in group["params"]}
                 if len(shapes) > 1 or any(len(s) != 2 for s in shapes):
                     raise ValueError(f"a muon group needs 2-D params of one shape, got {sorted(shapes)}")
+                _prepolar.validate_group(group)
             groups.append(group)
         super().__init__(groups, defaults={})
         self._compile = compile
@@ -155,10 +206,11 @@ class MuonAdamW(torch.optim.Optimizer):
         self._muon_beta2_t.fill_(group["beta2"] if group["beta2"] is not None else 0.0)
         self._muon_lr_t.fill_(group["lr"] * max(1.0, rows / cols) ** 0.5)  # shape factor
         self._muon_wd_t.fill_(group["weight_decay"])
+        options = _prepolar.step_options(group, state, 0, len(params), p0.device)
         self._fn("muon", p0.device)(
             stacked_grads, stacked_params, state["momentum_buffer"], state["second_momentum_buffer"],
             self._muon_momentum_t, self._muon_lr_t, self._muon_wd_t, self._muon_beta2_t,
-            group["ns_steps"], red_dim)
+            group["ns_steps"], red_dim, **options)
         torch._foreach_copy_(params, list(stacked_params.unbind(0)))
 
     @torch.no_grad()

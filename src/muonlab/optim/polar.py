@@ -4,6 +4,17 @@ Each step applies the odd polynomial X <- a X + b (X X^T) X + c (X X^T)^2 X, wit
 per-step coefficients tuned so that the singular values of X approach 1. The input is
 normalised by its Frobenius norm times a 1.02 safety factor (so the spectral norm is
 safely below 1) and the iteration runs in bf16.
+
+Options (muonlab, off by default; the default call is bitwise upstream):
+  - `dtype=torch.float32`: the iteration in fp32 (seed 002 §"NS5 in FP32", spec-002 §1.4b).
+    On CUDA, fp32 matmuls follow torch's float32 matmul precision (TF32 under "high").
+  - `normalize="aol"`: Turbo-Muon's AOL diagonal Gram L1 scaling replaces the Frobenius
+    normalisation (seed 000 §3.3, Boissin et al. 2025): with A0 = X^T X (m > n) or X X^T
+    (m <= n), s_i = (sum_j |A0_ij|)^(-1/2) / 1.02, and X <- X diag(s) (tall, columns) or
+    diag(s) X (otherwise, rows). Unstated in the paper, chosen here: A0 is formed in the
+    iteration dtype (it replaces a line acting on the bf16 X), it is not reused by the first
+    iteration, and the L1 row sum is clamped at the dtype's smallest normal number, which only
+    changes an all-zero row/column (kept zero instead of 0 * inf = NaN).
 """
 
 from __future__ import annotations
@@ -19,9 +30,20 @@ POLAR_EXPRESS_COEFFS: tuple[tuple[float, float, float], ...] = (
 )
 FROBENIUS_SAFETY = 1.02
 FROBENIUS_EPS = 1e-6
+AOL_SAFETY = 1.02
+NORMALIZATIONS = ("frobenius", "aol")
 
 
-def polar_express(g: torch.Tensor, steps: int = 5, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+def aol_scale(X: torch.Tensor, safety: float = AOL_SAFETY) -> torch.Tensor:
+    """Turbo-Muon's AOL scaling of each matrix of X [..., m, n] (see the module doc)."""
+    tall = X.size(-2) > X.size(-1)
+    A0 = X.mT @ X if tall else X @ X.mT
+    s = A0.abs().sum(dim=-1).clamp_min(torch.finfo(X.dtype).tiny).rsqrt() / safety
+    return X * s.unsqueeze(-2) if tall else X * s.unsqueeze(-1)
+
+
+def polar_express(g: torch.Tensor, steps: int = 5, dtype: torch.dtype = torch.bfloat16,
+                  normalize: str = "frobenius") -> torch.Tensor:
     """Approximate the polar factor U V^T of each matrix in g [..., m, n].
 
     The Gram matrix is formed on the smaller side: X^T X for tall inputs, X X^T otherwise.
@@ -29,7 +51,12 @@ def polar_express(g: torch.Tensor, steps: int = 5, dtype: torch.dtype = torch.bf
     if not 1 <= steps <= len(POLAR_EXPRESS_COEFFS):
         raise ValueError(f"ns_steps must be in 1..{len(POLAR_EXPRESS_COEFFS)}, got {steps}")
     X = g.to(dtype)
-    X = X / (X.norm(dim=(-2, -1), keepdim=True) * FROBENIUS_SAFETY + FROBENIUS_EPS)
+    if normalize == "frobenius":
+        X = X / (X.norm(dim=(-2, -1), keepdim=True) * FROBENIUS_SAFETY + FROBENIUS_EPS)
+    elif normalize == "aol":
+        X = aol_scale(X)
+    else:
+        raise ValueError(f"normalize must be one of {NORMALIZATIONS}, got {normalize!r}")
     if g.size(-2) > g.size(-1):
         for a, b, c in POLAR_EXPRESS_COEFFS[:steps]:
             A = X.mT @ X

@@ -35,10 +35,16 @@ def build_model(cfg: TrainConfig, vocab_size: int, runtime: Runtime) -> GPT:
 def build_optimizer(model: GPT, cfg: TrainConfig, compile_step: bool, distributed: bool = False):
     """MuonAdamW, or with several processes DistMuonAdamW (it averages gradients itself)."""
     from muonlab.optim import DistMuonAdamW, MuonAdamW
+    from muonlab.optim.prepolar import PREPOLAR_DEFAULTS
+
+    # only non-default options go on the groups, so baseline groups stay exactly upstream's
+    muon_options = {k: getattr(cfg, k) for k in ("prepolar", "prepolar_scope", "prepolar_tau", "prepolar_passes",
+                                                 "prepolar_sides", "polar_dtype", "post_polar_dtype")
+                    if getattr(cfg, k) != PREPOLAR_DEFAULTS[k]}
 
     return model.setup_optimizer(
         optimizer_cls=DistMuonAdamW if distributed else MuonAdamW, unembedding_lr=cfg.unembedding_lr, embedding_lr=cfg.embedding_lr, matrix_lr=cfg.matrix_lr,
         weight_decay=cfg.weight_decay, adam_betas=(cfg.adam_beta1, cfg.adam_beta2),
         scalar_lr=cfg.scalar_lr, matrix_optimizer=cfg.matrix_optimizer,
         adamw_matrix_lr=cfg.adamw_matrix_lr, adamw_matrix_weight_decay=cfg.adamw_matrix_weight_decay,
-        compile=compile_step)
+        muon_options=muon_options, compile=compile_step)

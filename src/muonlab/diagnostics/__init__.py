@@ -1,0 +1,1 @@
+"""Read-only diagnostics over optimizers, models and checkpoints (`muonlab diagnose ...`)."""
