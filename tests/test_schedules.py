@@ -51,3 +51,33 @@ def test_apply_sets_groups():
     assert Opt.param_groups[1]["lr"] == pytest.approx(0.02)
     assert Opt.param_groups[1]["momentum"] == 0.85
     assert Opt.param_groups[1]["weight_decay"] == pytest.approx(0.05)
+
+
+def test_momentum_cooldown_breakpoints():
+    """Seed 002 §1.4c: beta = min(ramp, 0.85 + 0.10 lrm); the ramp ends (step 300) before the warmdown (482)."""
+    sched = Schedule(momentum_cooldown=True)
+    beta = [sched.muon_momentum(s, sched.lr_multiplier(step_progress(s, 953))) for s in range(953)]
+    assert beta[0] == 0.85 and beta[300] == pytest.approx(0.95) and beta[481] == pytest.approx(0.95)
+    assert beta[952] == pytest.approx(0.85 + 0.10 * 2 / 942)
+    assert sched.muon_momentum(1000, 0.5) == pytest.approx(0.90)  # p = 0.75 -> lrm 0.5 -> 0.90
+    assert Schedule().muon_momentum(900, 0.0) == pytest.approx(0.95)  # off: the ramp only
+
+
+def test_cosine_weight_decay_breakpoints():
+    sched = Schedule(weight_decay=0.2, wd_schedule="cosine")
+    assert sched.muon_weight_decay(0.0) == pytest.approx(0.2)
+    assert sched.muon_weight_decay(0.5) == pytest.approx(0.1)
+    assert sched.muon_weight_decay(1.0) == pytest.approx(0.0, abs=1e-12)
+    assert sched.muon_weight_decay(0.25) == pytest.approx(0.1 * (1 + 2 ** -0.5))
+
+
+def test_lr_scale_calibration():
+    class Opt:
+        param_groups = [dict(kind="adamw", initial_lr=0.2, lr=0.0), dict(kind="muon", initial_lr=0.04, lr=0.0)]
+
+    k = 2 ** 0.5
+    values = Schedule(lr_scale=k).apply(Opt, step=0, progress=0.0)
+    assert Opt.param_groups[1]["lr"] == pytest.approx(0.04 * k)  # 0.05657
+    assert Opt.param_groups[0]["lr"] == pytest.approx(0.2 * k)
+    assert Opt.param_groups[1]["weight_decay"] == pytest.approx(0.2 / k)  # 0.141421
+    assert values["lrm"] == 1.0 and values["muon_momentum"] == 0.85  # momentum from the unscaled lrm

@@ -95,3 +95,15 @@ for _name, _exp, _overrides in [
     register(Arm(name=_name, description=f"seed 000 {_exp}: pre-polar conditioning / precision "
                  "(optimizer part only; pair-tied QK arrives with the forward variants)",
                  overrides=_overrides, paper="seed 000", experiment=_exp, family="prepolar", seeds=_SEED000))
+
+
+# Seed 002 (../shared/seeds/002_*.txt) dense arms, seeds 41, 42, 47 (spec-002 §1.12, §3.3). The
+# fixed-step progress of §1.2 is the preset's; 01_dense_opt follows when Neumann whitening and
+# master32 land.
+_SEED002 = (41, 42, 47)
+register(Arm(name="00_dense_native", description="seed 002 00_dense_native: the baseline under the paper's protocol",
+             paper="seed 002", experiment="00_dense_native", family="seed002", seeds=_SEED002))
+register(Arm(name="00_dense_native_lr141",
+             description="seed 002 LR141: every LR x sqrt(2), Muon weight decay x 1/sqrt(2) (spec-002 §1.10)",
+             overrides={"lr_scale": 2 ** 0.5}, paper="seed 002", experiment="00_dense_native_lr141",
+             family="seed002", seeds=_SEED002))

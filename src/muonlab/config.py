@@ -58,6 +58,9 @@ class TrainConfig:
     muon_momentum_start: float = 0.85
     muon_momentum_end: float = 0.95
     muon_momentum_warmup_steps: int = 300
+    muon_momentum_cooldown: bool = False  # seed 002 §1.4c: 0.95 -> 0.85 over the warmdown
+    muon_wd_schedule: str = "linear"  # "cosine": seed 002 §1.4f (formula chosen, see Schedule)
+    lr_scale: float = 1.0  # seed 002 lr141: every LR x k, Muon weight decay x 1/k
     # pre-polar conditioning and polar precision (muonlab.optim.prepolar; seed 000 §3.3, seed 002 §1.4a-b)
     prepolar: str | None = None  # None | hbieq | zeta | turbo_aol | muon2f
     prepolar_scope: str = "all"  # all | square_only | rect_only | a regex on block parameter names
@@ -170,6 +173,12 @@ class TrainConfig:
             raise UsageError("polar_dtype must be bf16|fp32 and post_polar_dtype none|bf16|fp32")
         if self.prepolar_sides not in ("both", "row") or self.prepolar_passes < 1 or self.prepolar_tau < 0:
             raise UsageError("need prepolar_sides both|row, prepolar_passes >= 1 and prepolar_tau >= 0")
+        from muonlab.optim.schedules import WD_SCHEDULES
+
+        if self.muon_wd_schedule not in WD_SCHEDULES:
+            raise UsageError(f"muon_wd_schedule must be one of {', '.join(WD_SCHEDULES)}, got {self.muon_wd_schedule!r}")
+        if self.lr_scale <= 0:
+            raise UsageError(f"lr_scale must be > 0, got {self.lr_scale}")
         if self.matrix_optimizer not in ("muon", "adamw"):
             raise UsageError(f"matrix_optimizer must be muon or adamw, got {self.matrix_optimizer!r}")
         if self.eval_batch_size is not None and self.eval_batch_size < 1:

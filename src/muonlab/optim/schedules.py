@@ -7,7 +7,10 @@ p_t = min(max(step - 11, 0) / (N - 11), 1), skipping the 11 untimed warm-up step
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+WD_SCHEDULES = ("linear", "cosine")
 
 
 def step_progress(step: int, num_steps: int, untimed_steps: int = 11) -> float:
@@ -25,7 +28,17 @@ def time_progress(training_seconds: float, time_budget: float) -> float:
 
 @dataclass(frozen=True)
 class Schedule:
-    """LR multiplier (warmup, flat, linear warmdown), Muon momentum warmup, linear WD decay."""
+    """LR multiplier (warmup, flat, linear warmdown), Muon momentum warmup, linear WD decay.
+
+    Seed 002 options (spec-002 §1.4c, §1.4f, §1.10), all off by default:
+    - `momentum_cooldown`: in the warmdown the Nesterov momentum anneals back,
+      beta = min(ramp(step), start + (end - start) * lrm), i.e. 0.95 -> 0.85 as lrm -> 0, computed
+      from the unscaled lrm (§1.4c's min() form; equal to ramp-then-cooldown when the ramp ends first).
+    - `wd_schedule="cosine"`: wd = wd0 * (1 + cos(pi p)) / 2 instead of wd0 * (1 - p). The paper
+      gives no formula; this is the spec's recommendation (§1.4f), endpoints equal to linear.
+    - `lr_scale` k: every group's LR x k and the Muon weight decay x 1/k (seed 002 `lr141`, k = sqrt 2),
+      momentum unchanged.
+    """
 
     warmup_ratio: float = 0.0
     warmdown_ratio: float = 0.5
@@ -34,6 +47,9 @@ class Schedule:
     momentum_start: float = 0.85
     momentum_end: float = 0.95
     momentum_warmup_steps: int = 300
+    momentum_cooldown: bool = False
+    wd_schedule: str = "linear"
+    lr_scale: float = 1.0
 
     def lr_multiplier(self, progress: float) -> float:
         if progress < self.warmup_ratio:
@@ -43,18 +59,26 @@ class Schedule:
         cooldown = (1.0 - progress) / self.warmdown_ratio
         return cooldown * 1.0 + (1 - cooldown) * self.final_lr_frac
 
-    def muon_momentum(self, step: int) -> float:
+    def muon_momentum(self, step: int, lrm: float = 1.0) -> float:
         frac = min(step / self.momentum_warmup_steps, 1) if self.momentum_warmup_steps > 0 else 1.0
-        return (1 - frac) * self.momentum_start + frac * self.momentum_end
+        ramp = (1 - frac) * self.momentum_start + frac * self.momentum_end
+        if self.momentum_cooldown:
+            return min(ramp, self.momentum_start + (self.momentum_end - self.momentum_start) * lrm)
+        return ramp
 
     def muon_weight_decay(self, progress: float) -> float:
-        return self.weight_decay * (1 - progress)
+        if self.wd_schedule == "cosine":
+            decay = 0.5 * (1 + math.cos(math.pi * progress))
+        else:
+            decay = 1 - progress
+        return self.weight_decay * decay / self.lr_scale
 
     def apply(self, optimizer, step: int, progress: float) -> dict[str, float]:
         """Set every group's LR (initial_lr x multiplier) and the Muon momentum / WD."""
-        values = dict(lrm=self.lr_multiplier(progress), muon_momentum=self.muon_momentum(step),
+        lrm = self.lr_multiplier(progress)
+        values = dict(lrm=lrm, muon_momentum=self.muon_momentum(step, lrm),
                       muon_weight_decay=self.muon_weight_decay(progress))
-        set_schedule_values(optimizer, **values)
+        set_schedule_values(optimizer, lrm * self.lr_scale, values["muon_momentum"], values["muon_weight_decay"])
         return values
 
 

@@ -68,7 +68,9 @@ def schedule_of(cfg: TrainConfig) -> Schedule:
     return Schedule(warmup_ratio=cfg.warmup_ratio, warmdown_ratio=cfg.warmdown_ratio,
                     final_lr_frac=cfg.final_lr_frac, weight_decay=cfg.weight_decay,
                     momentum_start=cfg.muon_momentum_start, momentum_end=cfg.muon_momentum_end,
-                    momentum_warmup_steps=cfg.muon_momentum_warmup_steps)
+                    momentum_warmup_steps=cfg.muon_momentum_warmup_steps,
+                    momentum_cooldown=cfg.muon_momentum_cooldown, wd_schedule=cfg.muon_wd_schedule,
+                    lr_scale=cfg.lr_scale)
 
 
 def _format_eta(seconds: float) -> str:
