@@ -46,3 +46,17 @@ def test_diagnose_conditioning_cli(capsys):
     assert main(["diagnose", "conditioning", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result  # the ordering itself is tested in test_diagnostics_conditioning.py
+
+
+def test_whitening_reaches_only_the_vocabulary_tables():
+    cfg = resolve_config("baseline", "cpu-tiny", {"whiten": "neumann", "whiten_tau": 25.0})
+    model = build_model(cfg, 300, Runtime(torch.device("cpu"), "fp32"))
+    opt = build_optimizer(model, cfg, compile_step=False)
+    tables = {id(p) for m in (model.lm_head, model.transformer.wte, model.value_embeds) for p in m.parameters()}
+    for group in opt.param_groups:
+        ids = {id(p) for p in group["params"]}
+        if ids <= tables:
+            assert group["whiten"] == "neumann" and group["whiten_tau"] == 25.0
+        else:
+            assert "whiten" not in group
+    assert main(["train", "--preset", "cpu-tiny", "--whiten", "neumann", "--num-steps", "3"]) == 0

@@ -69,6 +69,11 @@ class TrainConfig:
     prepolar_sides: str = "both"  # "row" with passes=1: seed 000 exp51's one-sided row-RMS control
     polar_dtype: str = "bf16"  # "fp32": seed 002's "NS5 in FP32"
     post_polar_dtype: str | None = None  # None keeps Polar Express's dtype; "fp32": g = X.float()
+    # right-projected Neumann-Gram whitening of wte, lm_head and value-embedding updates (seed 002 §1.4d)
+    whiten: str | None = None  # None | neumann
+    whiten_tau: float = 80.0
+    whiten_terms: int = 1  # 1 = the paper's first-order form
+    whiten_mean_addback: bool = False  # the paper is silent; off = its formula read literally
     matrix_optimizer: str = "muon"  # "adamw": the adamw_only control (every block matrix on AdamW)
     adamw_matrix_lr: float = 0.003
     adamw_matrix_weight_decay: float = 0.0
@@ -179,6 +184,8 @@ class TrainConfig:
             raise UsageError(f"muon_wd_schedule must be one of {', '.join(WD_SCHEDULES)}, got {self.muon_wd_schedule!r}")
         if self.lr_scale <= 0:
             raise UsageError(f"lr_scale must be > 0, got {self.lr_scale}")
+        if self.whiten not in (None, "neumann") or self.whiten_terms < 1 or self.whiten_tau < 0:
+            raise UsageError("need whiten none|neumann, whiten_terms >= 1 and whiten_tau >= 0")
         if self.matrix_optimizer not in ("muon", "adamw"):
             raise UsageError(f"matrix_optimizer must be muon or adamw, got {self.matrix_optimizer!r}")
         if self.eval_batch_size is not None and self.eval_batch_size < 1:

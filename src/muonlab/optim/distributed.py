@@ -24,6 +24,10 @@ Step with world size W > 1 (each rank holds its own mean gradient, not yet avera
        - adamw param with >= ADAMW_SHARD_MIN_NUMEL elements and shape[0] % W == 0:
          reduce-scatter along dim 0 (rank r owns rows [r*R/W, (r+1)*R/W)); else all_reduce
          (small tensors: one message beats three, and their replicated state is tiny).
+         Exception: a param of a whitened adamw group (`whiten`, see whitening.py) is always
+         all_reduced, because the Neumann-Gram whitening needs the whole table's averaged
+         gradient; every rank whitens the full table (identical bits on every rank) and then
+         updates only its rows, so its state stays row-sharded exactly as without whitening.
   2. Per group, in order: wait for its reductions, run the unchanged step function
      (`muon_step` / `adamw_step` from muon_adamw.py) on this rank's share with this rank's
      state, and launch the all-gather of the updated values.
@@ -62,6 +66,7 @@ import torch
 import torch.distributed as dist
 
 from muonlab.optim import prepolar as _prepolar
+from muonlab.optim import whitening as _whitening
 from muonlab.optim.muon_adamw import MuonAdamW
 
 # nanochat's cut-off: below it one all_reduce beats reduce-scatter + all-gather, and the
@@ -164,7 +169,7 @@ class DistMuonAdamW(MuonAdamW):
                 if id(p) not in stepped:
                     continue
                 grad = p.grad.contiguous() if p.grad is not None else torch.zeros_like(p)
-                if adamw_is_sharded(p, world):
+                if adamw_is_sharded(p, world) and group.get("whiten") is None:
                     out = grad.new_empty(p.shape[0] // world, *p.shape[1:])
                     work = _reduce_scatter(out, grad, group=self.process_group, async_op=True)
                 else:
@@ -193,6 +198,7 @@ class DistMuonAdamW(MuonAdamW):
             rows = p.shape[0] // world if sharded else None
             p_share = p[rank * rows:(rank + 1) * rows] if sharded else p
             state = self.state[p]
+            whitened = group.get("whiten") is not None
             if not state:
                 state["step"] = 0
                 state["exp_avg"] = torch.zeros_like(p_share)
@@ -202,6 +208,10 @@ class DistMuonAdamW(MuonAdamW):
                                    "move it with full_state_dict() / load_full_state_dict()")
             state["step"] += 1
             self._fill_adamw(group, state["step"])
+            if whitened:  # on the whole averaged table (all-reduced), then this rank's rows
+                grad = _whitening.whiten_grad(grad, state["step"], group)
+                if sharded:
+                    grad = grad[rank * rows:(rank + 1) * rows]
             self._fn("adamw", p.device)(
                 p_share, grad, state["exp_avg"], state["exp_avg_sq"], self._adamw_step_t,
                 self._adamw_lr_t, self._adamw_beta1_t, self._adamw_beta2_t,

@@ -15,8 +15,10 @@ Muon step per same-shape stack of matrices (one group per shape):
 
 Per-group options (muonlab, off by default; see prepolar.py): a pre-polar conditioner between
 steps 1 and 2 (`prepolar`, `prepolar_scope`, ...), Polar Express in fp32 (`polar_dtype`) and
-the post-polar dtype (`post_polar_dtype`). With every option off the step is called, and
-computes, exactly as upstream.
+the post-polar dtype (`post_polar_dtype`). An adamw group may carry `whiten="neumann"` and its
+options (whitening.WHITEN_DEFAULTS): the right-projected Neumann-Gram whitening replaces each
+table's gradient before the unchanged AdamW step. With every option off the step is called,
+and computes, exactly as upstream.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import torch
 
 from muonlab.optim import prepolar as _prepolar
+from muonlab.optim import whitening as _whitening
 from muonlab.optim.polar import polar_express
 
 ADAMW_DEFAULTS = dict(betas=(0.8, 0.95), eps=1e-10, weight_decay=0.0)
@@ -143,6 +146,8 @@ class MuonAdamW(torch.optim.Optimizer):
                 if len(shapes) > 1 or any(len(s) != 2 for s in shapes):
                     raise ValueError(f"a muon group needs 2-D params of one shape, got {sorted(shapes)}")
                 _prepolar.validate_group(group)
+            else:
+                _whitening.validate_group(group)
             groups.append(group)
         super().__init__(groups, defaults={})
         self._compile = compile
@@ -178,8 +183,9 @@ class MuonAdamW(torch.optim.Optimizer):
             self._adamw_beta2_t.fill_(group["betas"][1])
             self._adamw_eps_t.fill_(group["eps"])
             self._adamw_wd_t.fill_(group["weight_decay"])
+            grad = _whitening.whiten_grad(p.grad, state["step"], group)  # p.grad itself when off
             self._fn("adamw", p.device)(
-                p, p.grad, state["exp_avg"], state["exp_avg_sq"], self._adamw_step_t,
+                p, grad, state["exp_avg"], state["exp_avg_sq"], self._adamw_step_t,
                 self._adamw_lr_t, self._adamw_beta1_t, self._adamw_beta2_t,
                 self._adamw_eps_t, self._adamw_wd_t)
 

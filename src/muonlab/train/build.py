@@ -41,10 +41,13 @@ def build_optimizer(model: GPT, cfg: TrainConfig, compile_step: bool, distribute
     muon_options = {k: getattr(cfg, k) for k in ("prepolar", "prepolar_scope", "prepolar_tau", "prepolar_passes",
                                                  "prepolar_sides", "polar_dtype", "post_polar_dtype")
                     if getattr(cfg, k) != PREPOLAR_DEFAULTS[k]}
+    whiten_options = {} if cfg.whiten is None else dict(
+        whiten=cfg.whiten, whiten_tau=cfg.whiten_tau, whiten_terms=cfg.whiten_terms,
+        whiten_mean_addback=cfg.whiten_mean_addback)
 
     return model.setup_optimizer(
         optimizer_cls=DistMuonAdamW if distributed else MuonAdamW, unembedding_lr=cfg.unembedding_lr, embedding_lr=cfg.embedding_lr, matrix_lr=cfg.matrix_lr,
         weight_decay=cfg.weight_decay, adam_betas=(cfg.adam_beta1, cfg.adam_beta2),
         scalar_lr=cfg.scalar_lr, matrix_optimizer=cfg.matrix_optimizer,
         adamw_matrix_lr=cfg.adamw_matrix_lr, adamw_matrix_weight_decay=cfg.adamw_matrix_weight_decay,
-        muon_options=muon_options, compile=compile_step)
+        muon_options=muon_options, whiten_options=whiten_options, compile=compile_step)
