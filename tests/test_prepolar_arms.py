@@ -60,3 +60,11 @@ def test_whitening_reaches_only_the_vocabulary_tables():
         else:
             assert "whiten" not in group
     assert main(["train", "--preset", "cpu-tiny", "--whiten", "neumann", "--num-steps", "3"]) == 0
+
+
+@pytest.mark.parametrize("arm", ["00_dense_native", "00_dense_native_lr141", "01_dense_opt", "01_dense_opt_lr141"])
+def test_seed002_arms_train(arm, capsys):
+    assert ARMS[arm].seeds == (41, 42, 47)
+    argv = ["train", "--preset", "cpu-tiny", "--arm", arm, "--num-steps", "3", "--precision", "bf16", "--json"]
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == "ok"

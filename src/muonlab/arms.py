@@ -107,3 +107,17 @@ register(Arm(name="00_dense_native_lr141",
              description="seed 002 LR141: every LR x sqrt(2), Muon weight decay x 1/sqrt(2) (spec-002 §1.10)",
              overrides={"lr_scale": 2 ** 0.5}, paper="seed 002", experiment="00_dense_native_lr141",
              family="seed002", seeds=_SEED002))
+
+# 01_dense_opt: the six OPT sub-components of spec-002 §1.4, all on (the "0-trainable-parameter
+# backward optimizer"): 2-pass homotopy BiEq with tau 25, Polar Express and post-polar in fp32,
+# warmdown momentum cooldown, Neumann-Gram vocabulary whitening (tau 80), fp32 master state for
+# wte and value embeddings, cosine Muon weight decay.
+_OPT = dict(prepolar="hbieq", prepolar_tau=25.0, polar_dtype="fp32", post_polar_dtype="fp32",
+            muon_momentum_cooldown=True, whiten="neumann", whiten_tau=80.0, embedding_state="master32",
+            muon_wd_schedule="cosine")
+register(Arm(name="01_dense_opt", description="seed 002 01_dense_opt: BiEq(tau 25) + PE32 + momentum cooldown + "
+             "Neumann whitening + master32 + cosine WD", overrides=_OPT, paper="seed 002",
+             experiment="01_dense_opt", family="seed002", seeds=_SEED002))
+register(Arm(name="01_dense_opt_lr141", description="seed 002 01_dense_opt with LR x sqrt(2), Muon WD x 1/sqrt(2)",
+             overrides={**_OPT, "lr_scale": 2 ** 0.5}, paper="seed 002", experiment="01_dense_opt_lr141",
+             family="seed002", seeds=_SEED002))

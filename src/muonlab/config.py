@@ -74,6 +74,9 @@ class TrainConfig:
     whiten_tau: float = 80.0
     whiten_terms: int = 1  # 1 = the paper's first-order form
     whiten_mean_addback: bool = False  # the paper is silent; off = its formula read literally
+    # wte/value-embedding optimizer state: "native" (upstream: bf16 params, bf16 moments; seed 002
+    # BF16STATE) or "master32" (fp32 master copy + fp32 moments, seed 002 §1.4e; one process only)
+    embedding_state: str = "native"
     matrix_optimizer: str = "muon"  # "adamw": the adamw_only control (every block matrix on AdamW)
     adamw_matrix_lr: float = 0.003
     adamw_matrix_weight_decay: float = 0.0
@@ -186,6 +189,8 @@ class TrainConfig:
             raise UsageError(f"lr_scale must be > 0, got {self.lr_scale}")
         if self.whiten not in (None, "neumann") or self.whiten_terms < 1 or self.whiten_tau < 0:
             raise UsageError("need whiten none|neumann, whiten_terms >= 1 and whiten_tau >= 0")
+        if self.embedding_state not in ("native", "master32"):
+            raise UsageError(f"embedding_state must be native or master32, got {self.embedding_state!r}")
         if self.matrix_optimizer not in ("muon", "adamw"):
             raise UsageError(f"matrix_optimizer must be muon or adamw, got {self.matrix_optimizer!r}")
         if self.eval_batch_size is not None and self.eval_batch_size < 1:

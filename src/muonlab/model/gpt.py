@@ -202,7 +202,8 @@ class GPT(nn.Module):
     def setup_optimizer(self, unembedding_lr=0.004, embedding_lr=0.2, matrix_lr=0.02,
                         weight_decay=0.0, adam_betas=(0.8, 0.95), scalar_lr=0.5,
                         matrix_optimizer="muon", adamw_matrix_lr=0.003, adamw_matrix_weight_decay=0.0,
-                        optimizer_cls=None, muon_options=None, whiten_options=None, **optimizer_kwargs):
+                        optimizer_cls=None, muon_options=None, whiten_options=None, master32=False,
+                        **optimizer_kwargs):
         """MuonAdamW with upstream's groups; AdamW LRs scaled by (d/768)^-1/2 (tuned at d=768).
 
         `matrix_optimizer="adamw"` (muonlab's `adamw_only` control, not upstream) puts every
@@ -211,8 +212,10 @@ class GPT(nn.Module):
         `muon_options` adds keys to every Muon group (pre-polar conditioning and polar
         precision, see muonlab.optim.prepolar); empty keeps upstream's groups exactly.
         `whiten_options` adds keys to the wte, lm_head and value-embedding groups (Neumann-Gram
-        vocabulary whitening, muonlab.optim.whitening).
+        vocabulary whitening, muonlab.optim.whitening). `master32` gives the wte and value-embedding
+        groups fp32 master weights and moments (seed 002 §1.4e; lm_head is fp32 already).
         """
+        embed = dict(master32=True) if master32 else {}
         table = dict(whiten_options or {})
         muon_options = dict(muon_options or {})
         from muonlab.optim import MuonAdamW
@@ -226,8 +229,8 @@ class GPT(nn.Module):
         adamw = dict(kind="adamw", betas=tuple(adam_betas), eps=1e-10, weight_decay=0.0)
         param_groups = [
             dict(adamw, params=list(self.lm_head.parameters()), lr=unembedding_lr * scale, **table),
-            dict(adamw, params=list(self.transformer.wte.parameters()), lr=embedding_lr * scale, **table),
-            dict(adamw, params=list(self.value_embeds.parameters()), lr=embedding_lr * scale, **table),
+            dict(adamw, params=list(self.transformer.wte.parameters()), lr=embedding_lr * scale, **table, **embed),
+            dict(adamw, params=list(self.value_embeds.parameters()), lr=embedding_lr * scale, **table, **embed),
             dict(adamw, params=[self.resid_lambdas], lr=scalar_lr * 0.01),
             dict(adamw, params=[self.x0_lambdas], lr=scalar_lr, betas=(0.96, 0.95)),
         ]

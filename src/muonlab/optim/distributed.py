@@ -125,6 +125,9 @@ class DistMuonAdamW(MuonAdamW):
         rank, world = self.world()
         if world == 1:
             return super().step(closure)
+        if any(g.get("master32") for g in self.param_groups):
+            raise ValueError("master32 embedding state runs in one process only for now; "
+                             "drop --embedding-state master32 or use a single process")
         loss = None
         if closure is not None:
             with torch.enable_grad():

@@ -158,6 +158,19 @@ class MuonAdamW(torch.optim.Optimizer):
         self._muon_momentum_t, self._muon_lr_t = _scalar(), _scalar()
         self._muon_wd_t, self._muon_beta2_t = _scalar(), _scalar()
 
+    def load_state_dict(self, state_dict):
+        super().load_state_dict(state_dict)
+        # torch casts loaded state to its param's dtype; fp32 state of a low-precision param
+        # (master32's master copy and moments) must stay fp32 to resume exactly
+        saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
+        params = [p for g in self.param_groups for p in g["params"]]
+        for saved_id, p in zip(saved_ids, params):
+            for key, value in state_dict["state"].get(saved_id, {}).items():
+                current = self.state[p].get(key)
+                if (isinstance(value, torch.Tensor) and value.dtype == torch.float32
+                        and isinstance(current, torch.Tensor) and current.dtype != torch.float32):
+                    self.state[p][key] = value.to(device=p.device, copy=True)
+
     def _fn(self, name: str, device: torch.device):
         """The step function for `name`, compiled on CUDA unless told otherwise."""
         key = f"{name}:{device.type}"
@@ -172,10 +185,17 @@ class MuonAdamW(torch.optim.Optimizer):
             if p.grad is None:
                 continue
             state = self.state[p]
+            # master32 (seed 002 §1.4e): an fp32 master copy and fp32 moments for a low-precision
+            # param; the update runs on the master and the param is written from it. Off (the
+            # upstream "bf16state"), moments live in the param's own dtype.
+            master32 = group.get("master32", False) and p.dtype != torch.float32
             if not state:
                 state["step"] = 0
-                state["exp_avg"] = torch.zeros_like(p)
-                state["exp_avg_sq"] = torch.zeros_like(p)
+                if master32:
+                    state["master"] = p.detach().float().clone()
+                target = state["master"] if master32 else p
+                state["exp_avg"] = torch.zeros_like(target)
+                state["exp_avg_sq"] = torch.zeros_like(target)
             state["step"] += 1
             self._adamw_step_t.fill_(state["step"])
             self._adamw_lr_t.fill_(group["lr"])
@@ -184,10 +204,13 @@ class MuonAdamW(torch.optim.Optimizer):
             self._adamw_eps_t.fill_(group["eps"])
             self._adamw_wd_t.fill_(group["weight_decay"])
             grad = _whitening.whiten_grad(p.grad, state["step"], group)  # p.grad itself when off
+            target = state["master"] if master32 else p
             self._fn("adamw", p.device)(
-                p, grad, state["exp_avg"], state["exp_avg_sq"], self._adamw_step_t,
-                self._adamw_lr_t, self._adamw_beta1_t, self._adamw_beta2_t,
+                target, grad.float() if master32 else grad, state["exp_avg"], state["exp_avg_sq"],
+                self._adamw_step_t, self._adamw_lr_t, self._adamw_beta1_t, self._adamw_beta2_t,
                 self._adamw_eps_t, self._adamw_wd_t)
+            if master32:
+                p.copy_(state["master"])
 
     def _step_muon(self, group):
         params = group["params"]

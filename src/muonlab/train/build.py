@@ -50,4 +50,5 @@ def build_optimizer(model: GPT, cfg: TrainConfig, compile_step: bool, distribute
         weight_decay=cfg.weight_decay, adam_betas=(cfg.adam_beta1, cfg.adam_beta2),
         scalar_lr=cfg.scalar_lr, matrix_optimizer=cfg.matrix_optimizer,
         adamw_matrix_lr=cfg.adamw_matrix_lr, adamw_matrix_weight_decay=cfg.adamw_matrix_weight_decay,
-        muon_options=muon_options, whiten_options=whiten_options, compile=compile_step)
+        muon_options=muon_options, whiten_options=whiten_options,
+        master32=cfg.embedding_state == "master32", compile=compile_step)

@@ -80,4 +80,8 @@ def init_from_env(device: torch.device, timeout_s: float = 1800) -> tuple[Dist, 
 
 def shutdown(ctx: Dist) -> None:
     if ctx.active and dist.is_initialized():
+        try:
+            dist.barrier()  # leave together: a peer tearing down early can abort gloo's threads
+        except Exception:  # a failed peer: tear down regardless
+            pass
         dist.destroy_process_group()
