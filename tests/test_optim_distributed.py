@@ -32,6 +32,12 @@ DEADLINE_S = 120  # a whole spawn (start-up included); a hang fails the test aft
 
 # ---------------------------------------------------------------- process harness
 
+def dyadic_grad(p, rank, step, i):
+    """A gradient of multiples of 1/16: sums of these are exact in any order, so results can be bitwise."""
+    g = torch.Generator().manual_seed((step * 16 + rank) * 64 + i)
+    return torch.randint(-8, 9, p.shape, generator=g).float() / 16
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

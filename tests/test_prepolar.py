@@ -19,7 +19,7 @@ from muonlab.optim.distributed import DistMuonAdamW
 from muonlab.optim.polar import aol_scale, polar_express
 from muonlab.optim.prepolar import hbieq, homotopy_alpha, muon2f_precondition, zeta_update, zeta_whiten
 
-from test_optim_distributed import assert_state_equal, flat, one_thread, run_ranks, unflat
+from test_optim_distributed import assert_state_equal, dyadic_grad, flat, one_thread, run_ranks, unflat
 
 SHAPES = [(3, 12, 8), (2, 8, 16), (2, 6, 6)]
 
@@ -368,18 +368,13 @@ def _dist_groups(ps):
     return _groups(ps, EVERY_OPTION)
 
 
-def _dyadic(p, rank, step, i):
-    g = torch.Generator().manual_seed((step * 16 + rank) * 64 + i)
-    return torch.randint(-8, 9, p.shape, generator=g).float() / 16
-
-
 def _dist_worker(rank, world, steps):
     ps = _params()
     opt = DistMuonAdamW(_dist_groups(ps))
     history = []
     for step in range(steps):
         for i, p in enumerate(ps):
-            p.grad = _dyadic(p, rank, step, i)
+            p.grad = dyadic_grad(p, rank, step, i)
         opt.step()
         history.append(flat(ps))
     full = opt.full_state_dict()
@@ -401,7 +396,7 @@ def test_distributed_with_stateful_conditioners_equals_one_process(tmp_path):
         ref = []
         for step in range(steps):
             for i, p in enumerate(ps):
-                p.grad = (_dyadic(p, 0, step, i) + _dyadic(p, 1, step, i)).div_(2)
+                p.grad = (dyadic_grad(p, 0, step, i) + dyadic_grad(p, 1, step, i)).div_(2)
             opt.step()
             ref.append(flat(ps))
     for rank, res in enumerate(results):

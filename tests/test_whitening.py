@@ -20,7 +20,7 @@ from muonlab.optim.distributed import DistMuonAdamW, adamw_is_sharded
 from muonlab.optim.muon_adamw import adamw_step
 from muonlab.optim.whitening import WHITEN_DEFAULTS, binomial_coefficients, neumann_whiten
 
-from test_optim_distributed import assert_state_equal, flat, one_thread, run_ranks
+from test_optim_distributed import assert_state_equal, dyadic_grad, flat, one_thread, run_ranks
 
 
 def neumann_ref(G, beta, mean_addback=False):
@@ -278,18 +278,13 @@ def _dist_groups(ps):
             dict(kind="adamw", params=ps[1:], lr=0.004, whiten="neumann", whiten_tau=2.0, whiten_mean_addback=True)]
 
 
-def _dyadic(p, rank, step, i):
-    g = torch.Generator().manual_seed((step * 16 + rank) * 64 + i)
-    return torch.randint(-8, 9, p.shape, generator=g).float() / 16
-
-
 def _dist_worker(rank, world, steps):
     ps = _dist_params()
     opt = DistMuonAdamW(_dist_groups(ps))
     history = []
     for step in range(steps):
         for i, p in enumerate(ps):
-            p.grad = _dyadic(p, rank, step, i)
+            p.grad = dyadic_grad(p, rank, step, i)
         opt.step()
         history.append(flat(ps))
     return {"history": history, "full": opt.full_state_dict(), "shard": copy.deepcopy(opt.state_dict())}
@@ -307,7 +302,7 @@ def test_distributed_whitening_equals_one_process(tmp_path):
         ref = []
         for step in range(steps):
             for i, p in enumerate(ps):
-                p.grad = (_dyadic(p, 0, step, i) + _dyadic(p, 1, step, i)).div_(2)
+                p.grad = (dyadic_grad(p, 0, step, i) + dyadic_grad(p, 1, step, i)).div_(2)
             opt.step()
             ref.append(flat(ps))
     for rank, res in enumerate(results):
