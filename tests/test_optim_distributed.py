@@ -38,6 +38,30 @@ def dyadic_grad(p, rank, step, i):
     return torch.randint(-8, 9, p.shape, generator=g).float() / 16
 
 
+def dyadic_steps(opt, ps, rank: int, steps: int) -> list:
+    """Step `opt` with rank `rank`'s dyadic gradients; the flat parameters after each step."""
+    history = []
+    for step in range(steps):
+        for i, p in enumerate(ps):
+            p.grad = dyadic_grad(p, rank, step, i)
+        opt.step()
+        history.append(flat(ps))
+    return history
+
+
+def averaged_replay(ps, groups, steps: int):
+    """One process fed the 2-rank average of the dyadic gradients: (optimizer, history)."""
+    with one_thread():
+        opt = MuonAdamW(groups)
+        history = []
+        for step in range(steps):
+            for i, p in enumerate(ps):
+                p.grad = (dyadic_grad(p, 0, step, i) + dyadic_grad(p, 1, step, i)).div_(2)
+            opt.step()
+            history.append(flat(ps))
+    return opt, history
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -7,11 +7,9 @@ zero rows and columns; the options off leave the upstream step bitwise; state ro
 
 import copy
 import io
-import math
 
 import pytest
 import torch
-import torch.distributed as dist
 
 import muonlab.optim.muon_adamw as muon_module
 from muonlab.optim import MuonAdamW
@@ -19,7 +17,7 @@ from muonlab.optim.distributed import DistMuonAdamW
 from muonlab.optim.polar import aol_scale, polar_express
 from muonlab.optim.prepolar import hbieq, homotopy_alpha, muon2f_precondition, zeta_update, zeta_whiten
 
-from test_optim_distributed import assert_state_equal, dyadic_grad, flat, one_thread, run_ranks, unflat
+from test_optim_distributed import assert_state_equal, averaged_replay, dyadic_steps, flat, run_ranks, unflat
 
 SHAPES = [(3, 12, 8), (2, 8, 16), (2, 6, 6)]
 
@@ -371,12 +369,7 @@ def _dist_groups(ps):
 def _dist_worker(rank, world, steps):
     ps = _params()
     opt = DistMuonAdamW(_dist_groups(ps))
-    history = []
-    for step in range(steps):
-        for i, p in enumerate(ps):
-            p.grad = dyadic_grad(p, rank, step, i)
-        opt.step()
-        history.append(flat(ps))
+    history = dyadic_steps(opt, ps, rank, steps)
     full = opt.full_state_dict()
     # a fresh optimizer loading the full dict keeps its shard and continues identically
     opt2 = DistMuonAdamW(_dist_groups(ps))
@@ -390,15 +383,8 @@ def _dist_worker(rank, world, steps):
 def test_distributed_with_stateful_conditioners_equals_one_process(tmp_path):
     steps = 3
     results = run_ranks(_dist_worker, 2, tmp_path / "ranks", steps)
-    with one_thread():
-        ps = _params()
-        opt = MuonAdamW(_dist_groups(ps))
-        ref = []
-        for step in range(steps):
-            for i, p in enumerate(ps):
-                p.grad = (dyadic_grad(p, 0, step, i) + dyadic_grad(p, 1, step, i)).div_(2)
-            opt.step()
-            ref.append(flat(ps))
+    ps = _params()
+    opt, ref = averaged_replay(ps, _dist_groups(ps), steps)
     for rank, res in enumerate(results):
         for step in range(steps):
             assert torch.equal(res["history"][step], ref[step]), (rank, step)

@@ -20,7 +20,7 @@ from muonlab.optim.distributed import DistMuonAdamW, adamw_is_sharded
 from muonlab.optim.muon_adamw import adamw_step
 from muonlab.optim.whitening import WHITEN_DEFAULTS, binomial_coefficients, neumann_whiten
 
-from test_optim_distributed import assert_state_equal, dyadic_grad, flat, one_thread, run_ranks
+from test_optim_distributed import assert_state_equal, averaged_replay, dyadic_steps, run_ranks
 
 
 def neumann_ref(G, beta, mean_addback=False):
@@ -281,12 +281,7 @@ def _dist_groups(ps):
 def _dist_worker(rank, world, steps):
     ps = _dist_params()
     opt = DistMuonAdamW(_dist_groups(ps))
-    history = []
-    for step in range(steps):
-        for i, p in enumerate(ps):
-            p.grad = dyadic_grad(p, rank, step, i)
-        opt.step()
-        history.append(flat(ps))
+    history = dyadic_steps(opt, ps, rank, steps)
     return {"history": history, "full": opt.full_state_dict(), "shard": copy.deepcopy(opt.state_dict())}
 
 
@@ -296,15 +291,8 @@ def test_distributed_whitening_equals_one_process(tmp_path):
     steps = 3
     assert adamw_is_sharded(_dist_params()[0], 2) and not adamw_is_sharded(_dist_params()[1], 2)
     results = run_ranks(_dist_worker, 2, tmp_path / "ranks", steps)
-    with one_thread():
-        ps = _dist_params()
-        opt = MuonAdamW(_dist_groups(ps))
-        ref = []
-        for step in range(steps):
-            for i, p in enumerate(ps):
-                p.grad = (dyadic_grad(p, 0, step, i) + dyadic_grad(p, 1, step, i)).div_(2)
-            opt.step()
-            ref.append(flat(ps))
+    ps = _dist_params()
+    opt, ref = averaged_replay(ps, _dist_groups(ps), steps)
     for rank, res in enumerate(results):
         for step in range(steps):
             assert torch.equal(res["history"][step], ref[step]), (rank, step)

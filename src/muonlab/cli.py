@@ -54,13 +54,11 @@ def _field_type(annotation: str) -> tuple[Callable[[str], Any], bool]:
     return convert, optional
 
 
-def _add_config_flags(parser: argparse.ArgumentParser, config_cls, skip=(), group_title=None):
-    group = parser.add_argument_group(group_title) if group_title else parser
+def _add_config_flags(parser: argparse.ArgumentParser, config_cls, group_title: str):
+    group = parser.add_argument_group(group_title)
     for f in dataclasses.fields(config_cls):
-        if f.name in skip or dataclasses.is_dataclass(f.default_factory if f.default_factory
-                                                      is not dataclasses.MISSING else None):
-            continue
-        if f.name in ("data", "arm"):  # `arm` has its own flag: it applies the arm's overrides
+        # `data` gets DataConfig's own flags; `arm` has its own flag, which applies the arm's overrides
+        if f.name in ("data", "arm"):
             continue
         convert, _ = _field_type(f.type)
         default = f.default if f.default is not dataclasses.MISSING else None
@@ -242,7 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
 
     def with_config(p, train_flags: bool):
-        p.add_argument("--preset", default="gpu-d8" if train_flags else "gpu-d8", choices=sorted(PRESETS),
+        p.add_argument("--preset", default="gpu-d8", choices=sorted(PRESETS),
                        help="protocol preset the flags override (default: gpu-d8)")
         if train_flags:
             _add_config_flags(p, TrainConfig, group_title="training")

@@ -33,8 +33,8 @@ from muonlab.lab.sinks import SinkGroup, parse_sinks
 from muonlab.train.build import build_model, build_optimizer
 from muonlab.train.checkpoint import latest_checkpoint, rng_state, save_checkpoint, set_rng_state
 from muonlab.train.distributed import Dist, init_from_env, shutdown
-from muonlab.train.loop import Diverged, LoopState, OutOfMemory, RunInterrupted, train_loop
-from muonlab.train.rundir import RunDir, append_metrics, ledger_path, new_run_id
+from muonlab.train.loop import Diverged, LoopState, OutOfMemory, train_loop
+from muonlab.train.rundir import RunDir, append_metrics, ledger_path, new_run_id, runs_dir
 
 SUMMARY_KEYS = ("val_bpb", "holdout_bpb", "training_seconds", "total_seconds", "peak_vram_mb",
                 "mfu_percent", "total_tokens_M", "num_steps", "num_params_M", "depth")
@@ -157,7 +157,7 @@ def _run(cfg, log, data, resume, ctx: Dist, device, t_start) -> RunResult:
         data = prepare_data(cfg.data, log=log)
     if resume is None:
         run_id = ctx.broadcast_object(new_run_id(cfg) if ctx.is_main else None)
-        run = RunDir.create(cfg, run_id) if ctx.is_main else RunDir(_run_path(cfg, run_id))
+        run = RunDir.create(cfg, run_id) if ctx.is_main else RunDir(runs_dir(cfg) / run_id)
     run_id = run.path.name
     prov = provenance.collect(runtime.device, corpus_hash=data.corpus_hash,
                               tokenizer_hash=data.tokenizer_hash, data_source=cfg.data.source)
@@ -192,12 +192,6 @@ def _run(cfg, log, data, resume, ctx: Dist, device, t_start) -> RunResult:
             if summary.get("status") != "ok":
                 run.write_summary(summary)
             ledger.append_record(ledger_path(cfg), record)
-
-
-def _run_path(cfg: TrainConfig, run_id: str) -> Path:
-    from muonlab.train.rundir import runs_dir
-
-    return runs_dir(cfg) / run_id
 
 
 def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx: Dist):
