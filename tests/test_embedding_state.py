@@ -1,11 +1,14 @@
 """Embedding-state precision (seed 002 §1.4e, §1.9): master32 vs native bf16 state."""
 
+import copy
+
 import pytest
 import torch
+from test_optim_distributed import assert_state_equal, averaged_replay, dyadic_steps, run_ranks
 
 from muonlab.config import preset
 from muonlab.model import GPT
-from muonlab.optim import MuonAdamW
+from muonlab.optim import DistMuonAdamW, MuonAdamW
 from muonlab.train.build import model_config
 
 MiB = 2**20
@@ -83,3 +86,38 @@ def test_master32_state_round_trip():
     opt.step()
     opt2.step()
     assert torch.equal(p, q)
+
+
+# ---------------------------------------------------------------- distributed (ZeRO-1)
+
+def _dist_tables():
+    g = torch.Generator().manual_seed(5)
+    # 64 x 32: row-sharded at W=2 (its fp32 master too); 10 x 8: replicated
+    return [torch.nn.Parameter((torch.randn(s, generator=g) * 0.1).bfloat16()) for s in ((64, 32), (10, 8))]
+
+
+def _dist_groups(ps):
+    return [dict(kind="adamw", params=ps, lr=0.05, master32=True)]
+
+
+def _dist_worker(rank, world, steps):
+    ps = _dist_tables()
+    opt = DistMuonAdamW(_dist_groups(ps))
+    history = dyadic_steps(opt, ps, rank, steps)
+    return {"history": history, "full": opt.full_state_dict(), "shard": copy.deepcopy(opt.state_dict())}
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_distributed_master32_equals_one_process(tmp_path):
+    steps = 3
+    results = run_ranks(_dist_worker, 2, tmp_path / "ranks", steps)
+    ps = _dist_tables()
+    opt, ref = averaged_replay(ps, _dist_groups(ps), steps)
+    for rank, res in enumerate(results):
+        for step in range(steps):
+            assert torch.equal(res["history"][step], ref[step]), (rank, step)
+        assert_state_equal(res["full"], opt.state_dict())
+        shard = res["shard"]["state"]
+        assert shard[0]["master"].shape == (32, 32) and shard[0]["master"].dtype == torch.float32
+        assert shard[1]["master"].shape == (10, 8)  # small table: replicated

@@ -35,7 +35,7 @@ DEADLINE_S = 120  # a whole spawn (start-up included); a hang fails the test aft
 def dyadic_grad(p, rank, step, i):
     """A gradient of multiples of 1/16: sums of these are exact in any order, so results can be bitwise."""
     g = torch.Generator().manual_seed((step * 16 + rank) * 64 + i)
-    return torch.randint(-8, 9, p.shape, generator=g).float() / 16
+    return (torch.randint(-8, 9, p.shape, generator=g).float() / 16).to(p.dtype)  # exact in bf16 too
 
 
 def dyadic_steps(opt, ps, rank: int, steps: int) -> list:
@@ -273,7 +273,7 @@ def _toy_groups(ps):
 def _toy_grad(p, rank, step, i):
     """A dyadic gradient (multiples of 1/16): sums of a few of them are exact in any order."""
     g = torch.Generator().manual_seed((step * 16 + rank) * 64 + i)
-    return torch.randint(-8, 9, p.shape, generator=g).float() / 16
+    return (torch.randint(-8, 9, p.shape, generator=g).float() / 16).to(p.dtype)  # exact in bf16 too
 
 
 def _set_rank_grads(ps, rank, step, missing=()):

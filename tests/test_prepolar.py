@@ -124,6 +124,30 @@ def test_aol_matches_equation(shape):
     assert torch.isfinite(out).all() and (out[..., 1, :] == 0).all()
 
 
+@pytest.mark.parametrize("shape", SHAPES)
+def test_aol_gram_reuse_is_the_same_iteration(shape):
+    """The first iteration's Gram of the scaled X equals diag(s) A0 diag(s) (float64: to rounding)."""
+    X = _rand(shape, seed=5).double()
+    reused = polar_express(X, 5, dtype=torch.float64, normalize="aol", reuse_gram=True)
+    formed = polar_express(X, 5, dtype=torch.float64, normalize="aol", reuse_gram=False)
+    close(reused, formed, rtol=1e-10, atol=1e-12)
+    # and it is an orthogonalisation: the same polar factor as the Frobenius-normalised run, roughly
+    frob = polar_express(X, 5, dtype=torch.float64)
+    assert torch.nn.functional.cosine_similarity(reused.flatten(), frob.flatten(), dim=0) > 0.9
+
+
+def test_aol_gram_reuse_option_reaches_polar_express(monkeypatch):
+    seen = []
+    real = muon_module.polar_express
+    monkeypatch.setattr(muon_module, "polar_express", lambda g, n, **kw: seen.append(kw) or real(g, n, **kw))
+    for reuse in (True, False):
+        p = torch.nn.Parameter(_rand((8, 6), seed=6))
+        p.grad = _rand((8, 6), seed=7)
+        MuonAdamW([dict(kind="muon", params=[p], lr=0.02, momentum=0.95, weight_decay=0.0,
+                        prepolar="turbo_aol", aol_reuse_gram=reuse)], compile=False).step()
+        assert seen[-1]["reuse_gram"] is reuse
+
+
 def test_muon2f_matches_equation():
     G = _rand((3, 12, 8), seed=4)
     v = torch.full((3, 12, 1), 0.5)
@@ -211,7 +235,8 @@ def test_polar_express_receives_the_conditioned_nesterov_tensor(name, monkeypatc
                 G = G / torch.sqrt(vmu2[gi].clamp_min(1e-10))
             got, kw = seen[3 * step + gi]
             close(got, G, rtol=2e-4, atol=1e-6)
-            assert kw == ({"dtype": torch.bfloat16, "normalize": "aol"} if name == "turbo_aol" else {})
+            assert kw == ({"dtype": torch.bfloat16, "normalize": "aol", "reuse_gram": True}
+                          if name == "turbo_aol" else {})
             assert torch.isfinite(got).all()
 
 

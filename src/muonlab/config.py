@@ -75,7 +75,7 @@ class TrainConfig:
     whiten_terms: int = 1  # 1 = the paper's first-order form
     whiten_mean_addback: bool = False  # the paper is silent; off = its formula read literally
     # wte/value-embedding optimizer state: "native" (upstream: bf16 params, bf16 moments; seed 002
-    # BF16STATE) or "master32" (fp32 master copy + fp32 moments, seed 002 §1.4e; one process only)
+    # BF16STATE) or "master32" (fp32 master copy + fp32 moments, seed 002 §1.4e)
     embedding_state: str = "native"
     matrix_optimizer: str = "muon"  # "adamw": the adamw_only control (every block matrix on AdamW)
     adamw_matrix_lr: float = 0.003

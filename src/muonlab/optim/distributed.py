@@ -49,9 +49,8 @@ Checkpoint layout:
     [n_owned, rows, cols] and `second_momentum_buffer` [n_owned, rows, 1] (tall) or
     [n_owned, 1, cols] (wide), n_owned possibly 0 (a stateful pre-polar conditioner's buffer,
     e.g. `zeta_buffer` [n_owned, rows, cols], likewise; its step counter is replicated); a
-    row-sharded adamw param has
-    `exp_avg`/`exp_avg_sq` of its rows only; `step` is replicated. It only loads back on the
-    same rank of the same world size. With W = 1 it is exactly MuonAdamW.state_dict().
+    row-sharded adamw param has `exp_avg`/`exp_avg_sq` (and master32's fp32 `master`) of its
+    rows only; `step` is replicated. It only loads back on the same rank of the same world size. With W = 1 it is exactly MuonAdamW.state_dict().
   - `full_state_dict()` (collective: every rank must call it): the shards gathered into
     exactly MuonAdamW.state_dict()'s layout ([N, ...] buffers, full-shape AdamW moments),
     independent of W, returned on every rank (save it from rank 0).
@@ -125,9 +124,6 @@ class DistMuonAdamW(MuonAdamW):
         rank, world = self.world()
         if world == 1:
             return super().step(closure)
-        if any(g.get("master32") for g in self.param_groups):
-            raise ValueError("master32 embedding state runs in one process only for now; "
-                             "drop --embedding-state master32 or use a single process")
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -202,10 +198,15 @@ class DistMuonAdamW(MuonAdamW):
             p_share = p[rank * rows:(rank + 1) * rows] if sharded else p
             state = self.state[p]
             whitened = group.get("whiten") is not None
+            # master32 (see MuonAdamW._step_adamw): the fp32 master is row-sharded with the moments
+            master32 = group.get("master32", False) and p.dtype != torch.float32
             if not state:
                 state["step"] = 0
-                state["exp_avg"] = torch.zeros_like(p_share)
-                state["exp_avg_sq"] = torch.zeros_like(p_share)
+                if master32:
+                    state["master"] = p_share.detach().float().clone()
+                target = state["master"] if master32 else p_share
+                state["exp_avg"] = torch.zeros_like(target)
+                state["exp_avg_sq"] = torch.zeros_like(target)
             if state["exp_avg"].shape != p_share.shape:
                 raise RuntimeError("DistMuonAdamW: optimizer state was made for another world size; "
                                    "move it with full_state_dict() / load_full_state_dict()")
@@ -215,10 +216,13 @@ class DistMuonAdamW(MuonAdamW):
                 grad = _whitening.whiten_grad(grad, state["step"], group)
                 if sharded:
                     grad = grad[rank * rows:(rank + 1) * rows]
+            target = state["master"] if master32 else p_share
             self._fn("adamw", p.device)(
-                p_share, grad, state["exp_avg"], state["exp_avg_sq"], self._adamw_step_t,
-                self._adamw_lr_t, self._adamw_beta1_t, self._adamw_beta2_t,
+                target, grad.float() if master32 else grad, state["exp_avg"], state["exp_avg_sq"],
+                self._adamw_step_t, self._adamw_lr_t, self._adamw_beta1_t, self._adamw_beta2_t,
                 self._adamw_eps_t, self._adamw_wd_t)
+            if master32:
+                p_share.copy_(state["master"])
             if sharded:
                 send = p_share.clone()  # the gather writes into p, so it must not read from p
                 work = _all_gather(p, send, group=self.process_group, async_op=True)
@@ -321,8 +325,9 @@ class DistMuonAdamW(MuonAdamW):
                                    if k in _prepolar.STACKED_STATE_KEYS else v) for k, v in s.items()}
                 elif group["kind"] == "adamw" and adamw_is_sharded(p, world):
                     rows = p.shape[0] // world
-                    full[i] = {"step": s["step"]} | {
-                        k: self._gather_rows(s[k], rows, world, p.shape[0]) for k in ("exp_avg", "exp_avg_sq")}
+                    # moments and (master32) the fp32 master are row-sharded; `step` is replicated
+                    full[i] = {k: (self._gather_rows(v, rows, world, p.shape[0]) if torch.is_tensor(v) else v)
+                               for k, v in s.items()}
                 else:
                     full[i] = _snapshot(s)  # replicated: identical on every rank
         return {"state": full, "param_groups": local["param_groups"]}

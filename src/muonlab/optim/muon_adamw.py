@@ -48,7 +48,8 @@ def muon_step(stacked_grads, stacked_params, momentum_buffer, second_momentum_bu
               momentum_t, lr_t, wd_t, beta2_t, ns_steps: int, red_dim: int, *,
               prepolar: str | None = None, select=None, alpha_t=None, passes: int = 2, sides: str = "both",
               eps: float = 1e-10, zeta_buffer=None, bias_t=None, beta2: float = 0.99,
-              polar_dtype: torch.dtype | None = None, post_polar_dtype: torch.dtype | None = None):
+              polar_dtype: torch.dtype | None = None, post_polar_dtype: torch.dtype | None = None,
+              aol_reuse_gram: bool = True):
     """One Muon update of a stack [N, rows, cols], in place on params and buffers.
 
     `stacked_grads` is overwritten (it becomes the Nesterov look-ahead). The keyword arguments
@@ -72,7 +73,7 @@ def muon_step(stacked_grads, stacked_params, momentum_buffer, second_momentum_bu
         g = polar_express(g, ns_steps)  # the upstream call (tests patch it with this signature)
     else:
         g = polar_express(g, ns_steps, dtype=polar_dtype or torch.bfloat16,
-                          normalize="aol" if prepolar == "turbo_aol" else "frobenius")
+                          normalize="aol" if prepolar == "turbo_aol" else "frobenius", reuse_gram=aol_reuse_gram)
     if post_polar_dtype is not None:
         g = g.to(post_polar_dtype)
     if prepolar != "muon2f":  # Muon^2-F moved the second moment before Polar Express

@@ -11,10 +11,14 @@ Options (muonlab, off by default; the default call is bitwise upstream):
   - `normalize="aol"`: Turbo-Muon's AOL diagonal Gram L1 scaling replaces the Frobenius
     normalisation (seed 000 §3.3, Boissin et al. 2025): with A0 = X^T X (m > n) or X X^T
     (m <= n), s_i = (sum_j |A0_ij|)^(-1/2) / 1.02, and X <- X diag(s) (tall, columns) or
-    diag(s) X (otherwise, rows). Unstated in the paper, chosen here: A0 is formed in the
-    iteration dtype (it replaces a line acting on the bf16 X), it is not reused by the first
-    iteration, and the L1 row sum is clamped at the dtype's smallest normal number, which only
-    changes an all-zero row/column (kept zero instead of 0 * inf = NaN).
+    diag(s) X (otherwise, rows). Unstated in the paper (spec-000-003 §5.7), chosen here: A0 is
+    formed in the iteration dtype (it replaces a line acting on the bf16 X); the first
+    iteration reuses it (`reuse_gram=True`, as Turbo-Muon does: the Gram of the scaled X is
+    diag(s) A0 diag(s), so AOL costs no extra matmul; seed 000's Turbo runs were also timed
+    faster than its unconditioned baseline, consistent with reuse), `reuse_gram=False` forms
+    that Gram again (same math, different bf16 rounding); the L1 row sum is clamped at the
+    dtype's smallest normal number, which only changes an all-zero row/column (kept zero
+    instead of 0 * inf = NaN).
 """
 
 from __future__ import annotations
@@ -34,37 +38,49 @@ AOL_SAFETY = 1.02
 NORMALIZATIONS = ("frobenius", "aol")
 
 
-def aol_scale(X: torch.Tensor, safety: float = AOL_SAFETY) -> torch.Tensor:
-    """Turbo-Muon's AOL scaling of each matrix of X [..., m, n] (see the module doc)."""
+def aol_scale(X: torch.Tensor, safety: float = AOL_SAFETY, return_gram: bool = False):
+    """Turbo-Muon's AOL scaling of each matrix of X [..., m, n] (see the module doc).
+
+    With `return_gram`, also the Gram matrix of the scaled X on the smaller side,
+    diag(s) A0 diag(s), for the first Polar Express iteration.
+    """
     tall = X.size(-2) > X.size(-1)
     A0 = X.mT @ X if tall else X @ X.mT
     s = A0.abs().sum(dim=-1).clamp_min(torch.finfo(X.dtype).tiny).rsqrt() / safety
-    return X * s.unsqueeze(-2) if tall else X * s.unsqueeze(-1)
+    scaled = X * s.unsqueeze(-2) if tall else X * s.unsqueeze(-1)
+    if not return_gram:
+        return scaled
+    return scaled, A0 * s.unsqueeze(-1) * s.unsqueeze(-2)
 
 
 def polar_express(g: torch.Tensor, steps: int = 5, dtype: torch.dtype = torch.bfloat16,
-                  normalize: str = "frobenius") -> torch.Tensor:
+                  normalize: str = "frobenius", reuse_gram: bool = True) -> torch.Tensor:
     """Approximate the polar factor U V^T of each matrix in g [..., m, n].
 
     The Gram matrix is formed on the smaller side: X^T X for tall inputs, X X^T otherwise.
+    `reuse_gram` only matters for normalize="aol" (see the module doc).
     """
     if not 1 <= steps <= len(POLAR_EXPRESS_COEFFS):
         raise ValueError(f"ns_steps must be in 1..{len(POLAR_EXPRESS_COEFFS)}, got {steps}")
     X = g.to(dtype)
+    gram = None  # the first iteration's Gram matrix, when the normalisation already formed it
     if normalize == "frobenius":
         X = X / (X.norm(dim=(-2, -1), keepdim=True) * FROBENIUS_SAFETY + FROBENIUS_EPS)
     elif normalize == "aol":
-        X = aol_scale(X)
+        X, gram = aol_scale(X, return_gram=True)
+        gram = gram if reuse_gram else None
     else:
         raise ValueError(f"normalize must be one of {NORMALIZATIONS}, got {normalize!r}")
     if g.size(-2) > g.size(-1):
         for a, b, c in POLAR_EXPRESS_COEFFS[:steps]:
-            A = X.mT @ X
+            A = X.mT @ X if gram is None else gram
+            gram = None
             B = b * A + c * (A @ A)
             X = a * X + X @ B
     else:
         for a, b, c in POLAR_EXPRESS_COEFFS[:steps]:
-            A = X @ X.mT
+            A = X @ X.mT if gram is None else gram
+            gram = None
             B = b * A + c * (A @ A)
             X = a * X + B @ X
     return X

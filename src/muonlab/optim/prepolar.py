@@ -23,7 +23,8 @@ per muon param group by the group key `prepolar` (None: off, the upstream step, 
   Not reproduced (as in the paper): Zeta's scalar step-size rule and LR warmup.
 - "turbo_aol": Turbo-Muon's AOL Gram L1 scaling replaces the Frobenius normalisation inside
   Polar Express (see polar.py for its formula and the unstated choices). 5-step PE is kept,
-  as in the paper's common-backbone adaptation. Stateless.
+  as in the paper's common-backbone adaptation. `aol_reuse_gram` (True): the first
+  iteration reuses the AOL Gram matrix, as Turbo-Muon does. Stateless.
 - "muon2f": Muon^2-F, seed 000 §3.3: second_momentum_buffer.lerp_(mean(G^2, red_dim), 1-beta2)
   then G <- G * buf^(-1/2) before Polar Express "instead of after". Chosen (unstated, spec §5.8):
   the NorMuon buffer is reused (0 extra bytes), the post-polar NorMuon step is removed,
@@ -58,7 +59,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 # every option a muon group may carry, with its default (read with .get: absent == default)
 PREPOLAR_DEFAULTS = dict(
     prepolar=None, prepolar_scope="all", prepolar_tau=80.0, prepolar_passes=2, prepolar_sides="both",
-    prepolar_eps=1e-10, prepolar_t0=0, zeta_beta2=0.99, zeta_eps=1e-8,
+    prepolar_eps=1e-10, prepolar_t0=0, zeta_beta2=0.99, zeta_eps=1e-8, aol_reuse_gram=True,
     polar_dtype="bf16", post_polar_dtype=None,
 )
 # optimizer-state keys of a muon group holding one slice per matrix (sharded with the matrices)
@@ -77,20 +78,30 @@ def hbieq(G: torch.Tensor, alpha, passes: int = 2, sides: str = "both", eps: flo
     """Homotopy bilateral RMS equilibration of each matrix of G [..., m, n], in place on G.
 
     `alpha` is a float or a 0-D tensor. Rows (dim -1 reduced) first, then columns, per pass.
+
+    Same equation as dividing G half-step by half-step, computed with fewer passes over the
+    matrix (the step is memory-bound): the half-steps only ever multiply G by a row scale R
+    and a column scale C, so with S = G^2 (one squared copy) the row mean of (R G C)^2 is
+    R^2 (S @ C^2) / n and the column mean R^2^T S C^2 / m: matrix-vector products on S. R and
+    C are applied once at the end. Agrees with the sequential divisions to fp32 rounding
+    (~1e-6 relative), about 2x faster on CPU.
     """
+    m, n = G.shape[-2:]
+    S = G.square()
+    R = G.new_ones(G.shape[:-1] + (1,))      # [..., m, 1]
+    C = G.new_ones(G.shape[:-2] + (1, n))    # [..., 1, n]
     for _ in range(passes):
-        r = _rms(G, -1, eps)
-        G.div_((r * alpha).add_(r.mean(dim=-2, keepdim=True).mul_(1 - alpha)).add_(eps))
+        r = (S @ C.square().mT).div_(n).mul_(R.square()).add_(eps).sqrt_()
+        R = R / _homotopy_denominator(r, r.mean(dim=-2, keepdim=True), alpha, eps)
         if sides == "both":
-            c = _rms(G, -2, eps)
-            G.div_((c * alpha).add_(c.mean(dim=-1, keepdim=True).mul_(1 - alpha)).add_(eps))
-    return G
+            c = (R.square().mT @ S).div_(m).mul_(C.square()).add_(eps).sqrt_()
+            C = C / _homotopy_denominator(c, c.mean(dim=-1, keepdim=True), alpha, eps)
+    return G.mul_(R).mul_(C) if sides == "both" else G.mul_(R)
 
 
-def _rms(G: torch.Tensor, dim: int, eps: float) -> torch.Tensor:
-    """sqrt(mean(G^2) + eps) along `dim`, via a norm reduction (no full-size G^2 temporary:
-    ~40% faster on CPU than square().mean())."""
-    return torch.linalg.vector_norm(G, dim=dim, keepdim=True).square_().div_(G.size(dim)).add_(eps).sqrt_()
+def _homotopy_denominator(stat: torch.Tensor, stat_mean: torch.Tensor, alpha, eps: float) -> torch.Tensor:
+    """(1 - a) mean + a stat + eps (seed 000 §3.3)."""
+    return (stat * alpha).add_(stat_mean * (1 - alpha)).add_(eps)
 
 
 def zeta_update(V: torch.Tensor, raw_grads: torch.Tensor, beta2: float) -> None:
@@ -189,4 +200,6 @@ def step_options(group: dict, state: dict, start: int, stop: int, device) -> dic
         beta2 = float(opt["zeta_beta2"])
         kwargs["bias_t"] = torch.tensor(1 - beta2 ** (t + 1), dtype=torch.float32)
         kwargs.update(beta2=beta2, eps=float(opt["zeta_eps"]))
+    elif name == "turbo_aol" and not opt["aol_reuse_gram"]:
+        kwargs["aol_reuse_gram"] = False
     return kwargs
