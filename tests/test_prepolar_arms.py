@@ -14,11 +14,22 @@ from muonlab.train.build import build_model, build_optimizer
 PREPOLAR_ARMS = sorted(name for name, arm in ARMS.items() if arm.family == "prepolar")
 
 
+SEED000_ARMS = sorted(name for name, arm in ARMS.items() if arm.paper == "seed 000")
+SEED003_ARMS = sorted(name for name, arm in ARMS.items() if arm.paper == "seed 003")
+
+
 def test_arms_carry_the_papers_seeds():
     assert "exp44_hbieq_bf16" in PREPOLAR_ARMS and len(PREPOLAR_ARMS) >= 9
-    assert default_seeds(PREPOLAR_ARMS) == [42, 47, 137]
+    table3 = ["exp17_pair_tied_stopexp", "exp41_untied_stopexp", "exp44_hbieq_bf16", "exp27_hbieq_fp32",
+              "exp50_bieq_undamped_bf16", "exp58_zeta_bf16", "exp52_turbo_aol_bf16", "exp40_postpolar_fp32"]
+    assert default_seeds(table3) == [42, 47, 137]
+    assert all(ARMS[a].seeds == (47,) for a in ("exp07_gains_linear", "exp51_rowrms1_bf16", "exp33_hbieq_fp32_no_metric"))
+    assert default_seeds(["p003_ordinary", "p003_branch_tangent"]) == [46, 146, 246]
+    assert ARMS["p003_state_gate"].seeds == (246,)
     with pytest.raises(UsageError, match="--seeds"):
         default_seeds(["baseline"])
+    with pytest.raises(UsageError, match="--seeds"):
+        default_seeds(["exp44_hbieq_bf16", "exp51_rowrms1_bf16"])
 
 
 def test_baseline_groups_stay_upstream():
@@ -29,7 +40,7 @@ def test_baseline_groups_stay_upstream():
         assert not any(k.startswith(("prepolar", "polar_", "post_polar")) for k in group)
 
 
-@pytest.mark.parametrize("arm", PREPOLAR_ARMS)
+@pytest.mark.parametrize("arm", SEED000_ARMS + SEED003_ARMS)
 def test_arm_trains_on_cpu_preset(arm, capsys):
     assert main(["train", "--preset", "cpu-tiny", "--arm", arm, "--num-steps", "3", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -39,7 +50,11 @@ def test_arm_trains_on_cpu_preset(arm, capsys):
     opt = build_optimizer(model, cfg, compile_step=False)
     muon = [g for g in opt.param_groups if g["kind"] == "muon"]
     for key, value in ARMS[arm].overrides.items():
-        assert all(g[key] == value for g in muon), key
+        if key.startswith(("prepolar", "polar_", "post_polar")):
+            assert all(g[key] == value for g in muon), key
+        elif hasattr(model.config, key):  # a model variant
+            got = getattr(model.config, key)
+            assert got == value, key
 
 
 def test_diagnose_conditioning_cli(capsys):

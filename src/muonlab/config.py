@@ -24,7 +24,7 @@ COMPILE_MODES = ("auto", "on", "off")
 
 # Fields that only say where things go or how much is printed: they never change a result.
 BOOKKEEPING_FIELDS = ("run_name", "runs_dir", "ledger", "log_every", "quiet", "arm", "sinks", "sink_project",
-                      "checkpoint_every", "checkpoint_keep")
+                      "checkpoint_every", "checkpoint_keep", "trajectory_steps")
 
 
 @dataclass
@@ -78,6 +78,22 @@ class TrainConfig:
     # BF16STATE) or "master32" (fp32 master copy + fp32 moments, seed 002 §1.4e)
     embedding_state: str = "native"
     matrix_optimizer: str = "muon"  # "adamw": the adamw_only control (every block matrix on AdamW)
+    # forward/backward variants of the model (GPTConfig documents each; all off = upstream)
+    presub_gains: str = "none"  # seed 000 §3.1: none | unfused_slice | unfused_contig | weight_fused | gate_scaled
+    presub_param: str = "linear"  # linear | stopexp
+    qk_scale: str = "none"  # seed 000 §3.2: pair_tied_linear | pair_tied_stopexp | pair_tied_exp | untied_stopexp | head_temp
+    qk_freeze_layers: str = ""  # comma-separated layers whose QK scales stay 1 (seed 002 QMASK: "0")
+    qk_freeze_planes: int = 0  # RoPE planes c < this stay 1 in every layer (QMASK: 16)
+    rope: str = "standard"  # standard | lerope_shared | lerope_adapted (seed 000 Table 2)
+    residual_rule: str = "ordinary"  # seed 003: ordinary | branch_tangent | whole_state_tangent | grad_mag_control
+    radius_gate: str = "none"  # seed 003: none | state | branch | neutral
+    checkpoint_blocks: bool = False  # non-reentrant activation checkpointing per block
+    loss_chunk_tokens: int = 0  # > 0: the loss in chunks of this many tokens (seed 003 used 4096)
+    # learning rates of the variant parameters, as multiples of scalar_lr (seed 000: "0.04" = 0.04 x scalar_lr)
+    presub_lr_mult: float = 0.04
+    qk_lr_mult: float = 0.04
+    rope_lr_mult: float = 0.04
+    gate_lr_mult: float = 0.04
     adamw_matrix_lr: float = 0.003
     adamw_matrix_weight_decay: float = 0.0
     # evaluation: tokens scored per split (val and holdout), batch rows per eval step
@@ -101,6 +117,8 @@ class TrainConfig:
     checkpoint_keep: int = 2  # newest checkpoints kept (the previous one survives a failed write)
     sinks: str = ""  # optional metric sinks: "wandb", "tensorboard" (comma-separated)
     sink_project: str = "muonlab"
+    # steps whose metrics also hold the full x0_lambdas / resid_lambdas (seed 000 Table 4B)
+    trajectory_steps: str = "0,10,20,40,80"
     data: DataConfig = field(default_factory=DataConfig)
 
     # ------------------------------------------------------------------ derived
@@ -131,6 +149,27 @@ class TrainConfig:
                              f"sequence_len x world_size = {self.device_batch_size} x {self.sequence_len} x "
                              f"{world_size}")
         return self.total_batch_size // per_step
+
+    def model_variants(self) -> dict[str, Any]:
+        """The GPTConfig fields of the forward/backward variants."""
+        try:
+            layers = tuple(int(v) for v in self.qk_freeze_layers.split(",") if v.strip())
+        except ValueError:
+            raise UsageError(f"qk_freeze_layers must be comma-separated integers, got {self.qk_freeze_layers!r}") from None
+        return dict(presub_gains=self.presub_gains, presub_param=self.presub_param, qk_scale=self.qk_scale,
+                    qk_freeze_layers=layers, qk_freeze_planes=self.qk_freeze_planes, rope=self.rope,
+                    residual_rule=self.residual_rule, radius_gate=self.radius_gate,
+                    checkpoint_blocks=self.checkpoint_blocks, loss_chunk_tokens=self.loss_chunk_tokens)
+
+    def trajectory_step_set(self) -> set[int]:
+        try:
+            return {int(v) for v in self.trajectory_steps.split(",") if v.strip()}
+        except ValueError:
+            raise UsageError(f"trajectory_steps must be comma-separated integers, got {self.trajectory_steps!r}") from None
+
+    def variant_lr_mult(self) -> dict[str, float]:
+        return {"presub_gains": self.presub_lr_mult, "qk_scales": self.qk_lr_mult,
+                "rope_tau": self.rope_lr_mult, "radius_gates": self.gate_lr_mult}
 
     # ------------------------------------------------------------------ checks
     def validate(self) -> "TrainConfig":
@@ -193,6 +232,16 @@ class TrainConfig:
             raise UsageError(f"embedding_state must be native or master32, got {self.embedding_state!r}")
         if self.matrix_optimizer not in ("muon", "adamw"):
             raise UsageError(f"matrix_optimizer must be muon or adamw, got {self.matrix_optimizer!r}")
+        from muonlab.model.gpt import GPTConfig
+
+        try:  # the model's own checks of the variant settings
+            GPTConfig(n_layer=self.depth, n_head=self.n_head, n_kv_head=self.n_kv_head or self.n_head,
+                      n_embd=self.model_dim, **self.model_variants())
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        self.trajectory_step_set()
+        if min(self.variant_lr_mult().values()) < 0:
+            raise UsageError("variant learning-rate multipliers must be >= 0")
         if self.eval_batch_size is not None and self.eval_batch_size < 1:
             raise UsageError(f"eval_batch_size must be >= 1, got {self.eval_batch_size}")
         if self.precision not in PRECISIONS:

@@ -15,8 +15,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
+from muonlab.model import scalings
 from muonlab.model.attention import causal_attention, resolve_backend
+from muonlab.model.lerope import apply_lerope, inv_frequencies
+from muonlab.model.residual import RADIUS_GATES, RESIDUAL_RULES, radius_gate_scale, residual_add
 from muonlab.model.rotary import apply_rotary, rotary_tables
 
 LOGIT_SOFTCAP = 15.0
@@ -33,6 +37,19 @@ class GPTConfig:
     n_embd: int = 768
     window_pattern: str = "SSSL"
     attn_backend: str = "auto"  # muonlab: "auto" | "fa3" | "sdpa" (same windows either way)
+    # forward/backward variants (all off = upstream). Seed 000: pre-sublayer gains and
+    # post-QK-norm scaling (muonlab.model.scalings), LeRoPE (muonlab.model.lerope); seed 003:
+    # residual-addition rules and radius gates (muonlab.model.residual).
+    presub_gains: str = "none"  # none | unfused_slice | unfused_contig | weight_fused | gate_scaled
+    presub_param: str = "linear"  # linear | stopexp
+    qk_scale: str = "none"  # none | pair_tied_linear | pair_tied_stopexp | pair_tied_exp | untied_stopexp | head_temp
+    qk_freeze_layers: tuple[int, ...] = ()  # seed 002 QMASK: layers whose QK scales stay at 1
+    qk_freeze_planes: int = 0  # ... and RoPE planes c < this, in every layer
+    rope: str = "standard"  # standard | lerope_shared (fp32 trig) | lerope_adapted (per layer and head, bf16 trig)
+    residual_rule: str = "ordinary"  # ordinary | branch_tangent | whole_state_tangent | grad_mag_control
+    radius_gate: str = "none"  # none | state | branch | neutral
+    checkpoint_blocks: bool = False  # non-reentrant activation checkpointing per block (seed 003)
+    loss_chunk_tokens: int = 0  # > 0: lm_head + softcap + CE per chunk of this many tokens, recomputed in backward
 
     def __post_init__(self):
         if self.n_embd % self.n_head != 0:
@@ -41,10 +58,47 @@ class GPTConfig:
             raise ValueError(f"n_head={self.n_head} must be a multiple of n_kv_head={self.n_kv_head}")
         if not self.window_pattern or any(c not in "SL" for c in self.window_pattern.upper()):
             raise ValueError(f"window_pattern must use only 'S' and 'L', got {self.window_pattern!r}")
+        for name, value, allowed in (
+                ("presub_gains", self.presub_gains, scalings.PRESUB_GAINS),
+                ("presub_param", self.presub_param, scalings.PRESUB_PARAMS),
+                ("qk_scale", self.qk_scale, scalings.QK_SCALES), ("rope", self.rope, ROPES),
+                ("residual_rule", self.residual_rule, RESIDUAL_RULES), ("radius_gate", self.radius_gate, RADIUS_GATES)):
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
+        if self.qk_scale == "pair_tied_linear" and self.n_kv_head != self.n_head:
+            raise ValueError("qk_scale=pair_tied_linear scales k per query head: it needs n_kv_head == n_head")
+        if (self.qk_freeze_layers or self.qk_freeze_planes) and self.qk_scale == "none":
+            raise ValueError("qk_freeze_layers/qk_freeze_planes need a qk_scale")
+        if self.loss_chunk_tokens < 0:
+            raise ValueError(f"loss_chunk_tokens must be >= 0, got {self.loss_chunk_tokens}")
 
     @property
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
+
+
+ROPES = ("standard", "lerope_shared", "lerope_adapted")
+VARIANT_LR_MULT = {"presub_gains": 0.04, "qk_scales": 0.04, "rope_tau": 0.04, "radius_gates": 0.04}
+
+
+@dataclass
+class LayerVariant:
+    """One layer's slice of the variant parameters and settings (None: that variant is off)."""
+    gains: torch.Tensor | None = None  # [2, d] raw gains (attention, MLP)
+    gains_impl: str = "none"
+    gains_param: str = "linear"
+    qk: torch.Tensor | None = None  # this layer's QK-scale parameters
+    qk_kind: str = "none"
+    qk_mask: torch.Tensor | None = None
+    rope_tau: torch.Tensor | None = None  # LeRoPE log-frequencies used by this layer
+    rope_trig: torch.dtype = torch.float32
+    inv_freq: torch.Tensor | None = None
+    residual_rule: str = "ordinary"
+    gate: torch.Tensor | None = None  # [2, 2] radius-gate (a, b) for the attention and MLP additions
+    gate_kind: str = "none"
+
+    def gain(self, which: int) -> torch.Tensor | None:
+        return None if self.gains is None else scalings.gain_value(self.gains[which], self.gains_param)
 
 
 def norm(x: torch.Tensor) -> torch.Tensor:
@@ -73,21 +127,44 @@ class CausalSelfAttention(nn.Module):
                         if has_ve(layer_idx, config.n_layer) else None)
         self.backend = "sdpa"  # set by GPT.resolve_attention_backend()
 
-    def forward(self, x, ve, cos_sin, window_size):
+    def forward(self, x, ve, cos_sin, window_size, lv: LayerVariant | None = None):
         B, T, _ = x.size()
-        q = self.c_q(x).view(B, T, self.n_head, self.head_dim)
-        k = self.c_k(x).view(B, T, self.n_kv_head, self.head_dim)
-        v = self.c_v(x).view(B, T, self.n_kv_head, self.head_dim)
+        gain = None if lv is None else lv.gain(0)
+        q, k, v, gate_in = self._project(x, gain, lv.gains_impl if gain is not None else "none")
+        q = q.view(B, T, self.n_head, self.head_dim)
+        k = k.view(B, T, self.n_kv_head, self.head_dim)
+        v = v.view(B, T, self.n_kv_head, self.head_dim)
         if ve is not None:
             # ResFormer value residual: gate in (0, 2), exactly 1 at zero init
             ve = ve.view(B, T, self.n_kv_head, self.head_dim)
-            gate = 2 * torch.sigmoid(self.ve_gate(x[..., :self.ve_gate_channels]))
+            gate = 2 * torch.sigmoid(self.ve_gate(gate_in))
             v = v + gate.unsqueeze(-1) * ve
-        cos, sin = cos_sin
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if lv is not None and lv.rope_tau is not None:
+            q = apply_lerope(q, lv.rope_tau, lv.inv_freq, lv.rope_trig)
+            k = apply_lerope(k, lv.rope_tau, lv.inv_freq, lv.rope_trig)
+        else:
+            cos, sin = cos_sin
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         q, k = norm(q), norm(k)  # QK-norm after RoPE, as upstream
+        if lv is not None and lv.qk is not None:
+            q, k = scalings.apply_qk_scale(q, k, lv.qk, lv.qk_kind, lv.qk_mask)
         y = causal_attention(q, k, v, window_size, self.backend)
         return self.c_proj(y.contiguous().view(B, T, -1))
+
+    def _project(self, x, gain, impl: str):
+        """q, k, v projections of the normed input and the value-embedding gate's input
+        (pre-sublayer gains, seed 000 §3.1: see muonlab.model.scalings for the implementations)."""
+        c = self.ve_gate_channels
+        if impl == "none":
+            return self.c_q(x), self.c_k(x), self.c_v(x), x[..., :c]
+        if impl == "weight_fused":
+            w = gain[None, :]
+            return (F.linear(x, self.c_q.weight * w), F.linear(x, self.c_k.weight * w),
+                    F.linear(x, self.c_v.weight * w), x[..., :c])
+        xs = x * gain
+        gate_in = {"unfused_slice": x[..., :c], "unfused_contig": x[..., :c].contiguous(),
+                   "gate_scaled": xs[..., :c]}[impl]
+        return self.c_q(xs), self.c_k(xs), self.c_v(xs), gate_in
 
 
 class MLP(nn.Module):
@@ -96,8 +173,14 @@ class MLP(nn.Module):
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=False)
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=False)
 
-    def forward(self, x):
-        return self.c_proj(F.relu(self.c_fc(x)).square())
+    def forward(self, x, gain=None, impl: str = "none"):
+        if gain is None:
+            h = self.c_fc(x)
+        elif impl == "weight_fused":
+            h = F.linear(x, self.c_fc.weight * gain[None, :])
+        else:
+            h = self.c_fc(x * gain)
+        return self.c_proj(F.relu(h).square())
 
 
 class Block(nn.Module):
@@ -106,9 +189,21 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(config, layer_idx)
         self.mlp = MLP(config)
 
-    def forward(self, x, ve, cos_sin, window_size):
-        x = x + self.attn(norm(x), ve, cos_sin, window_size)
-        return x + self.mlp(norm(x))
+    def forward(self, x, ve, cos_sin, window_size, lv: LayerVariant | None = None):
+        if lv is None:  # upstream
+            x = x + self.attn(norm(x), ve, cos_sin, window_size)
+            return x + self.mlp(norm(x))
+        x = self._add(x, self.attn(norm(x), ve, cos_sin, window_size, lv), lv, 0)
+        gain = lv.gain(1)
+        return self._add(x, self.mlp(norm(x), gain, lv.gains_impl if gain is not None else "none"), lv, 1)
+
+    @staticmethod
+    def _add(u, f, lv: LayerVariant, slot: int):
+        """The residual addition y = u + f, with seed 003's radius gate and backward rule."""
+        if lv.gate is not None:
+            a, b = lv.gate[slot, 0], lv.gate[slot, 1]
+            f = radius_gate_scale(u if lv.gate_kind == "state" else f, a, b) * f
+        return residual_add(u, f, lv.residual_rule)
 
 
 class GPT(nn.Module):
@@ -133,6 +228,52 @@ class GPT(nn.Module):
         cos, sin = rotary_tables(self.rotary_seq_len, config.head_dim)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
+        self._make_variant_params(config)
+
+    # names of the variant parameters (GPT attributes, outside transformer.h so none lands in Muon)
+    VARIANT_PARAMS = ("presub_gains", "qk_scales", "rope_tau", "radius_gates")
+
+    def _make_variant_params(self, config: GPTConfig) -> None:
+        """Create only the parameters of the variants that are on: the baseline has none."""
+        L, H, D, d = config.n_layer, config.n_head, config.head_dim, config.n_embd
+        if config.presub_gains != "none":
+            self.presub_gains = nn.Parameter(torch.empty(L, 2, d))  # 2 L d scalars (8,192 at depth 8)
+        if config.qk_scale != "none":
+            shape = scalings.qk_param_shape(config.qk_scale, L, H, D)
+            self.qk_scales = nn.Parameter(torch.empty(shape))
+            mask = scalings.qk_freeze_mask(config.qk_scale, shape, tuple(config.qk_freeze_layers),
+                                           config.qk_freeze_planes)
+            if mask is not None:
+                self.register_buffer("qk_mask", mask, persistent=False)
+        if config.rope != "standard":
+            self.rope_tau = nn.Parameter(torch.empty(D // 2) if config.rope == "lerope_shared"
+                                         else torch.empty(L, H, D // 2))
+            self.register_buffer("inv_freq", inv_frequencies(D), persistent=False)
+        if config.radius_gate != "none":
+            self.radius_gates = nn.Parameter(torch.empty(L, 2, 2))  # (a, b) per addition: 32 at depth 8
+
+    def variant_parameters(self) -> dict[str, nn.Parameter]:
+        return {name: getattr(self, name) for name in self.VARIANT_PARAMS if hasattr(self, name)}
+
+    def _layer_variant(self, i: int) -> LayerVariant | None:
+        c = self.config
+        params = self.variant_parameters()
+        if not params and c.residual_rule == "ordinary":
+            return None
+        lv = LayerVariant(residual_rule=c.residual_rule)
+        if "presub_gains" in params:
+            lv.gains, lv.gains_impl, lv.gains_param = params["presub_gains"][i], c.presub_gains, c.presub_param
+        if "qk_scales" in params:
+            mask = getattr(self, "qk_mask", None)
+            lv.qk, lv.qk_kind, lv.qk_mask = params["qk_scales"][i], c.qk_scale, None if mask is None else mask[i]
+        if "rope_tau" in params:
+            tau = params["rope_tau"]
+            lv.rope_tau = tau if c.rope == "lerope_shared" else tau[i]
+            lv.rope_trig = torch.float32 if c.rope == "lerope_shared" else torch.bfloat16
+            lv.inv_freq = self.inv_freq
+        if "radius_gates" in params:
+            lv.gate, lv.gate_kind = params["radius_gates"][i], c.radius_gate
+        return lv
 
     @staticmethod
     def _compute_window_sizes(config: GPTConfig) -> list[tuple[int, int]]:
@@ -168,6 +309,20 @@ class GPT(nn.Module):
         self.x0_lambdas.fill_(0.1)
         for ve in self.value_embeds.values():
             torch.nn.init.uniform_(ve.weight, -s, s)
+        # variants start neutral (gain 1, scale 1, LeRoPE = RoPE, gate 1): the baseline forward
+        if hasattr(self, "presub_gains"):
+            self.presub_gains.fill_(scalings.gain_init(self.config.presub_param))
+        if hasattr(self, "qk_scales"):
+            self.qk_scales.fill_(scalings.qk_init(self.config.qk_scale))
+        if hasattr(self, "rope_tau"):
+            self.rope_tau.zero_()
+            self.inv_freq = inv_frequencies(self.config.head_dim, device=self.rope_tau.device)
+        if hasattr(self, "radius_gates"):
+            self.radius_gates.zero_()
+        if hasattr(self, "qk_mask"):
+            self.qk_mask = scalings.qk_freeze_mask(
+                self.config.qk_scale, tuple(self.qk_scales.shape), tuple(self.config.qk_freeze_layers),
+                self.config.qk_freeze_planes).to(self.qk_scales.device)
         for block in self.transformer.h:
             if block.attn.ve_gate is not None:
                 torch.nn.init.zeros_(block.attn.ve_gate.weight)  # gate = 2*sigmoid(0) = 1
@@ -183,7 +338,8 @@ class GPT(nn.Module):
         nparams = sum(p.numel() for p in self.parameters())
         value_embeds = sum(ve.weight.numel() for ve in self.value_embeds.values())
         excluded = (self.transformer.wte.weight.numel() + value_embeds
-                    + self.resid_lambdas.numel() + self.x0_lambdas.numel())
+                    + self.resid_lambdas.numel() + self.x0_lambdas.numel()
+                    + sum(p.numel() for p in self.variant_parameters().values()))
         h, q, t = self.config.n_head, self.config.head_dim, self.config.sequence_len
         attn_flops = sum(12 * h * q * (t if w < 0 else min(w, t)) for w, _ in self.window_sizes)
         return 6 * (nparams - excluded) + attn_flops
@@ -196,6 +352,7 @@ class GPT(nn.Module):
             "transformer_matrices": sum(p.numel() for p in self.transformer.h.parameters()),
             "scalars": self.resid_lambdas.numel() + self.x0_lambdas.numel(),
         }
+        counts.update({name: p.numel() for name, p in self.variant_parameters().items()})
         counts["total"] = sum(counts.values())
         return counts
 
@@ -203,7 +360,7 @@ class GPT(nn.Module):
                         weight_decay=0.0, adam_betas=(0.8, 0.95), scalar_lr=0.5,
                         matrix_optimizer="muon", adamw_matrix_lr=0.003, adamw_matrix_weight_decay=0.0,
                         optimizer_cls=None, muon_options=None, whiten_options=None, master32=False,
-                        **optimizer_kwargs):
+                        variant_lr_mult=None, **optimizer_kwargs):
         """MuonAdamW with upstream's groups; AdamW LRs scaled by (d/768)^-1/2 (tuned at d=768).
 
         `matrix_optimizer="adamw"` (muonlab's `adamw_only` control, not upstream) puts every
@@ -214,6 +371,11 @@ class GPT(nn.Module):
         `whiten_options` adds keys to the wte, lm_head and value-embedding groups (Neumann-Gram
         vocabulary whitening, muonlab.optim.whitening). `master32` gives the wte and value-embedding
         groups fp32 master weights and moments (seed 002 §1.4e; lm_head is fp32 already).
+        Each variant parameter (presub_gains, qk_scales, rope_tau, radius_gates) gets its own
+        AdamW group (betas `adam_betas`, eps 1e-10, no weight decay, not d-scaled) with lr =
+        scalar_lr x `variant_lr_mult[name]` (default 0.04: seed 000's "0.04" = 0.04 x scalar_lr
+        = 0.02; its exp03 "qk_lr 0.10" and exp07 "sub_lr 0.05" are read the same way, and the
+        radius-gate lr, unstated in seed 003, uses it too). The neutral radius gate has lr 0.
         """
         embed = dict(master32=True) if master32 else {}
         table = dict(whiten_options or {})
@@ -222,7 +384,9 @@ class GPT(nn.Module):
 
         matrix_params = list(self.transformer.h.parameters())
         groups_adamw = [self.lm_head, self.transformer.wte, self.value_embeds]
-        n_listed = len(matrix_params) + sum(len(list(m.parameters())) for m in groups_adamw) + 2
+        variants = self.variant_parameters()
+        n_listed = (len(matrix_params) + sum(len(list(m.parameters())) for m in groups_adamw) + 2
+                    + len(variants))
         if n_listed != len(list(self.parameters())):
             raise RuntimeError("setup_optimizer: some parameters belong to no optimizer group")
         scale = (self.config.n_embd / 768) ** -0.5
@@ -234,6 +398,10 @@ class GPT(nn.Module):
             dict(adamw, params=[self.resid_lambdas], lr=scalar_lr * 0.01),
             dict(adamw, params=[self.x0_lambdas], lr=scalar_lr, betas=(0.96, 0.95)),
         ]
+        mults = dict(VARIANT_LR_MULT, **(variant_lr_mult or {}))
+        for name, p in variants.items():
+            frozen = name == "radius_gates" and self.config.radius_gate == "neutral"
+            param_groups.append(dict(adamw, params=[p], lr=0.0 if frozen else scalar_lr * mults[name]))
         if matrix_optimizer == "adamw":
             param_groups.append(dict(adamw, params=matrix_params, lr=adamw_matrix_lr,
                                      weight_decay=adamw_matrix_weight_decay))
@@ -265,11 +433,43 @@ class GPT(nn.Module):
             x = self.resid_lambdas[i] * x + self.x0_lambdas[i] * x0
             key = str(i)
             ve = self.value_embeds[key](idx) if key in self.value_embeds else None
-            x = block(x, ve, cos_sin, self.window_sizes[i])
+            lv = self._layer_variant(i)
+            if self.config.checkpoint_blocks and torch.is_grad_enabled():
+                x = checkpoint(block, x, ve, cos_sin, self.window_sizes[i], lv, use_reentrant=False)
+            else:
+                x = block(x, ve, cos_sin, self.window_sizes[i], lv)
         x = norm(x)
-        logits = self.lm_head(x).float()
-        logits = LOGIT_SOFTCAP * torch.tanh(logits / LOGIT_SOFTCAP)
+        if targets is not None and self.config.loss_chunk_tokens > 0:
+            return self._chunked_loss(x, targets, reduction)
+        logits = self._logits(x)
         if targets is None:
             return logits
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1),
                                ignore_index=-1, reduction=reduction)
+
+    def _logits(self, x):
+        logits = self.lm_head(x).float()
+        return LOGIT_SOFTCAP * torch.tanh(logits / LOGIT_SOFTCAP)
+
+    def _token_losses(self, x, targets):
+        return F.cross_entropy(self._logits(x), targets, ignore_index=-1, reduction="none")
+
+    def _chunked_loss(self, x, targets, reduction):
+        """The loss in chunks of `loss_chunk_tokens` tokens (seed 003's memory-safe path): each
+        chunk's logits are recomputed in backward, so no (B*T, vocab) fp32 tensor is kept.
+        Same per-token losses as the fused path; the mean's summation order differs (fp32 rounding)."""
+        flat_x, flat_y = x.reshape(-1, x.size(-1)), targets.reshape(-1)
+        n = self.config.loss_chunk_tokens
+        losses = []
+        for start in range(0, flat_y.numel(), n):
+            xs, ys = flat_x[start:start + n], flat_y[start:start + n]
+            if torch.is_grad_enabled():
+                losses.append(checkpoint(self._token_losses, xs, ys, use_reentrant=False))
+            else:
+                losses.append(self._token_losses(xs, ys))
+        per_token = torch.cat(losses)
+        if reduction == "none":
+            return per_token
+        if reduction == "sum":
+            return per_token.sum()
+        return per_token.sum() / (flat_y != -1).sum()

@@ -178,6 +178,11 @@ class MuonAdamW(torch.optim.Optimizer):
         if key not in self._fns:
             fn = adamw_step if name == "adamw" else muon_step
             use_compile = self._compile if self._compile is not None else device.type == "cuda"
+            if use_compile:
+                # one graph per (shape group, option set); every optimizer in the process shares
+                # muon_step's cache, so a conditioner on some groups or a second optimizer would
+                # pass dynamo's default limit of 8 and, with fullgraph, fail
+                torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
             self._fns[key] = torch.compile(fn, dynamic=False, fullgraph=True) if use_compile else fn
         return self._fns[key]
 

@@ -13,7 +13,8 @@ def model_config(cfg: TrainConfig, vocab_size: int) -> GPTConfig:
     n_head = cfg.n_head
     return GPTConfig(sequence_len=cfg.sequence_len, vocab_size=vocab_size, n_layer=cfg.depth,
                      n_head=n_head, n_kv_head=cfg.n_kv_head or n_head, n_embd=cfg.model_dim,
-                     window_pattern=cfg.window_pattern.upper(), attn_backend=cfg.attn_backend)
+                     window_pattern=cfg.window_pattern.upper(), attn_backend=cfg.attn_backend,
+                     **cfg.model_variants())
 
 
 def build_model(cfg: TrainConfig, vocab_size: int, runtime: Runtime) -> GPT:
@@ -51,4 +52,4 @@ def build_optimizer(model: GPT, cfg: TrainConfig, compile_step: bool, distribute
         scalar_lr=cfg.scalar_lr, matrix_optimizer=cfg.matrix_optimizer,
         adamw_matrix_lr=cfg.adamw_matrix_lr, adamw_matrix_weight_decay=cfg.adamw_matrix_weight_decay,
         muon_options=muon_options, whiten_options=whiten_options,
-        master32=cfg.embedding_state == "master32", compile=compile_step)
+        master32=cfg.embedding_state == "master32", variant_lr_mult=cfg.variant_lr_mult(), compile=compile_step)

@@ -100,6 +100,7 @@ def train_loop(cfg: TrainConfig, model, optimizer, loader, runtime: Runtime, flo
     from muonlab.train.distributed import Dist
 
     dist = dist or Dist()
+    trajectory = cfg.trajectory_step_set()
     schedule = schedule_of(cfg)
     accum = cfg.accum_steps_per_rank(dist.world_size)
     peak = peak_flops(runtime.device)
@@ -149,6 +150,8 @@ def train_loop(cfg: TrainConfig, model, optimizer, loader, runtime: Runtime, flo
         mfu = 100 * flops_per_token * cfg.total_batch_size / dt / peak if peak else None
         record = dict(step=step, loss=train_loss, smooth_loss=state.smooth_loss, progress=progress,
                       dt=dt, tok_per_sec=tok_per_sec, mfu=mfu, epoch=state.epoch, **values)
+        if step in trajectory:
+            record.update(trajectory_record(model))
         if on_step is not None and dist.is_main:
             on_step(record)
         if dist.is_main:
@@ -170,6 +173,14 @@ def train_loop(cfg: TrainConfig, model, optimizer, loader, runtime: Runtime, flo
         print()
     gc.enable()
     return state
+
+
+def trajectory_record(model) -> dict:
+    """The residual scalars after this step's update (seed 000 Table 4B's trajectory log reads
+    x0_lambdas at steps 0..80; before or after the update is unstated: after, i.e. the values
+    the next forward uses)."""
+    return {"x0_lambdas": model.x0_lambdas.detach().float().tolist(),
+            "resid_lambdas": model.resid_lambdas.detach().float().tolist()}
 
 
 def _print_progress(cfg: TrainConfig, state: LoopState, rec: dict, interactive: bool) -> None:
