@@ -203,14 +203,44 @@ def cmd_report(args) -> int:
     return 0
 
 
-def cmd_diagnose(args) -> int:
-    from muonlab.diagnostics import conditioning
+DIAGNOSTICS = {  # tool: (module, needs a run directory)
+    "conditioning": ("conditioning", False), "storage": ("storage", False), "equivalence": ("equivalence", False),
+    "gauge": ("gauge", False), "trajectory": ("trajectory", True), "geometry": ("geometry", True),
+    "replay": ("replay", True),
+}
 
+
+def cmd_diagnose(args) -> int:
+    import importlib
+
+    module_name, needs_run = DIAGNOSTICS[args.tool]
+    if needs_run and args.run is None:
+        raise UsageError(f"diagnose {args.tool} reads a run: give --run RUN_DIR")
+    mod = importlib.import_module(f"muonlab.diagnostics.{module_name}")
     if args.tool == "conditioning":
-        result = conditioning.run()
-        _emit(args, result, conditioning.format_table(result))
-        return 0
-    raise UsageError(f"unknown diagnostic {args.tool!r}")
+        result = mod.run()
+        text = mod.format_table(result)
+    elif args.tool == "storage":
+        result = mod.run_storage_audit()
+        text = mod.format_storage_table(result)
+    elif args.tool == "equivalence":
+        result = mod.run()
+        text = mod.format_table(result)
+    elif args.tool == "gauge":
+        result = mod.run_gauge_audit()
+        text = mod.format_gauge_table(result)
+    elif args.tool == "trajectory":
+        result = mod.read_trajectory(args.run)
+        text = mod.format_table(result)
+    elif args.tool == "geometry":
+        result = mod.run(args.run)
+        text = mod.format_table(result)
+    else:
+        result = mod.run_replay(args.run, micro_batches=args.micro_batches, rule=args.rule)
+        text = mod.format_replay_table(result)
+    _emit(args, result, text)
+    failed = result.get("passed") is False or (args.tool == "equivalence" and not result["proposition1"]["passed"])
+    return 1 if failed else 0
 
 
 def cmd_demo(args) -> int:
@@ -291,9 +321,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the report's numbers as JSON")
     p.set_defaults(func=cmd_report)
 
-    p = sub.add_parser("diagnose", help="read-only diagnostics (conditioning: pre-polar conditioners on "
-                                        "synthetic anisotropic matrices)")
-    p.add_argument("tool", choices=("conditioning",), help="which diagnostic")
+    p = sub.add_parser("diagnose", help="read-only diagnostics: conditioning, storage, equivalence, gauge "
+                                        "(synthetic); trajectory, geometry, replay (of a run, --run)")
+    p.add_argument("tool", choices=tuple(DIAGNOSTICS), help="which diagnostic")
+    p.add_argument("--run", default=None, metavar="RUN_DIR", help="the run to read (trajectory, geometry, replay)")
+    p.add_argument("--rule", default="branch_tangent", help="replay: the backward rule compared with ordinary")
+    p.add_argument("--micro-batches", type=int, default=None,
+                   help="replay: micro-batches to replay (default: one optimizer step's worth)")
     p.add_argument("--json", action="store_true", help="print the numbers as JSON")
     p.set_defaults(func=cmd_diagnose)
 

@@ -1,0 +1,57 @@
+"""Load a finished or interrupted run's model and optimizer state from its newest checkpoint.
+
+The checkpoint-reading diagnostics (`geometry`, `replay`) share this: the run's own config
+(config.json), the model rebuilt exactly as training built it (vocabulary size read from the
+checkpoint's embedding, so no data is needed), the optimizer with its saved state, and the
+prefetched next batch. Tensors are loaded with weights_only=True (checkpoint.load_checkpoint).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from muonlab.config import TrainConfig, load_config_file
+from muonlab.device import Runtime, resolve_precision
+from muonlab.errors import UsageError
+from muonlab.train.build import build_model, build_optimizer
+from muonlab.train.checkpoint import latest_checkpoint
+
+
+@dataclass
+class LoadedRun:
+    cfg: TrainConfig
+    model: Any  # muonlab.model.GPT
+    optimizer: Any  # MuonAdamW with the checkpoint's state
+    checkpoint: dict
+    checkpoint_path: Path
+    runtime: Runtime
+
+    @property
+    def step(self) -> int:
+        return int(self.checkpoint["step"])
+
+    def pending_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batch the run had prefetched for its next step (rank 0's)."""
+        x, y, _ = self.checkpoint["pending"][0]
+        return x.to(self.runtime.device), y.to(self.runtime.device)
+
+
+def load_run(run_dir: str | Path, device: str = "cpu", precision: str = "fp32", fallback: bool = False) -> LoadedRun:
+    """The run's model and optimizer at its newest valid checkpoint (fp32 on CPU by default)."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.json").is_file():
+        raise UsageError(f"{run_dir} is not a run directory (no config.json)")
+    cfg = load_config_file(run_dir / "config.json")
+    path, ckpt = latest_checkpoint(run_dir, fallback=fallback)
+    dev = torch.device(device)
+    runtime = Runtime(dev, resolve_precision(precision, dev))
+    vocab = ckpt["model"]["transformer.wte.weight"].shape[0]
+    model = build_model(cfg, vocab, runtime)
+    model.load_state_dict(ckpt["model"])  # copy_ casts, e.g. bf16-trained tables into an fp32 model
+    optimizer = build_optimizer(model, cfg, compile_step=False)
+    optimizer.load_state_dict(ckpt["optimizer"])
+    return LoadedRun(cfg, model, optimizer, ckpt, path, runtime)

@@ -1,0 +1,85 @@
+"""Issue-6 diagnostics: equivalence (fused/unfused, LeRoPE, Proposition 1), trajectory, geometry, CLI."""
+
+import contextlib
+import io
+import json
+
+import pytest
+import torch
+
+from muonlab.cli import main
+from muonlab.diagnostics import equivalence, geometry, trajectory
+from muonlab.errors import UsageError
+from muonlab.model import scalings
+
+
+@pytest.fixture(scope="module")
+def exp17_run(tmp_path_factory):
+    """A cpu-tiny run of the exp17 arm (gains + pair-tied QK) recording its trajectory at 0, 5, 11."""
+    argv = ["train", "--preset", "cpu-tiny", "--arm", "exp17_pair_tied_stopexp", "--trajectory-steps", "0,5,11",
+            "--json", "--quiet", "true"]
+    buf = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(buf):
+        mp.setenv("MUONLAB_CACHE", str(tmp_path_factory.mktemp("cache")))
+        assert main(argv) == 0
+    return json.loads(buf.getvalue())["run_dir"]
+
+
+def test_proposition1_holds_and_detects_an_untied_implementation(monkeypatch):
+    res = equivalence.proposition1(trials=2)
+    assert res["passed"] and res["planes"] == 64
+    real = scalings.qk_multiplier
+
+    def untied_pair(raw, kind, mask=None):  # a wrong layout: channel c tied with 2c+1's neighbour
+        m = real(raw, kind, mask)
+        return m.roll(1, dims=-1) * (1 + 1e-3 * torch.arange(m.size(-1))) if kind.startswith("pair") else m
+    monkeypatch.setattr(scalings, "qk_multiplier", untied_pair)
+    assert not equivalence.proposition1(trials=1)["checks"]["implementation_ties_c_with_c_plus_half"]
+
+
+def test_gains_equivalence_rows():
+    rows = equivalence.gains_equivalence(n_layer=2, n_embd=64, head_dim=32, seq_len=32)
+    assert rows["unfused_contig"]["output_rel_l2"] == 0.0  # same ops, the gate input only copied
+    assert rows["weight_fused"]["output_rel_l2"] < 1e-5 and rows["weight_fused"]["grad_rel_l2_max"] < 1e-4
+    assert rows["gate_scaled"]["output_rel_l2"] > 1e-4  # the control is not equivalent
+
+
+def test_trajectory_is_recorded_and_matches_the_checkpoint(exp17_run):
+    res = trajectory.read_trajectory(exp17_run)
+    assert res["steps"] == [0, 5, 11]
+    last = res["rows"][-1]
+    geo = geometry.run(exp17_run)  # the checkpoint after the last (12th) step
+    assert last["x0_lambdas"] == pytest.approx(geo["x0_lambdas"], rel=0, abs=0)
+    assert last["resid_lambdas"] == pytest.approx(geo["resid_lambdas"], rel=0, abs=0)
+    assert len(last["x0_lambdas"]) == 2
+    with pytest.raises(UsageError):
+        trajectory.read_trajectory(exp17_run + "-missing")
+
+
+def test_geometry_measures():
+    assert geometry.effective_rank(torch.eye(16)) == pytest.approx(16.0)
+    assert geometry.effective_rank(torch.outer(torch.arange(1.0, 9.0), torch.ones(5))) == pytest.approx(1.0, abs=1e-6)
+    assert geometry.row_norm_cv(torch.ones(4, 3)) == pytest.approx(0.0)
+    w = torch.tensor([[3.0, 4.0], [0.0, 1.0]])  # row norms 5 and 1: std 2, mean 3
+    assert geometry.row_norm_cv(w) == pytest.approx(2 / 3)
+
+
+def test_geometry_reports_variant_scalars(exp17_run):
+    geo = geometry.run(exp17_run)
+    assert geo["arm"] == "exp17_pair_tied_stopexp" and len(geo["layers"]) == 2
+    assert len(geo["presub_gains"]) == 2 and len(geo["qk_multiplier"]) == 2
+    assert all(0 < r["wq_effective_rank"] <= 64 for r in geo["layers"])
+
+
+@pytest.mark.parametrize("tool", ["trajectory", "geometry", "equivalence"])
+def test_diagnose_cli(tool, exp17_run, capsys):
+    argv = ["diagnose", tool, "--json"] + (["--run", exp17_run] if tool != "equivalence" else [])
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)
+    assert main(["diagnose", tool, "--run", exp17_run] if tool != "equivalence" else ["diagnose", tool]) == 0
+    assert capsys.readouterr().out.strip()
+
+
+def test_diagnose_needs_a_run(capsys):
+    assert main(["diagnose", "geometry"]) == 2
+    assert "--run" in capsys.readouterr().err
