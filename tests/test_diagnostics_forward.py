@@ -71,12 +71,12 @@ def test_geometry_reports_variant_scalars(exp17_run):
     assert all(0 < r["wq_effective_rank"] <= 64 for r in geo["layers"])
 
 
-@pytest.mark.parametrize("tool", ["trajectory", "geometry", "equivalence"])
+@pytest.mark.parametrize("tool", ["trajectory", "geometry", "replay", "equivalence", "gauge"])
 def test_diagnose_cli(tool, exp17_run, capsys):
-    argv = ["diagnose", tool, "--json"] + (["--run", exp17_run] if tool != "equivalence" else [])
-    assert main(argv) == 0
+    run = ["--run", exp17_run] if tool in ("trajectory", "geometry", "replay") else []
+    assert main(["diagnose", tool, "--json", *run]) == 0
     assert json.loads(capsys.readouterr().out)
-    assert main(["diagnose", tool, "--run", exp17_run] if tool != "equivalence" else ["diagnose", tool]) == 0
+    assert main(["diagnose", tool, *run]) == 0
     assert capsys.readouterr().out.strip()
 
 

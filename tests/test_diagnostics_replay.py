@@ -1,0 +1,155 @@
+"""Seed 003's actual-state Muon replay (spec-000-003 §2 item 6) on a cpu-tiny checkpoint."""
+
+import contextlib
+import io
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from muonlab.cli import main
+from muonlab.diagnostics import replay as R
+from muonlab.diagnostics.runs import load_run
+from muonlab.model.gpt import GPT
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("replay_cache")
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        assert main(["train", "--preset", "cpu-tiny", "--num-steps", "4", "--cache-dir", str(cache),
+                     "--quiet", "true", "--json"]) == 0
+    (config,) = (cache / "runs").glob("*/config.json")  # --cache-dir is saved: later tests find the data
+    return config.parent
+
+
+@pytest.fixture(scope="module")
+def result(run_dir):
+    return R.run_replay(run_dir)
+
+
+def _state(loaded):
+    tensors = {f"model.{k}": v.detach().clone() for k, v in loaded.model.state_dict().items()}
+    for i, st in enumerate(loaded.optimizer.state.values()):
+        tensors.update({f"opt.{i}.{k}": v.clone() for k, v in st.items() if isinstance(v, torch.Tensor)})
+    return tensors
+
+
+def test_replay_leaves_weights_and_optimizer_state_bitwise_unchanged(run_dir):
+    loaded = load_run(run_dir)
+    before = _state(loaded)
+    groups_before = [{k: v for k, v in g.items() if k != "params"} for g in loaded.optimizer.param_groups]
+    out = R.replay_loaded(loaded, R.capture_batches(loaded))
+    after = _state(loaded)
+    assert before.keys() == after.keys() and len(before) > 20
+    for key in before:
+        assert torch.equal(before[key], after[key]), key
+    assert groups_before == [{k: v for k, v in g.items() if k != "params"} for g in loaded.optimizer.param_groups]
+    assert all(p.grad is None for p in loaded.model.parameters())
+    assert loaded.model.config.residual_rule == "ordinary"
+    assert out["weights_unchanged"] and out["losses_bitwise_equal"]
+
+
+def test_batches_are_the_checkpoints_next_step(run_dir):
+    loaded = load_run(run_dir)
+    batches = R.capture_batches(loaded)
+    assert len(batches) == loaded.cfg.accum_steps_per_rank(1) == 2
+    x, y = loaded.pending_batch()
+    assert torch.equal(batches[0][0], x) and torch.equal(batches[0][1], y)
+    assert torch.equal(batches[0][0][:, 1:], batches[0][1][:, :-1])  # targets are the inputs shifted
+    three = R.capture_batches(loaded, micro_batches=3)
+    assert len(three) == 3 and all(torch.equal(a[0], b[0]) for a, b in zip(batches, three))
+
+
+def test_branch_tangent_changes_gradient_and_direction_with_exact_controls(result):
+    assert result["losses_bitwise_equal"] is True and result["weights_unchanged"] is True
+    assert result["step"] == 4 and result["micro_batches"] == 2 and result["tokens"] == 2 * 4 * 64
+    assert result["muon_matrices"] == 13
+    # CPU is deterministic: the ordinary repeat (the nondeterminism floor) is exactly zero
+    assert result["repeat_gradient_rel_change"] == 0.0 and result["repeat_direction_rel_change"] == 0.0
+    assert 1e-3 < result["gradient_rel_change"] < 1.0
+    assert 1e-3 < result["direction_rel_change"] < 2.0
+    ratio = result["direction_rel_change"] / result["gradient_rel_change"]
+    assert result["direction_gradient_ratio"] == pytest.approx(ratio)
+    for name in ("both", "momentum", "variance"):
+        assert 0 < result[f"reset_{name}"] < 2 and math.isfinite(result[f"reset_{name}_vs_mature"])
+    # resetting the moments changes the proposal: the fresh direction is far from the mature one
+    assert result["reset_both"] != result["direction_rel_change"]
+    assert result["reset_both_vs_mature"] > 0.05 and result["reset_momentum_vs_mature"] > 0.05
+
+
+def test_ordinary_against_ordinary_is_zero(run_dir):
+    out = R.run_replay(run_dir, rule="ordinary")
+    assert out["gradient_rel_change"] == 0.0 and out["direction_rel_change"] == 0.0
+    assert out["reset_both"] == out["reset_momentum"] == out["reset_variance"] == 0.0
+    assert out["direction_gradient_ratio"] is None
+    with pytest.raises(ValueError):
+        R.run_replay(run_dir, rule="nope")
+
+
+def test_direction_equals_what_the_optimizer_step_does(run_dir):
+    a, b = load_run(run_dir), load_run(run_dir)
+    batches = R.capture_batches(a)
+    _, grads = R.accumulate(a, batches, "ordinary")
+    dirs = R.directions(a.optimizer, grads)
+    for x, y in batches:  # the training loop's accumulation on an independent copy
+        (b.model(x, y) / len(batches)).backward()
+    groups = R.muon_groups(b.optimizer)
+    assert len(groups) == len(grads) == 4
+    assert any(g["params"][0].shape[0] > g["params"][0].shape[1] for g in groups)  # a shape factor of 2
+    for group, g in zip(groups, grads):
+        assert torch.equal(torch.stack([p.grad for p in group["params"]]), g)
+        group["lr"], group["weight_decay"] = 1.0, 0.0  # unit base LR, wd 0; momentum/beta2 untouched
+    for group in b.optimizer.param_groups:
+        if group["kind"] == "adamw":
+            group["lr"] = 0.0
+    before = [torch.stack(g["params"]).detach().clone() for g in groups]
+    b.optimizer.step()
+    for group, p0, d in zip(groups, before, dirs):
+        p1 = torch.stack(group["params"]).detach().double()
+        # the step rounds p0 - d once in fp32: |(p0 - p1) - d| <= half an ulp of p1 <= 2^-24 |p1|
+        err = ((p0.double() - p1) - d.double()).abs()
+        assert bool((err <= 2.0 ** -24 * p1.abs() + 2.0 ** -149).all()), float(err.max())
+        assert float(d.abs().max()) > 0
+    reset = R.directions(a.optimizer, grads, R.RESETS["both"])
+    assert R.pooled_rel_change(reset, dirs) > 0.05
+
+
+def test_pooled_relative_change_is_over_the_concatenation():
+    b = [torch.tensor([[3.0, 4.0]]), torch.tensor([[0.0, 0.0, 0.0]])]
+    a = [torch.tensor([[3.0, 4.0]]), torch.tensor([[0.0, 0.0, 5.0]])]
+    assert R.pooled_rel_change(a, b) == 1.0  # ||(0,0,0,0,5)|| / ||(3,4,0,0,0)||
+    assert R.pooled_rel_change(b, b) == 0.0
+
+
+def test_guards_raise_on_a_changed_forward_or_weights(run_dir, monkeypatch):
+    forward = GPT.forward
+
+    def shifted(self, *args, **kwargs):
+        loss = forward(self, *args, **kwargs)
+        return loss + 1e-4 if self.config.residual_rule != "ordinary" else loss
+
+    loaded = load_run(run_dir)
+    batches = R.capture_batches(loaded)
+    monkeypatch.setattr(GPT, "forward", shifted)
+    with pytest.raises(R.ReplayInvariantError, match="forward losses"):
+        R.replay_loaded(loaded, batches)
+
+    def writes(self, *args, **kwargs):
+        if self.config.residual_rule != "ordinary":
+            with torch.no_grad():
+                self.transformer.h[0].attn.c_q.weight.mul_(1.0 + 2.0 ** -20)
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(GPT, "forward", writes)
+    with pytest.raises(R.ReplayInvariantError, match="weights"):
+        R.replay_loaded(loaded, batches)
+
+
+def test_table_lists_ours_and_the_papers(result):
+    table = R.format_replay_table(result)
+    assert "14.186% / 13.453%" in table and "12.176% / 12.348%" in table and "22.014%" in table
+    assert f"{100 * result['direction_rel_change']:.3f}%" in table
+    assert "0.858 / 0.918" in table and "changes little" in table
+    assert Path(result["checkpoint"]).is_file()
