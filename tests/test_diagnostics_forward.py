@@ -12,6 +12,8 @@ from muonlab.diagnostics import equivalence, geometry, trajectory
 from muonlab.errors import UsageError
 from muonlab.model import scalings
 
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")  # torch.func.jvp
+
 
 @pytest.fixture(scope="module")
 def exp17_run(tmp_path_factory):
@@ -71,7 +73,7 @@ def test_geometry_reports_variant_scalars(exp17_run):
     assert all(0 < r["wq_effective_rank"] <= 64 for r in geo["layers"])
 
 
-@pytest.mark.parametrize("tool", ["trajectory", "geometry", "replay", "equivalence", "gauge"])
+@pytest.mark.parametrize("tool", ["trajectory", "geometry", "replay", "equivalence", "gauge", "storage"])
 def test_diagnose_cli(tool, exp17_run, capsys):
     run = ["--run", exp17_run] if tool in ("trajectory", "geometry", "replay") else []
     assert main(["diagnose", tool, "--json", *run]) == 0
