@@ -73,9 +73,9 @@ def test_geometry_reports_variant_scalars(exp17_run):
     assert all(0 < r["wq_effective_rank"] <= 64 for r in geo["layers"])
 
 
-@pytest.mark.parametrize("tool", ["trajectory", "geometry", "replay", "equivalence", "gauge", "storage"])
+@pytest.mark.parametrize("tool", ["trajectory", "geometry", "replay", "audit", "equivalence", "gauge", "storage"])
 def test_diagnose_cli(tool, exp17_run, capsys):
-    run = ["--run", exp17_run] if tool in ("trajectory", "geometry", "replay") else []
+    run = ["--run", exp17_run] if tool in ("trajectory", "geometry", "replay", "audit") else []
     assert main(["diagnose", tool, "--json", *run]) == 0
     assert json.loads(capsys.readouterr().out)
     assert main(["diagnose", tool, *run]) == 0

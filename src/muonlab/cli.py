@@ -206,7 +206,7 @@ def cmd_report(args) -> int:
 DIAGNOSTICS = {  # tool: (module, needs a run directory)
     "conditioning": ("conditioning", False), "storage": ("storage", False), "equivalence": ("equivalence", False),
     "gauge": ("gauge", False), "trajectory": ("trajectory", True), "geometry": ("geometry", True),
-    "replay": ("replay", True),
+    "replay": ("replay", True), "audit": ("audit002", True),
 }
 
 
@@ -235,6 +235,9 @@ def cmd_diagnose(args) -> int:
     elif args.tool == "geometry":
         result = mod.run(args.run)
         text = mod.format_table(result)
+    elif args.tool == "audit":
+        result = mod.run_audit(args.run)
+        text = mod.format_audit_table(result)
     else:
         result = mod.run_replay(args.run, micro_batches=args.micro_batches, rule=args.rule)
         text = mod.format_replay_table(result)
@@ -322,9 +325,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("diagnose", help="read-only diagnostics: conditioning, storage, equivalence, gauge "
-                                        "(synthetic); trajectory, geometry, replay (of a run, --run)")
+                                        "(synthetic); trajectory, geometry, replay, audit (of a run, --run)")
     p.add_argument("tool", choices=tuple(DIAGNOSTICS), help="which diagnostic")
-    p.add_argument("--run", default=None, metavar="RUN_DIR", help="the run to read (trajectory, geometry, replay)")
+    p.add_argument("--run", default=None, metavar="RUN_DIR", help="the run to read (trajectory, geometry, replay, audit)")
     p.add_argument("--rule", default="branch_tangent", help="replay: the backward rule compared with ordinary")
     p.add_argument("--micro-batches", type=int, default=None,
                    help="replay: micro-batches to replay (default: one optimizer step's worth)")

@@ -89,6 +89,17 @@ class TrainConfig:
     radius_gate: str = "none"  # seed 003: none | state | branch | neutral
     checkpoint_blocks: bool = False  # non-reentrant activation checkpointing per block
     loss_chunk_tokens: int = 0  # > 0: the loss in chunks of this many tokens (seed 003 used 4096)
+    # seed 002: Over-Encoding (oe_m = 0: off; the paper 150855) with its moment-free table update,
+    # optional table-Neumann, and decoupled routing (sepden | shden, + out_lambdas)
+    oe_m: int = 0
+    oe_n: int = 3
+    oe_k: int = 2
+    table_whiten: str | None = None  # None | neumann (seed 002 §1.11)
+    table_whiten_tau: float = 80.0
+    routing: str = "none"
+    routing_out: bool = False
+    routing_eps: float = 1e-6
+    step0_mode: str = "none"  # seed 002 §1.8 step-0 controls (muonlab.optim.step0.STEP0_MODES)
     # learning rates of the variant parameters, as multiples of scalar_lr (seed 000: "0.04" = 0.04 x scalar_lr)
     presub_lr_mult: float = 0.04
     qk_lr_mult: float = 0.04
@@ -159,7 +170,9 @@ class TrainConfig:
         return dict(presub_gains=self.presub_gains, presub_param=self.presub_param, qk_scale=self.qk_scale,
                     qk_freeze_layers=layers, qk_freeze_planes=self.qk_freeze_planes, rope=self.rope,
                     residual_rule=self.residual_rule, radius_gate=self.radius_gate,
-                    checkpoint_blocks=self.checkpoint_blocks, loss_chunk_tokens=self.loss_chunk_tokens)
+                    checkpoint_blocks=self.checkpoint_blocks, loss_chunk_tokens=self.loss_chunk_tokens,
+                    oe_m=self.oe_m, oe_n=self.oe_n, oe_k=self.oe_k, routing=self.routing,
+                    routing_out=self.routing_out, routing_eps=self.routing_eps)
 
     def trajectory_step_set(self) -> set[int]:
         try:
@@ -240,6 +253,16 @@ class TrainConfig:
         except ValueError as e:
             raise UsageError(str(e)) from None
         self.trajectory_step_set()
+        from muonlab.optim.step0 import STEP0_MODES
+
+        if self.step0_mode not in STEP0_MODES:
+            raise UsageError(f"step0_mode must be one of {', '.join(STEP0_MODES)}, got {self.step0_mode!r}")
+        if self.step0_mode not in ("none", "nostep0_all") and self.routing == "none":
+            raise UsageError(f"step0_mode {self.step0_mode} acts on wte_lambdas/out_lambdas: set routing")
+        if self.table_whiten not in (None, "neumann") or self.table_whiten_tau < 0:
+            raise UsageError("need table_whiten none|neumann and table_whiten_tau >= 0")
+        if self.table_whiten is not None and self.oe_m == 0:
+            raise UsageError("table_whiten acts on the Over-Encoding tables: set oe_m")
         if min(self.variant_lr_mult().values()) < 0:
             raise UsageError("variant learning-rate multipliers must be >= 0")
         if self.eval_batch_size is not None and self.eval_batch_size < 1:

@@ -20,6 +20,7 @@ from torch.utils.checkpoint import checkpoint
 from muonlab.model import scalings
 from muonlab.model.attention import causal_attention, resolve_backend
 from muonlab.model.lerope import apply_lerope, inv_frequencies
+from muonlab.model.over_encoding import OverEncoding
 from muonlab.model.residual import RADIUS_GATES, RESIDUAL_RULES, radius_gate_scale, residual_add
 from muonlab.model.rotary import apply_rotary, rotary_tables
 
@@ -50,6 +51,16 @@ class GPTConfig:
     radius_gate: str = "none"  # none | state | branch | neutral
     checkpoint_blocks: bool = False  # non-reentrant activation checkpointing per block (seed 003)
     loss_chunk_tokens: int = 0  # > 0: lm_head + softcap + CE per chunk of this many tokens, recomputed in backward
+    # seed 002: hashed n-gram Over-Encoding added to wte(idx) (muonlab.model.over_encoding; 0 = off,
+    # the paper: 150,855) and decoupled residual routing (spec-002 §1.7): "sepden" adds
+    # wte_lambdas[i] * norm(w) before each block, "shden" wte_lambdas[i] * w / s_{w+e}(routing_eps);
+    # routing_out adds out_lambdas[0] * x0 + out_lambdas[1] * a_w before the final norm.
+    oe_m: int = 0
+    oe_n: int = 3
+    oe_k: int = 2
+    routing: str = "none"  # none | sepden | shden
+    routing_out: bool = False
+    routing_eps: float = 1e-6  # shden: 1e-6, or 2**-23 (F.rms_norm's fp32 default) for "f32eps"
 
     def __post_init__(self):
         if self.n_embd % self.n_head != 0:
@@ -69,6 +80,12 @@ class GPTConfig:
             raise ValueError("qk_scale=pair_tied_linear scales k per query head: it needs n_kv_head == n_head")
         if (self.qk_freeze_layers or self.qk_freeze_planes) and self.qk_scale == "none":
             raise ValueError("qk_freeze_layers/qk_freeze_planes need a qk_scale")
+        if self.routing not in ROUTINGS:
+            raise ValueError(f"routing must be one of {', '.join(ROUTINGS)}, got {self.routing!r}")
+        if self.routing_out and self.routing == "none":
+            raise ValueError("routing_out needs routing sepden or shden")
+        if self.oe_m < 0:
+            raise ValueError(f"oe_m must be >= 0 (0: no Over-Encoding), got {self.oe_m}")
         if self.loss_chunk_tokens < 0:
             raise ValueError(f"loss_chunk_tokens must be >= 0, got {self.loss_chunk_tokens}")
 
@@ -78,6 +95,7 @@ class GPTConfig:
 
 
 ROPES = ("standard", "lerope_shared", "lerope_adapted")
+ROUTINGS = ("none", "sepden", "shden")
 VARIANT_LR_MULT = {"presub_gains": 0.04, "qk_scales": 0.04, "rope_tau": 0.04, "radius_gates": 0.04}
 
 
@@ -251,6 +269,15 @@ class GPT(nn.Module):
             self.register_buffer("inv_freq", inv_frequencies(D), persistent=False)
         if config.radius_gate != "none":
             self.radius_gates = nn.Parameter(torch.empty(L, 2, 2))  # (a, b) per addition: 32 at depth 8
+        if config.oe_m > 0:
+            self.oe = OverEncoding(config.vocab_size, d, m=config.oe_m, n=config.oe_n, k=config.oe_k)
+        if config.routing != "none":
+            self.wte_lambdas = nn.Parameter(torch.empty(L))
+            if config.routing_out:
+                self.out_lambdas = nn.Parameter(torch.empty(2))
+
+    def routing_parameters(self) -> dict[str, nn.Parameter]:
+        return {name: getattr(self, name) for name in ("wte_lambdas", "out_lambdas") if hasattr(self, name)}
 
     def variant_parameters(self) -> dict[str, nn.Parameter]:
         return {name: getattr(self, name) for name in self.VARIANT_PARAMS if hasattr(self, name)}
@@ -319,6 +346,10 @@ class GPT(nn.Module):
             self.inv_freq = inv_frequencies(self.config.head_dim, device=self.rope_tau.device)
         if hasattr(self, "radius_gates"):
             self.radius_gates.zero_()
+        for p in self.routing_parameters().values():
+            p.zero_()  # routing starts off: the fused forward
+        if hasattr(self, "oe"):
+            self.oe.reset_parameters()  # zero tables (no RNG: seeds stay paired with dense arms), bf16
         if hasattr(self, "qk_mask"):
             self.qk_mask = scalings.qk_freeze_mask(
                 self.config.qk_scale, tuple(self.qk_scales.shape), tuple(self.config.qk_freeze_layers),
@@ -339,7 +370,9 @@ class GPT(nn.Module):
         value_embeds = sum(ve.weight.numel() for ve in self.value_embeds.values())
         excluded = (self.transformer.wte.weight.numel() + value_embeds
                     + self.resid_lambdas.numel() + self.x0_lambdas.numel()
-                    + sum(p.numel() for p in self.variant_parameters().values()))
+                    + sum(p.numel() for p in self.variant_parameters().values())
+                    + sum(p.numel() for p in self.routing_parameters().values())
+                    + (self.oe.num_parameters() if hasattr(self, "oe") else 0))
         h, q, t = self.config.n_head, self.config.head_dim, self.config.sequence_len
         attn_flops = sum(12 * h * q * (t if w < 0 else min(w, t)) for w, _ in self.window_sizes)
         return 6 * (nparams - excluded) + attn_flops
@@ -353,6 +386,12 @@ class GPT(nn.Module):
             "scalars": self.resid_lambdas.numel() + self.x0_lambdas.numel(),
         }
         counts.update({name: p.numel() for name, p in self.variant_parameters().items()})
+        counts.update({name: p.numel() for name, p in self.routing_parameters().items()})
+        if hasattr(self, "oe"):  # reported apart from the backbone, as seed 002's result.json did
+            counts["total"] = sum(counts.values())
+            counts["oe_tables"] = self.oe.num_parameters()
+            counts["total_with_oe"] = counts["total"] + counts["oe_tables"]
+            return counts
         counts["total"] = sum(counts.values())
         return counts
 
@@ -360,7 +399,7 @@ class GPT(nn.Module):
                         weight_decay=0.0, adam_betas=(0.8, 0.95), scalar_lr=0.5,
                         matrix_optimizer="muon", adamw_matrix_lr=0.003, adamw_matrix_weight_decay=0.0,
                         optimizer_cls=None, muon_options=None, whiten_options=None, master32=False,
-                        variant_lr_mult=None, **optimizer_kwargs):
+                        variant_lr_mult=None, table_whiten_options=None, **optimizer_kwargs):
         """MuonAdamW with upstream's groups; AdamW LRs scaled by (d/768)^-1/2 (tuned at d=768).
 
         `matrix_optimizer="adamw"` (muonlab's `adamw_only` control, not upstream) puts every
@@ -376,6 +415,10 @@ class GPT(nn.Module):
         scalar_lr x `variant_lr_mult[name]` (default 0.04: seed 000's "0.04" = 0.04 x scalar_lr
         = 0.02; its exp03 "qk_lr 0.10" and exp07 "sub_lr 0.05" are read the same way, and the
         radius-gate lr, unstated in seed 003, uses it too). The neutral radius gate has lr 0.
+        Seed 002: wte_lambdas / out_lambdas join x0_lambdas' settings (lr scalar_lr, betas (0.96,
+        0.95), spec-002 §1.7); the Over-Encoding tables get the moment-free group (kind
+        "oe_mfree", lr embedding_lr x (d/768)^-1/2, no weight decay, §1.3; `table_whiten_options`
+        turns on table-Neumann, §1.11), wired to the tables' visit counts.
         """
         embed = dict(master32=True) if master32 else {}
         table = dict(whiten_options or {})
@@ -384,9 +427,10 @@ class GPT(nn.Module):
 
         matrix_params = list(self.transformer.h.parameters())
         groups_adamw = [self.lm_head, self.transformer.wte, self.value_embeds]
-        variants = self.variant_parameters()
+        variants, routing = self.variant_parameters(), self.routing_parameters()
+        oe_tables = list(self.oe.parameters()) if hasattr(self, "oe") else []
         n_listed = (len(matrix_params) + sum(len(list(m.parameters())) for m in groups_adamw) + 2
-                    + len(variants))
+                    + len(variants) + len(routing) + len(oe_tables))
         if n_listed != len(list(self.parameters())):
             raise RuntimeError("setup_optimizer: some parameters belong to no optimizer group")
         scale = (self.config.n_embd / 768) ** -0.5
@@ -398,6 +442,11 @@ class GPT(nn.Module):
             dict(adamw, params=[self.resid_lambdas], lr=scalar_lr * 0.01),
             dict(adamw, params=[self.x0_lambdas], lr=scalar_lr, betas=(0.96, 0.95)),
         ]
+        for p in routing.values():
+            param_groups.append(dict(adamw, params=[p], lr=scalar_lr, betas=(0.96, 0.95)))
+        if oe_tables:
+            param_groups.append(dict(kind="oe_mfree", params=oe_tables, lr=embedding_lr * scale,
+                                     **(table_whiten_options or {})))
         mults = dict(VARIANT_LR_MULT, **(variant_lr_mult or {}))
         for name, p in variants.items():
             frozen = name == "radius_gates" and self.config.radius_gate == "neutral"
@@ -418,6 +467,8 @@ class GPT(nn.Module):
             for group in param_groups:  # a name scope needs names; torch wants them on every group
                 group["param_names"] = [names[id(p)] for p in group["params"]]
         optimizer = (optimizer_cls or MuonAdamW)(param_groups, **optimizer_kwargs)
+        if oe_tables:
+            optimizer.attach_visit_counts(oe_tables, self.oe.counts())
         for group in optimizer.param_groups:
             group["initial_lr"] = group["lr"]
         return optimizer
@@ -427,10 +478,18 @@ class GPT(nn.Module):
         if T > self.cos.size(1):
             raise ValueError(f"sequence length {T} exceeds the RoPE table ({self.cos.size(1)})")
         cos_sin = self.cos[:, :T], self.sin[:, :T]
-        x = norm(self.transformer.wte(idx))
+        w = self.transformer.wte(idx)
+        if hasattr(self, "oe"):  # seed 002 §1.1: x0 = norm(wte(idx) + oe(idx))
+            e = self.oe(idx)
+            x = norm(w + e)
+        else:
+            e, x = None, norm(w)
         x0 = x
+        a_w = self._routing_anchor(w, e) if self.config.routing != "none" else None
         for i, block in enumerate(self.transformer.h):
             x = self.resid_lambdas[i] * x + self.x0_lambdas[i] * x0
+            if a_w is not None:
+                x = x + self.wte_lambdas[i] * a_w
             key = str(i)
             ve = self.value_embeds[key](idx) if key in self.value_embeds else None
             lv = self._layer_variant(i)
@@ -438,6 +497,8 @@ class GPT(nn.Module):
                 x = checkpoint(block, x, ve, cos_sin, self.window_sizes[i], lv, use_reentrant=False)
             else:
                 x = block(x, ve, cos_sin, self.window_sizes[i], lv)
+        if hasattr(self, "out_lambdas"):
+            x = x + self.out_lambdas[0] * x0 + self.out_lambdas[1] * a_w
         x = norm(x)
         if targets is not None and self.config.loss_chunk_tokens > 0:
             return self._chunked_loss(x, targets, reduction)
@@ -446,6 +507,16 @@ class GPT(nn.Module):
             return logits
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1),
                                ignore_index=-1, reduction=reduction)
+
+    def _routing_anchor(self, w, e):
+        """The token-embedding anchor a_w of decoupled routing (spec-002 §1.7): sepden norm(w)
+        (its own denominator); shden w / s_{w+e}(eps), the fused anchor's denominator recomputed
+        in fp32 with `routing_eps`, so a x0 + b a_w = (a e + (a + b) w) / s_{w+e}."""
+        if self.config.routing == "sepden":
+            return norm(w)
+        w_plus_e = w if e is None else w + e
+        inv_rms = torch.rsqrt(w_plus_e.float().square().mean(-1, keepdim=True) + self.config.routing_eps)
+        return (w.float() * inv_rms).to(w.dtype)
 
     def _logits(self, x):
         logits = self.lm_head(x).float()

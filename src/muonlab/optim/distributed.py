@@ -66,7 +66,8 @@ import torch.distributed as dist
 
 from muonlab.optim import prepolar as _prepolar
 from muonlab.optim import whitening as _whitening
-from muonlab.optim.muon_adamw import MuonAdamW
+from muonlab.optim.muon_adamw import MuonAdamW, table_neumann_beta
+from muonlab.optim.table_update import moment_free_step
 
 # nanochat's cut-off: below it one all_reduce beats reduce-scatter + all-gather, and the
 # replicated AdamW state costs nothing worth sharding
@@ -136,6 +137,8 @@ class DistMuonAdamW(MuonAdamW):
         for group, red in zip(self.param_groups, reductions):
             if group["kind"] == "adamw":
                 self._update_adamw(group, red, rank, world, gathers)
+            elif group["kind"] == "oe_mfree":
+                self._update_oe_mfree(group, red, world)
             elif red is not None:
                 self._update_muon(group, red, rank, world, gathers)
         # phase 3: wait for the gathers, copy stacked matrices back
@@ -162,6 +165,19 @@ class DistMuonAdamW(MuonAdamW):
 
     def _launch_reduce(self, group, stepped: set[int], world: int):
         """Start the asynchronous reductions of one group; returns what phase 2 needs."""
+        if group["kind"] == "oe_mfree":
+            # replicated tables: all-reduce the gradient and the visit counts (their sums are the
+            # global batch's), then every rank applies the same update (no sharding: no moments)
+            pending = []
+            for p in group["params"]:
+                counts = self.visit_counts.get(p)
+                if counts is None:
+                    raise RuntimeError("oe_mfree group: no visit counts attached (MuonAdamW.attach_visit_counts)")
+                grad = p.grad.clone() if p.grad is not None else torch.zeros_like(p)
+                works = [dist.all_reduce(grad, group=self.process_group, async_op=True),
+                         dist.all_reduce(counts, group=self.process_group, async_op=True)]
+                pending.append(dict(p=p, works=works, grad=grad, counts=counts))
+            return pending
         if group["kind"] == "adamw":
             pending = []
             for p in group["params"]:
@@ -227,6 +243,14 @@ class DistMuonAdamW(MuonAdamW):
                 send = p_share.clone()  # the gather writes into p, so it must not read from p
                 work = _all_gather(p, send, group=self.process_group, async_op=True)
                 gathers.append(dict(work=work, keep=send))
+
+    def _update_oe_mfree(self, group, pending, world):
+        for item in pending:
+            for work in item["works"]:
+                work.wait()
+            p = item["p"]
+            moment_free_step(p, item["grad"].div_(world), item["counts"], group["lr"],
+                             neumann_beta=table_neumann_beta(group, self.state, p))
 
     def _update_muon(self, group, red, rank, world, gathers):
         red["work"].wait()

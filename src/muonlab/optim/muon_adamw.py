@@ -28,6 +28,7 @@ import torch
 from muonlab.optim import prepolar as _prepolar
 from muonlab.optim import whitening as _whitening
 from muonlab.optim.polar import polar_express
+from muonlab.optim.table_update import moment_free_step
 
 ADAMW_DEFAULTS = dict(betas=(0.8, 0.95), eps=1e-10, weight_decay=0.0)
 MUON_DEFAULTS = dict(momentum=0.95, ns_steps=5, beta2=0.95, weight_decay=0.0)
@@ -114,6 +115,21 @@ def _normuon(g, second_momentum_buffer, beta2_t, red_dim):
     return g * (step_size * (v_norm / v_norm_new.clamp_min(1e-10))).to(g.dtype)
 
 
+KINDS = ("muon", "adamw", "oe_mfree")
+# seed 002 §1.3: no weight decay, no moments; table-Neumann (§1.11) off
+OE_MFREE_DEFAULTS = dict(lr=0.0, weight_decay=0.0, table_whiten=None, table_whiten_tau=80.0)
+
+
+def table_neumann_beta(group: dict, optimizer_state, p) -> float | None:
+    """beta_t of the optional table-Neumann (advances the table's step counter); None when off
+    (then the table has no optimizer state at all)."""
+    if group["table_whiten"] is None:
+        return None
+    state = optimizer_state[p]
+    state["step"] = state.get("step", 0) + 1
+    return _prepolar.homotopy_alpha(state["step"], group["table_whiten_tau"])
+
+
 def _scalar() -> torch.Tensor:
     return torch.tensor(0.0, dtype=torch.float32, device="cpu")
 
@@ -136,9 +152,9 @@ class MuonAdamW(torch.optim.Optimizer):
         for group in param_groups:
             group = dict(group)
             kind = group.get("kind")
-            if kind not in ("muon", "adamw"):
-                raise ValueError(f"every param group needs kind='muon' or 'adamw', got {kind!r}")
-            defaults = MUON_DEFAULTS if kind == "muon" else ADAMW_DEFAULTS
+            if kind not in KINDS:
+                raise ValueError(f"every param group needs kind in {KINDS}, got {kind!r}")
+            defaults = {"muon": MUON_DEFAULTS, "adamw": ADAMW_DEFAULTS, "oe_mfree": OE_MFREE_DEFAULTS}[kind]
             for key, value in defaults.items():
                 group.setdefault(key, value)
             group["params"] = list(group["params"])
@@ -147,8 +163,10 @@ class MuonAdamW(torch.optim.Optimizer):
                 if len(shapes) > 1 or any(len(s) != 2 for s in shapes):
                     raise ValueError(f"a muon group needs 2-D params of one shape, got {sorted(shapes)}")
                 _prepolar.validate_group(group)
-            else:
+            elif kind == "adamw":
                 _whitening.validate_group(group)
+            elif group["table_whiten"] not in (None, "neumann"):
+                raise ValueError(f"table_whiten must be None or 'neumann', got {group['table_whiten']!r}")
             groups.append(group)
         super().__init__(groups, defaults={})
         self._compile = compile
@@ -158,6 +176,16 @@ class MuonAdamW(torch.optim.Optimizer):
         self._adamw_eps_t, self._adamw_wd_t = _scalar(), _scalar()
         self._muon_momentum_t, self._muon_lr_t = _scalar(), _scalar()
         self._muon_wd_t, self._muon_beta2_t = _scalar(), _scalar()
+        # visit counts of the oe_mfree tables (model buffers filled by the training loop per
+        # micro-step; not optimizer state: they are zero between steps)
+        self.visit_counts: dict[torch.Tensor, torch.Tensor] = {}
+
+    def attach_visit_counts(self, params, counts) -> None:
+        """Tell the oe_mfree step where each table's per-row visit counts are accumulated."""
+        for p, c in zip(params, counts, strict=True):
+            if c.shape != p.shape[:1] or c.dtype != torch.float32:
+                raise ValueError(f"visit counts must be fp32 of shape {tuple(p.shape[:1])}, got {c.dtype} {tuple(c.shape)}")
+            self.visit_counts[p] = c
 
     def load_state_dict(self, state_dict):
         super().load_state_dict(state_dict)
@@ -257,6 +285,18 @@ class MuonAdamW(torch.optim.Optimizer):
         for group in self.param_groups:
             if group["kind"] == "adamw":
                 self._step_adamw(group)
-            else:
+            elif group["kind"] == "muon":
                 self._step_muon(group)
+            else:
+                self._step_oe_mfree(group)
         return loss
+
+    def _step_oe_mfree(self, group):
+        """Seed 002's moment-free Over-Encoding table update (optim/table_update.py); eager:
+        the number of visited rows changes every step. Optional table-Neumann (§1.11) with
+        beta_t = min(t / table_whiten_tau, 1)^2, t = the table's completed steps + 1."""
+        for p in group["params"]:
+            counts = self.visit_counts.get(p)
+            if counts is None:
+                raise RuntimeError("oe_mfree group: no visit counts attached (MuonAdamW.attach_visit_counts)")
+            moment_free_step(p, p.grad, counts, group["lr"], neumann_beta=table_neumann_beta(group, self.state, p))

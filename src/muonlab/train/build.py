@@ -52,4 +52,7 @@ def build_optimizer(model: GPT, cfg: TrainConfig, compile_step: bool, distribute
         scalar_lr=cfg.scalar_lr, matrix_optimizer=cfg.matrix_optimizer,
         adamw_matrix_lr=cfg.adamw_matrix_lr, adamw_matrix_weight_decay=cfg.adamw_matrix_weight_decay,
         muon_options=muon_options, whiten_options=whiten_options,
-        master32=cfg.embedding_state == "master32", variant_lr_mult=cfg.variant_lr_mult(), compile=compile_step)
+        master32=cfg.embedding_state == "master32", variant_lr_mult=cfg.variant_lr_mult(),
+        table_whiten_options=None if cfg.table_whiten is None else dict(
+            table_whiten=cfg.table_whiten, table_whiten_tau=cfg.table_whiten_tau),
+        compile=compile_step)

@@ -22,6 +22,7 @@ from muonlab.config import TrainConfig
 from muonlab.device import Runtime, peak_flops, synchronize
 from muonlab.errors import MuonlabError
 from muonlab.optim.schedules import Schedule, step_progress, time_progress
+from muonlab.optim.step0 import Step0Control, family_params
 
 EMA_BETA = 0.9
 
@@ -101,6 +102,8 @@ def train_loop(cfg: TrainConfig, model, optimizer, loader, runtime: Runtime, flo
 
     dist = dist or Dist()
     trajectory = cfg.trajectory_step_set()
+    visits = getattr(model, "oe", None)  # Over-Encoding tables count their rows' visits
+    step0 = Step0Control(cfg.step0_mode, family_params(model)) if cfg.step0_mode != "none" else None
     schedule = schedule_of(cfg)
     accum = cfg.accum_steps_per_rank(dist.world_size)
     peak = peak_flops(runtime.device)
@@ -115,6 +118,8 @@ def train_loop(cfg: TrainConfig, model, optimizer, loader, runtime: Runtime, flo
         try:
             micro_losses = []
             for _ in range(accum):
+                if visits is not None:  # seed 002 §1.3: this micro-step's table visits, outside the forward
+                    visits.count_(x)
                 with runtime.autocast():
                     loss = model(x, y)
                 micro_losses.append(loss.detach())
@@ -125,7 +130,11 @@ def train_loop(cfg: TrainConfig, model, optimizer, loader, runtime: Runtime, flo
             else:
                 progress = time_progress(state.training_seconds, cfg.time_budget)
             values = schedule.apply(optimizer, step, progress)
+            if step0 is not None:
+                step0.before_step(step, optimizer)
             optimizer.step()
+            if step0 is not None:
+                step0.after_step(step, optimizer)
             model.zero_grad(set_to_none=True)
             train_loss = micro_losses[-1].item()  # upstream's fast-fail looks at the last micro-batch
         except torch.OutOfMemoryError as exc:

@@ -264,7 +264,8 @@ def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx: 
         "mfu_percent": mfu,
         "total_tokens_M": total_tokens / 1e6,
         "num_steps": state.step,
-        "num_params_M": counts["total"] / 1e6,
+        "num_params_M": counts["total"] / 1e6,  # the backbone (seed 002's result.json num_params)
+        **({"oe_params_M": counts["oe_tables"] / 1e6} if "oe_tables" in counts else {}),
         "depth": cfg.depth,
         "status": "ok",
         "run_id": run.path.name,
