@@ -66,3 +66,39 @@ def load_upstream(train_py: str | Path) -> dict:
     finally:
         torch.compile = real_compile
     return module.__dict__
+
+
+def optimizer_state_bytes(opt) -> int:
+    """Bytes of every tensor in an optimizer's state."""
+    return sum(v.numel() * v.element_size() for s in opt.state.values() for v in s.values() if torch.is_tensor(v))
+
+
+def time_optimizer_steps(opts: dict, repeats: int, warmup: int) -> dict[str, list[float]]:
+    """Seconds of `opt.step()` per optimizer, the optimizers stepped interleaved after warm-up."""
+    import time
+
+    times = {name: [] for name in opts}
+    for i in range(warmup + repeats):
+        for name, opt in opts.items():
+            t0 = time.perf_counter()
+            opt.step()
+            if i >= warmup:
+                times[name].append(time.perf_counter() - t0)
+    return times
+
+
+def bench_main(doc: str, run, format_table, argv=None, extra_args=()) -> None:
+    """The shared command line: --repeats, --warmup, --json (+ extra (flag, type, default) triples)."""
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--warmup", type=int, default=2)
+    for flag, kind, default in extra_args:
+        ap.add_argument(flag, type=kind, default=default)
+    ap.add_argument("--json", action="store_true")
+    args = vars(ap.parse_args(argv))
+    as_json = args.pop("json")
+    res = run(**args)
+    print(json.dumps(res, indent=2) if as_json else format_table(res))

@@ -12,14 +12,16 @@ on CPU; state: hbieq 0, zeta 4 bytes per matrix element.
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
-import time
+import sys
+from pathlib import Path
 
 import torch
 
-from muonlab.optim import MuonAdamW
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import bench_main, optimizer_state_bytes, time_optimizer_steps  # noqa: E402
+
+from muonlab.optim import MuonAdamW  # noqa: E402
 
 SHAPES = ((512, 512, 32), (2048, 512, 8), (512, 2048, 8), (4, 32, 4))
 ARMS = {
@@ -33,10 +35,6 @@ ARMS = {
     "polar_fp32": dict(polar_dtype="fp32"),
 }
 TARGETS = {"hbieq": (1.05, 0.0), "turbo_aol": (1.05, 0.0), "zeta": (None, 4.0)}
-
-
-def _state_bytes(opt) -> int:
-    return sum(v.numel() * v.element_size() for s in opt.state.values() for v in s.values() if torch.is_tensor(v))
 
 
 def build(options: dict, seed: int = 0):
@@ -53,20 +51,13 @@ def build(options: dict, seed: int = 0):
 def run(repeats: int = 7, warmup: int = 2) -> dict:
     opts = {name: build(o) for name, o in ARMS.items()}
     elements = sum(r * c * n for r, c, n in SHAPES)
-    times = {name: [] for name in ARMS}
-    for i in range(warmup + repeats):
-        for name, opt in opts.items():
-            t0 = time.perf_counter()
-            opt.step()
-            dt = time.perf_counter() - t0
-            if i >= warmup:
-                times[name].append(dt)
+    times = time_optimizer_steps(opts, repeats, warmup)
     base_t = statistics.median(times["plain"])
-    base_b = _state_bytes(opts["plain"])
+    base_b = optimizer_state_bytes(opts["plain"])
     rows = {}
     for name, opt in opts.items():
         med = statistics.median(times[name])
-        extra = _state_bytes(opt) - base_b
+        extra = optimizer_state_bytes(opt) - base_b
         rows[name] = dict(median_s=med, ratio=med / base_t, extra_state_bytes=extra,
                           extra_bytes_per_element=extra / elements)
     return dict(shapes=SHAPES, matrix_elements=elements, repeats=repeats, warmup=warmup,
@@ -92,13 +83,7 @@ def format_table(res: dict) -> str:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args(argv)
-    res = run(args.repeats, args.warmup)
-    print(json.dumps(res, indent=2) if args.json else format_table(res))
+    bench_main(__doc__, run, format_table, argv)
 
 
 if __name__ == "__main__":

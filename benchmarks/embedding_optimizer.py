@@ -14,14 +14,16 @@ bf16 table element: fp32 master + the moments' bf16 -> fp32 growth), whitening a
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
-import time
+import sys
+from pathlib import Path
 
 import torch
 
-from muonlab.optim import MuonAdamW
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import bench_main, optimizer_state_bytes, time_optimizer_steps  # noqa: E402
+
+from muonlab.optim import MuonAdamW  # noqa: E402
 
 VOCAB, WIDTH, VALUE_TABLES = 8192, 512, 4
 ARMS = {
@@ -31,10 +33,6 @@ ARMS = {
     "neumann+master32": dict(master32=True, whiten="neumann", whiten_tau=80.0),
 }
 TARGET_EXTRA_MIB = {"native": 0.0, "master32": 160.0, "neumann": 0.0, "neumann+master32": 160.0}
-
-
-def _state_bytes(opt) -> int:
-    return sum(v.numel() * v.element_size() for s in opt.state.values() for v in s.values() if torch.is_tensor(v))
 
 
 def build(options: dict, seed: int = 0) -> MuonAdamW:
@@ -60,17 +58,11 @@ def build(options: dict, seed: int = 0) -> MuonAdamW:
 
 def run(repeats: int = 7, warmup: int = 2) -> dict:
     opts = {name: build(o) for name, o in ARMS.items()}
-    times = {name: [] for name in ARMS}
-    for i in range(warmup + repeats):
-        for name, opt in opts.items():
-            t0 = time.perf_counter()
-            opt.step()
-            if i >= warmup:
-                times[name].append(time.perf_counter() - t0)
+    times = time_optimizer_steps(opts, repeats, warmup)
     base_t = statistics.median(times["native"])
-    base_b = _state_bytes(opts["native"])
+    base_b = optimizer_state_bytes(opts["native"])
     rows = {name: dict(median_s=statistics.median(times[name]), ratio=statistics.median(times[name]) / base_t,
-                       extra_state_mib=(_state_bytes(opt) - base_b) / 2**20)
+                       extra_state_mib=(optimizer_state_bytes(opt) - base_b) / 2**20)
             for name, opt in opts.items()}
     return dict(vocab=VOCAB, width=WIDTH, value_tables=VALUE_TABLES, repeats=repeats, warmup=warmup,
                 threads=torch.get_num_threads(), native_state_mib=base_b / 2**20, arms=rows)
@@ -90,13 +82,7 @@ def format_table(res: dict) -> str:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args(argv)
-    res = run(args.repeats, args.warmup)
-    print(json.dumps(res, indent=2) if args.json else format_table(res))
+    bench_main(__doc__, run, format_table, argv)
 
 
 if __name__ == "__main__":

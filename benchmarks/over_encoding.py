@@ -13,16 +13,19 @@ grads + counts against OverEncoding.memory_bytes() (the spec's analytical formul
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-from muonlab.config import apply_overrides, preset
-from muonlab.device import Runtime
-from muonlab.train.build import build_model, build_optimizer
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import bench_main  # noqa: E402
+
+from muonlab.config import apply_overrides, preset  # noqa: E402
+from muonlab.device import Runtime  # noqa: E402
+from muonlab.train.build import build_model, build_optimizer  # noqa: E402
 
 VOCAB = 2048
 
@@ -103,14 +106,7 @@ def format_table(res: dict) -> str:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--oe-m", type=int, default=150_855)
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args(argv)
-    res = run(args.repeats, args.warmup, args.oe_m)
-    print(json.dumps(res, indent=2) if args.json else format_table(res))
+    bench_main(__doc__, run, format_table, argv, extra_args=[("--oe-m", int, 150_855)])
 
 
 if __name__ == "__main__":

@@ -73,13 +73,21 @@ def test_geometry_reports_variant_scalars(exp17_run):
     assert all(0 < r["wq_effective_rank"] <= 64 for r in geo["layers"])
 
 
-@pytest.mark.parametrize("tool", ["trajectory", "geometry", "replay", "audit", "equivalence", "gauge", "storage"])
+@pytest.mark.parametrize("tool", ["trajectory", "geometry", "replay", "audit", "equivalence", "gauge", "storage",
+                                  "step0"])
 def test_diagnose_cli(tool, exp17_run, capsys):
     run = ["--run", exp17_run] if tool in ("trajectory", "geometry", "replay", "audit") else []
     assert main(["diagnose", tool, "--json", *run]) == 0
     assert json.loads(capsys.readouterr().out)
     assert main(["diagnose", tool, *run]) == 0
     assert capsys.readouterr().out.strip()
+
+
+def test_diagnose_accounting_cli(capsys):
+    assert main(["diagnose", "accounting", "--arms", "10_oe_native,12_oe_joint", "--preset", "gpu-d8", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [r["params"]["total"] for r in rows] == [127_571_472, 127_573_520]
+    assert main(["diagnose", "accounting", "--arms", "nope"]) == 2
 
 
 def test_diagnose_needs_a_run(capsys):

@@ -4,38 +4,25 @@ import copy
 
 import pytest
 import torch
+from test_model_variants import _live_baseline, small
 from test_optim_distributed import run_ranks
 
 from muonlab.arms import ARMS, resolve_config
 from muonlab.config import preset
-from muonlab.model import GPT, GPTConfig
+from muonlab.model import GPT
 from muonlab.optim import DistMuonAdamW, MuonAdamW
 from muonlab.train.build import model_config
 
 
-def small(**kw):
-    base = dict(sequence_len=32, vocab_size=64, n_layer=4, n_head=2, n_kv_head=2, n_embd=64,
-                window_pattern="SSSL", attn_backend="sdpa")
-    return GPTConfig(**{**base, **kw})
-
-
 def _live(seed=0, **kw):
-    torch.manual_seed(seed)
-    model = GPT(small(**kw))
-    model.init_weights()
-    model.float()
-    with torch.no_grad():
-        for block in model.transformer.h:
-            block.attn.c_proj.weight.normal_(0, 0.05)
-            block.mlp.c_proj.weight.normal_(0, 0.05)
-    return model
+    return _live_baseline(seed, **kw)
 
 
 def _like(base, **kw):
     model = GPT(small(**kw))
     model.init_weights()
     model.float()
-    missing, unexpected = model.load_state_dict(base.state_dict(), strict=False)
+    _, unexpected = model.load_state_dict(base.state_dict(), strict=False)
     assert not unexpected
     return model
 
@@ -195,3 +182,32 @@ def test_seed002_arm_trains_on_cpu_preset(arm, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["status"] == "ok"
     assert ("oe_params_M" in out["summary"]) == ("oe_m" in ARMS[arm].overrides)
+
+
+def test_oe_run_resumes_bitwise_from_a_checkpoint(tmp_path, capsys):
+    """OE tables, routing scalars, table-Neumann counters and q_tau all survive a checkpoint:
+    resuming from the step-4 checkpoint reproduces the uninterrupted run's final weights."""
+    import json
+    import shutil
+
+    from muonlab.cli import main
+    from muonlab.train.checkpoint import list_checkpoints
+    argv = ["train", "--preset", "cpu-tiny", "--arm", "12do_oe_decoupled_x0_out", "--table-whiten", "neumann",
+            "--oe-m", "1009", "--num-steps", "8", "--checkpoint-every", "4", "--checkpoint-keep", "3",
+            "--run-name", "full", "--json"]
+    assert main(argv) == 0
+    run_dir = json.loads(capsys.readouterr().out)["run_dir"]
+    final = torch.load(f"{run_dir}/model.pt", weights_only=True)
+    copy_dir = tmp_path / "copy"
+    shutil.copytree(run_dir, copy_dir)
+    for ckpt in list_checkpoints(copy_dir):  # keep only the step-4 checkpoint
+        if "000004" not in ckpt.name:
+            ckpt.unlink()
+            ckpt.with_suffix(".json").unlink()
+    (copy_dir / "model.pt").unlink()
+    assert main(["train", "--resume", str(copy_dir), "--json"]) == 0
+    capsys.readouterr()
+    resumed = torch.load(copy_dir / "model.pt", weights_only=True)
+    assert final.keys() == resumed.keys() and any(k.startswith("oe.") for k in final)
+    for name in final:
+        assert torch.equal(final[name], resumed[name]), name

@@ -203,46 +203,44 @@ def cmd_report(args) -> int:
     return 0
 
 
-DIAGNOSTICS = {  # tool: (module, needs a run directory)
-    "conditioning": ("conditioning", False), "storage": ("storage", False), "equivalence": ("equivalence", False),
-    "gauge": ("gauge", False), "trajectory": ("trajectory", True), "geometry": ("geometry", True),
-    "replay": ("replay", True), "audit": ("audit002", True),
+# tool: (module, runner, formatter, needs a run directory)
+DIAGNOSTICS = {
+    "conditioning": ("conditioning", lambda m, a: m.run(), "format_table", False),
+    "storage": ("storage", lambda m, a: m.run_storage_audit(), "format_storage_table", False),
+    "equivalence": ("equivalence", lambda m, a: m.run(), "format_table", False),
+    "gauge": ("gauge", lambda m, a: m.run_gauge_audit(), "format_gauge_table", False),
+    "trajectory": ("trajectory", lambda m, a: m.read_trajectory(a.run), "format_table", True),
+    "geometry": ("geometry", lambda m, a: m.run(a.run), "format_table", True),
+    "replay": ("replay", lambda m, a: m.run_replay(a.run, micro_batches=a.micro_batches, rule=a.rule),
+               "format_replay_table", True),
+    "audit": ("audit002", lambda m, a: m.run_audit(a.run), "format_audit_table", True),
+    "step0": ("step0_audit", lambda m, a: m.run_step0_audit(), "format_step0_table", False),
+    "accounting": ("accounting", lambda m, a: m.accounting_table(_accounting_arms(a), a.preset),
+                   "format_accounting_table", False),
 }
+
+
+def _accounting_arms(args) -> list[str]:
+    """--arms, or every seed-002 arm (spec-002 §1.12)."""
+    from muonlab.arms import ARMS, get_arm
+
+    if args.arms:
+        return [get_arm(name).name for name in args.arms.split(",")]
+    return [name for name, arm in ARMS.items() if arm.paper == "seed 002"]
 
 
 def cmd_diagnose(args) -> int:
     import importlib
 
-    module_name, needs_run = DIAGNOSTICS[args.tool]
+    module_name, runner, formatter, needs_run = DIAGNOSTICS[args.tool]
     if needs_run and args.run is None:
         raise UsageError(f"diagnose {args.tool} reads a run: give --run RUN_DIR")
     mod = importlib.import_module(f"muonlab.diagnostics.{module_name}")
-    if args.tool == "conditioning":
-        result = mod.run()
-        text = mod.format_table(result)
-    elif args.tool == "storage":
-        result = mod.run_storage_audit()
-        text = mod.format_storage_table(result)
-    elif args.tool == "equivalence":
-        result = mod.run()
-        text = mod.format_table(result)
-    elif args.tool == "gauge":
-        result = mod.run_gauge_audit()
-        text = mod.format_gauge_table(result)
-    elif args.tool == "trajectory":
-        result = mod.read_trajectory(args.run)
-        text = mod.format_table(result)
-    elif args.tool == "geometry":
-        result = mod.run(args.run)
-        text = mod.format_table(result)
-    elif args.tool == "audit":
-        result = mod.run_audit(args.run)
-        text = mod.format_audit_table(result)
-    else:
-        result = mod.run_replay(args.run, micro_batches=args.micro_batches, rule=args.rule)
-        text = mod.format_replay_table(result)
-    _emit(args, result, text)
-    failed = result.get("passed") is False or (args.tool == "equivalence" and not result["proposition1"]["passed"])
+    result = runner(mod, args)
+    _emit(args, result, getattr(mod, formatter)(result))
+    failed = (result.get("passed") is False  # a check of the diagnostic itself failed: exit 1
+              or (args.tool == "equivalence" and not result["proposition1"]["passed"])
+              or (args.tool == "gauge" and result["passed"] != result["checks"]))
     return 1 if failed else 0
 
 
@@ -324,13 +322,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the report's numbers as JSON")
     p.set_defaults(func=cmd_report)
 
-    p = sub.add_parser("diagnose", help="read-only diagnostics: conditioning, storage, equivalence, gauge "
-                                        "(synthetic); trajectory, geometry, replay, audit (of a run, --run)")
+    p = sub.add_parser("diagnose", help="read-only diagnostics: conditioning, storage, equivalence, gauge, "
+                                        "step0, accounting; trajectory, geometry, replay, audit (of a run, --run)")
     p.add_argument("tool", choices=tuple(DIAGNOSTICS), help="which diagnostic")
     p.add_argument("--run", default=None, metavar="RUN_DIR", help="the run to read (trajectory, geometry, replay, audit)")
     p.add_argument("--rule", default="branch_tangent", help="replay: the backward rule compared with ordinary")
     p.add_argument("--micro-batches", type=int, default=None,
                    help="replay: micro-batches to replay (default: one optimizer step's worth)")
+    p.add_argument("--arms", default=None, help="accounting: comma-separated arms (default: every seed-002 arm)")
+    p.add_argument("--preset", default="gpu-d8", choices=sorted(PRESETS),
+                   help="accounting: the protocol the arms are priced at (default gpu-d8)")
     p.add_argument("--json", action="store_true", help="print the numbers as JSON")
     p.set_defaults(func=cmd_diagnose)
 

@@ -51,26 +51,24 @@ def _project(y: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     return g32 - coef * y32
 
 
-class _BranchTangentAdd(torch.autograd.Function):
+class _ResidualAdd(torch.autograd.Function):
+    """y = u + f forward (bit-identical), saving only y; subclasses choose the cotangents."""
+
     @staticmethod
     def forward(ctx, u: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
         y = u + f
         ctx.save_for_backward(y)
         return y
 
+
+class _BranchTangentAdd(_ResidualAdd):
     @staticmethod
     def backward(ctx, gy: torch.Tensor):
         (y,) = ctx.saved_tensors
         return gy, _project(y, gy).to(gy.dtype)
 
 
-class _WholeStateTangentAdd(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, u: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
-        y = u + f
-        ctx.save_for_backward(y)
-        return y
-
+class _WholeStateTangentAdd(_ResidualAdd):
     @staticmethod
     def backward(ctx, gy: torch.Tensor):
         (y,) = ctx.saved_tensors
@@ -78,13 +76,7 @@ class _WholeStateTangentAdd(torch.autograd.Function):
         return g, g  # one tensor for both inputs, as autograd's own AddBackward does
 
 
-class _GradMagControlAdd(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, u: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
-        y = u + f
-        ctx.save_for_backward(y)
-        return y
-
+class _GradMagControlAdd(_ResidualAdd):
     @staticmethod
     def backward(ctx, gy: torch.Tensor):
         (y,) = ctx.saved_tensors
