@@ -212,3 +212,29 @@ for _mode in ("nostep0", "mom_only_nodisp", "disp_only_nomom", "disp_stepcount_n
     register(Arm(name=f"12do_{_mode}", description=f"seed 002 12do step-0 control {_mode} (spec-002 §1.8; d6)",
                  overrides=dict(_JOINT, routing="sepden", routing_out=True, step0_mode=_mode), paper="seed 002",
                  experiment=f"12do_{_mode}", family="seed002", seeds=_SEED002))
+
+
+# Seed 004 (AF-Muon, ../shared/seeds/004_*.txt; spec-004 §3): the tied-GPT arms, seeds 43, 44, 45
+# (K.3 and K.8 ran seed 43 only). Run them under a tied preset: `--preset tied-cpu` (CPU) or
+# `nanogpt-124m` (GPU). Table 1: Hybrid Muon / Sign / AF-Muon; K.1 the 2x2 factorial (tied rule x
+# vector rule, zero aux weight decay); K.3 the tied scale s; K.7 cap x scale; K.8 the gradient source.
+_SEED004, _S43 = (43, 44, 45), (43,)
+_TIED = dict(model_family="tied")
+_AF_ARMS = [
+    ("t1_hybrid", dict(_TIED, optimizer="hybrid"), "Hybrid Muon (tied table and vectors on AdamW)", _SEED004),
+    ("t1_sign", dict(_TIED, optimizer="sign"), "SCION-style Sign (c = 1, s = 1)", _SEED004),
+    ("t1_afmuon", dict(_TIED, optimizer="afmuon"), "AF-Muon (c = 3, s = 0.5, rho 60)", _SEED004),
+    *[(f"k1_{t}_{v}", dict(_TIED, optimizer=f"factorial_{t}_{v}"), f"K.1 factorial: tied {t}, vectors {v}", _SEED004)
+      for t in ("lmo", "adamw") for v in ("rms", "adamw")],
+    *[(f"k3_s{str(s).replace('.', 'p')}", dict(_TIED, optimizer="afmuon", af_scale=s), f"K.3 tied scale s = {s}", _S43)
+      for s in (0.5, 0.43, 0.375, 0.25, 0.1875, 0.125)],
+    *[(f"k7_c{c if c != float('inf') else 'inf'}_s{str(s).replace('.', 'p')}",
+       dict(_TIED, optimizer="sign" if c == 1 and s == 1.0 else "afmuon", af_cap=c, af_scale=s),
+       f"K.7 cap c = {c}, scale s = {s}", _SEED004)
+      for c in (1, 2, 3, 4, 6, 10, float("inf")) for s in (0.5, 1.0)],
+    *[(f"k8_{src}", dict(_TIED, optimizer="afmuon", tied_grad_source=src), f"K.8 gradient source: {src}", _S43)
+      for src in ("lookup", "softmax", "both")],
+]
+for _name, _overrides, _what, _seeds in _AF_ARMS:
+    register(Arm(name=_name, description=f"seed 004 {_name}: {_what}", overrides=_overrides, paper="seed 004",
+                 experiment=_name, family="seed004", seeds=_seeds))

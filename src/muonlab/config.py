@@ -100,6 +100,21 @@ class TrainConfig:
     routing_out: bool = False
     routing_eps: float = 1e-6
     step0_mode: str = "none"  # seed 002 §1.8 step-0 controls (muonlab.optim.step0.STEP0_MODES)
+    # seed 004: the tied-token model family and AF-Muon. model_family "tied" trains muonlab.tied's
+    # tied GPT (`tied_preset` gives its shape; vocabulary and sequence length come from the data and
+    # `sequence_len`) with `optimizer` one of muonlab.optim.af_muon's presets (afmuon, hybrid, sign,
+    # factorial_*, adamw); af_* are its hyperparameters (seed 004 §3: c 3, s 0.5, rho 60, Muon lr 0.02,
+    # vector lr 3e-4), grad_clip the global gradient-norm clip (seed 004: 1.0; 0 = off).
+    model_family: str = "autoresearch"  # autoresearch | tied
+    tied_preset: str = "tied-tiny"
+    optimizer: str = "muon_adamw"
+    af_cap: float = 3.0
+    af_scale: float = 0.5
+    af_rho: float = 60.0
+    af_matrix_lr: float = 0.02
+    af_vector_lr: float = 3e-4
+    grad_clip: float = 0.0
+    tied_grad_source: str = "both"  # seed 004 K.8: both | lookup (input-only) | softmax (output-only)
     # learning rates of the variant parameters, as multiples of scalar_lr (seed 000: "0.04" = 0.04 x scalar_lr)
     presub_lr_mult: float = 0.04
     qk_lr_mult: float = 0.04
@@ -174,6 +189,31 @@ class TrainConfig:
                     oe_m=self.oe_m, oe_n=self.oe_n, oe_k=self.oe_k, routing=self.routing,
                     routing_out=self.routing_out, routing_eps=self.routing_eps)
 
+    def _validate_tied(self) -> None:
+        """Seed 004 settings: the AF-Muon optimizers need the tied family and vice versa."""
+        if self.model_family not in ("autoresearch", "tied"):
+            raise UsageError(f"model_family must be autoresearch or tied, got {self.model_family!r}")
+        if self.model_family == "autoresearch":
+            if self.optimizer != "muon_adamw":
+                raise UsageError(f"optimizer {self.optimizer} needs a tied table: set --model-family tied")
+            return
+        from muonlab.optim.af_muon import PRESETS as AF_PRESETS
+        from muonlab.tied import TIED_PRESETS
+
+        if self.optimizer not in AF_PRESETS:
+            raise UsageError(f"model_family tied trains with an AF-Muon preset ({', '.join(AF_PRESETS)}), "
+                             f"got optimizer {self.optimizer!r}")
+        if self.tied_preset not in TIED_PRESETS:
+            raise UsageError(f"tied_preset must be one of {', '.join(TIED_PRESETS)}, got {self.tied_preset!r}")
+        if min(self.af_cap, self.af_scale, self.af_rho, self.af_matrix_lr, self.af_vector_lr) <= 0 or self.af_cap < 1:
+            raise UsageError("need af_cap >= 1 and af_scale, af_rho, af_matrix_lr, af_vector_lr > 0")
+        if self.grad_clip < 0:
+            raise UsageError(f"grad_clip must be >= 0, got {self.grad_clip}")
+        from muonlab.tied.gpt import GRAD_SOURCES
+
+        if self.tied_grad_source not in GRAD_SOURCES:
+            raise UsageError(f"tied_grad_source must be one of {', '.join(GRAD_SOURCES)}, got {self.tied_grad_source!r}")
+
     def trajectory_step_set(self) -> set[int]:
         try:
             return {int(v) for v in self.trajectory_steps.split(",") if v.strip()}
@@ -214,9 +254,9 @@ class TrainConfig:
             raise UsageError(f"time_budget must be > 0 seconds, got {self.time_budget}")
         if self.untimed_steps < 0:
             raise UsageError(f"untimed_steps must be >= 0, got {self.untimed_steps}")
-        if not (0 <= self.warmup_ratio <= 1 and 0 < self.warmdown_ratio <= 1
+        if not (0 <= self.warmup_ratio <= 1 and 0 <= self.warmdown_ratio <= 1
                 and self.warmup_ratio + self.warmdown_ratio <= 1):
-            raise UsageError("need 0 <= warmup_ratio, 0 < warmdown_ratio, warmup_ratio + warmdown_ratio <= 1")
+            raise UsageError("need 0 <= warmup_ratio, 0 <= warmdown_ratio, warmup_ratio + warmdown_ratio <= 1")
         for name in ("embedding_lr", "unembedding_lr", "matrix_lr", "scalar_lr", "weight_decay"):
             if getattr(self, name) < 0:
                 raise UsageError(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -253,6 +293,7 @@ class TrainConfig:
         except ValueError as e:
             raise UsageError(str(e)) from None
         self.trajectory_step_set()
+        self._validate_tied()
         from muonlab.optim.step0 import STEP0_MODES
 
         if self.step0_mode not in STEP0_MODES:
@@ -325,6 +366,19 @@ PRESETS: dict[str, dict[str, Any]] = {
                      # that fit a 257-token row, or best-fit packing drops all but each file's head
                      data=dict(source="stdlib", vocab_size=2048, max_doc_chars=768)),
     # A seconds-long configuration for tests and smoke checks.
+    # Seed 004 (AF-Muon) NanoGPT protocol (spec-004 §3 setting 1): tied NanoGPT-124M, T 1024, 16 x 32
+    # accumulation = 524,288 tokens per step, 5,100 steps, constant LR, gradient clip 1.0. The paper's
+    # FineWeb/SmolLM2-tokenizer cache is replaced by ClimbMix with a 50,304-token BPE (stated, not matched).
+    "nanogpt-124m": dict(model_family="tied", tied_preset="nanogpt-124m", optimizer="afmuon", sequence_len=1024,
+                         device_batch_size=16, total_batch_size=2**19, num_steps=5100, warmup_ratio=0.0,
+                         warmdown_ratio=0.0, grad_clip=1.0, checkpoint_every=250, eval_tokens=5 * 2**20,
+                         data=dict(source="climbmix", vocab_size=50304)),
+    # A seconds-long tied-GPT configuration (seed 004's arms on CPU).
+    "tied-cpu": dict(model_family="tied", tied_preset="tied-tiny", optimizer="afmuon", sequence_len=64,
+                     device_batch_size=4, total_batch_size=4 * 64 * 2, num_steps=30, untimed_steps=1,
+                     warmup_ratio=0.0, warmdown_ratio=0.0, grad_clip=1.0, eval_tokens=4 * 64 * 4,
+                     precision="fp32", compile="off", log_every=1,
+                     data=dict(source="synthetic", vocab_size=300, synthetic_bytes=200_000)),
     "cpu-tiny": dict(depth=2, aspect_ratio=32, head_dim=32, sequence_len=64,
                      device_batch_size=4, total_batch_size=4 * 64 * 2, num_steps=12,
                      untimed_steps=1, muon_momentum_warmup_steps=10, eval_tokens=4 * 64 * 4,

@@ -9,3 +9,9 @@ __all__ = ["MuonAdamW", "POLAR_EXPRESS_COEFFS", "polar_express"]
 from muonlab.optim.distributed import DistMuonAdamW  # noqa: E402
 
 __all__ += ["DistMuonAdamW"]
+
+# seed 004: AF-Muon for tied-embedding models and its clipped-row LMO
+from muonlab.optim.af_muon import AFMuon, build_optimizer, gradient_sources, partition_by_role  # noqa: E402
+from muonlab.optim.lmo import clipped_row_lmo  # noqa: E402
+
+__all__ += ["AFMuon", "build_optimizer", "clipped_row_lmo", "gradient_sources", "partition_by_role"]

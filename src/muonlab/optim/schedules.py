@@ -54,7 +54,7 @@ class Schedule:
     def lr_multiplier(self, progress: float) -> float:
         if progress < self.warmup_ratio:
             return progress / self.warmup_ratio if self.warmup_ratio > 0 else 1.0
-        if progress < 1.0 - self.warmdown_ratio:
+        if progress < 1.0 - self.warmdown_ratio or self.warmdown_ratio == 0:  # 0: constant LR (seed 004)
             return 1.0
         cooldown = (1.0 - progress) / self.warmdown_ratio
         return cooldown * 1.0 + (1 - cooldown) * self.final_lr_frac
@@ -86,6 +86,6 @@ def set_schedule_values(optimizer, lrm: float, muon_momentum: float, muon_weight
     """Apply one step's schedule to the groups, exactly as upstream's training loop does."""
     for group in optimizer.param_groups:
         group["lr"] = group["initial_lr"] * lrm
-        if group["kind"] == "muon":
+        if group.get("kind") == "muon":  # AF-Muon groups carry a "role" instead and keep their momentum
             group["momentum"] = muon_momentum
             group["weight_decay"] = muon_weight_decay

@@ -23,6 +23,8 @@ def build_model(cfg: TrainConfig, vocab_size: int, runtime: Runtime) -> GPT:
     Under precision fp32 the whole model (embeddings included) is cast to fp32 after
     init_weights, as the reference bundle's fp32 recording does.
     """
+    if cfg.model_family == "tied":
+        return _build_tied_model(cfg, vocab_size, runtime)
     with torch.device("meta"):
         model = GPT(model_config(cfg, vocab_size))
     model.to_empty(device=runtime.device)
@@ -33,8 +35,24 @@ def build_model(cfg: TrainConfig, vocab_size: int, runtime: Runtime) -> GPT:
     return model
 
 
-def build_optimizer(model: GPT, cfg: TrainConfig, compile_step: bool, distributed: bool = False):
-    """MuonAdamW, or with several processes DistMuonAdamW (it averages gradients itself)."""
+def _build_tied_model(cfg: TrainConfig, vocab_size: int, runtime: Runtime):
+    """Seed 004's tied GPT: fp32 parameters (its runs keep parameters and state in fp32 under
+    bf16 autocast), the preset's shape with the data's vocabulary and the run's context."""
+    from muonlab.tied import build_tied_model
+
+    with torch.device("meta"):
+        model = build_tied_model(cfg.tied_preset, vocab_size=vocab_size, sequence_len=cfg.sequence_len,
+                                 grad_source=cfg.tied_grad_source)
+    model.to_empty(device=runtime.device)
+    model.init_weights()
+    return model
+
+
+def build_optimizer(model, cfg: TrainConfig, compile_step: bool, distributed: bool = False):
+    """MuonAdamW, or with several processes DistMuonAdamW (it averages gradients itself); for the
+    tied family the AF-Muon builder's preset `cfg.optimizer` (seed 004)."""
+    if cfg.model_family == "tied":
+        return _build_af_optimizer(model, cfg, distributed)
     from muonlab.optim import DistMuonAdamW, MuonAdamW
     from muonlab.optim.prepolar import PREPOLAR_DEFAULTS
 
@@ -56,3 +74,20 @@ def build_optimizer(model: GPT, cfg: TrainConfig, compile_step: bool, distribute
         table_whiten_options=None if cfg.table_whiten is None else dict(
             table_whiten=cfg.table_whiten, table_whiten_tau=cfg.table_whiten_tau),
         compile=compile_step)
+
+
+def _build_af_optimizer(model, cfg: TrainConfig, distributed: bool):
+    from muonlab.errors import UsageError
+    from muonlab.optim import af_muon
+
+    if distributed:
+        raise UsageError("AF-Muon runs in one process for now; drop torchrun for model_family tied")
+    if cfg.optimizer == "adamw":  # seed 004's protein baseline: plain AdamW everywhere
+        optimizer = af_muon.build_optimizer(model, "adamw", lr=cfg.af_matrix_lr)
+    else:
+        extra = {} if cfg.optimizer == "sign" else dict(cap=cfg.af_cap, scale=cfg.af_scale)
+        optimizer = af_muon.build_optimizer(model, cfg.optimizer, lr=cfg.af_matrix_lr, vector_lr=cfg.af_vector_lr,
+                                            aux_lr=cfg.af_vector_lr, rho=cfg.af_rho, **extra)
+    for group in optimizer.param_groups:
+        group["initial_lr"] = group["lr"]  # the lab's schedule scales every group from here
+    return optimizer

@@ -103,6 +103,8 @@ def train_loop(cfg: TrainConfig, model, optimizer, loader, runtime: Runtime, flo
     dist = dist or Dist()
     trajectory = cfg.trajectory_step_set()
     visits = getattr(model, "oe", None)  # Over-Encoding tables count their rows' visits
+    if cfg.grad_clip > 0 and dist.active:
+        raise MuonlabError("grad_clip needs the averaged gradient: it runs in one process only for now")
     step0 = Step0Control(cfg.step0_mode, family_params(model)) if cfg.step0_mode != "none" else None
     schedule = schedule_of(cfg)
     accum = cfg.accum_steps_per_rank(dist.world_size)
@@ -130,6 +132,8 @@ def train_loop(cfg: TrainConfig, model, optimizer, loader, runtime: Runtime, flo
             else:
                 progress = time_progress(state.training_seconds, cfg.time_budget)
             values = schedule.apply(optimizer, step, progress)
+            if cfg.grad_clip > 0:  # seed 004: global gradient-norm clip before the step
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             if step0 is not None:
                 step0.before_step(step, optimizer)
             optimizer.step()
@@ -188,6 +192,8 @@ def trajectory_record(model) -> dict:
     """The residual scalars after this step's update (seed 000 Table 4B's trajectory log reads
     x0_lambdas at steps 0..80; before or after the update is unstated: after, i.e. the values
     the next forward uses)."""
+    if not hasattr(model, "x0_lambdas"):  # the tied family has no residual scalars
+        return {}
     return {"x0_lambdas": model.x0_lambdas.detach().float().tolist(),
             "resid_lambdas": model.resid_lambdas.detach().float().tolist()}
 

@@ -194,6 +194,11 @@ def _run(cfg, log, data, resume, ctx: Dist, device, t_start) -> RunResult:
             ledger.append_record(ledger_path(cfg), record)
 
 
+def _attention_backend(model) -> str:
+    blocks = getattr(getattr(model, "transformer", None), "h", None)
+    return blocks[0].attn.backend if blocks else "sdpa"
+
+
 def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx: Dist):
     torch.manual_seed(cfg.seed)
     if runtime.device.type == "cuda":
@@ -220,7 +225,7 @@ def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx: 
     log(f"run {run.path.name}: {counts['total']:,} params, width {cfg.model_dim}, depth {cfg.depth}, "
         f"{ctx.world_size} process(es) x {cfg.accum_steps_per_rank(ctx.world_size)} micro-steps x "
         f"{cfg.tokens_per_micro_step:,} tokens, device {runtime.device}, "
-        f"precision {runtime.precision}, attention {model.transformer.h[0].attn.backend}, compile {compile_on}")
+        f"precision {runtime.precision}, attention {_attention_backend(model)}, compile {compile_on}")
     sinks = SinkGroup(parse_sinks(cfg.sinks) if ctx.is_main else [], run.path.name, run.path,
                       cfg.to_dict(), cfg.sink_project)
 

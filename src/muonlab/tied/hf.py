@@ -1,0 +1,68 @@
+"""Hugging Face model families of seed 004, built from their public configuration numbers.
+
+Random initialisation with tied input/output embeddings, as the paper trained them (spec-004 §3
+settings 2-4 and 9); nothing is downloaded: the numbers below are the public `config.json`
+values the spec quotes. Needs the optional `transformers` dependency (`pip install muonlab[hf]`).
+
+    SmolLM2-135M   Llama, d 576, 30 layers, 9 heads / 3 KV, MLP 1536, vocab 49,152: 134,515,008 params
+    Qwen2.5-0.5B   Qwen2, d 896, 24 layers, 14 heads / 2 KV, MLP 4864, vocab 151,936 (q/k/v biases)
+    Llama-3.2-1B   Llama, d 2048, 16 layers, 32 heads / 8 KV, MLP 8192, vocab 128,256: 1,235,814,400
+    protein Llama  Llama, d 960, 32 layers, 15 heads / 5 KV, MLP 2560, RoPE 1e5, vocab 50,257 (~363M)
+    tiny-llama     a CPU-sized Llama for tests and demos
+
+Choices where the spec is silent: RoPE scaling of Llama-3.2 (its "llama3" long-context scaling)
+is omitted, since training runs at 1,024 tokens where it is inactive; max_position_embeddings
+is set to the training context the caller passes (default 2048).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+HF_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
+    "smollm2-135m": ("LlamaConfig", dict(vocab_size=49152, hidden_size=576, intermediate_size=1536,
+                                         num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                                         rope_theta=100000.0, rms_norm_eps=1e-5)),
+    "qwen2.5-0.5b": ("Qwen2Config", dict(vocab_size=151936, hidden_size=896, intermediate_size=4864,
+                                         num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                                         rope_theta=1000000.0, rms_norm_eps=1e-6)),
+    "llama-3.2-1b": ("LlamaConfig", dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192,
+                                         num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+                                         rope_theta=500000.0, rms_norm_eps=1e-5)),
+    "protein-llama": ("LlamaConfig", dict(vocab_size=50257, hidden_size=960, intermediate_size=2560,
+                                          num_hidden_layers=32, num_attention_heads=15, num_key_value_heads=5,
+                                          rope_theta=100000.0, rms_norm_eps=1e-5)),
+    "tiny-llama": ("LlamaConfig", dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5)),
+}
+
+
+def hf_config(name: str, max_positions: int = 2048, **overrides: Any):
+    """The transformers config of `name`, tied embeddings on."""
+    try:
+        import transformers
+    except ImportError as exc:  # the optional dependency
+        raise ImportError("the Hugging Face families need transformers: pip install 'muonlab[hf]'") from exc
+    if name not in HF_MODELS:
+        raise ValueError(f"unknown Hugging Face family {name!r}; choose from {', '.join(HF_MODELS)}")
+    cls_name, values = HF_MODELS[name]
+    values = {**values, "max_position_embeddings": max_positions, "tie_word_embeddings": True, **overrides}
+    return getattr(transformers, cls_name)(**values)
+
+
+def build_hf_model(name: str, device: str | torch.device | None = None, **overrides: Any):
+    """A random-init causal LM of `name` whose output embedding is its input embedding."""
+    from transformers import AutoModelForCausalLM
+
+    cfg = hf_config(name, **overrides)
+    with torch.device(device or "cpu"):
+        model = AutoModelForCausalLM.from_config(cfg)
+    if model.get_output_embeddings().weight is not model.get_input_embeddings().weight:
+        raise RuntimeError(f"{name}: the output embedding is not tied to the input embedding")
+    return model
+
+
+def unique_parameter_count(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
