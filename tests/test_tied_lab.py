@@ -85,3 +85,24 @@ def test_afmuon_trains_a_tiny_random_init_llama_with_tied_embeddings():
         opt.zero_grad(set_to_none=True)
     assert losses[-1] < losses[0] - 0.1, losses
     assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+
+
+def test_afmuon_diagnostics_endpoints_and_cli(tmp_path, capsys):
+    from muonlab.diagnostics.afmuon import tied_diagnostics
+    g = torch.Generator().manual_seed(0)
+    B = torch.randn(40, 16, generator=g) * torch.rand(40, 1, generator=g)
+    B[3] = 0  # an inactive row
+    B[5, :8] = 0  # a sparse row
+    sign = tied_diagnostics(B, 1.0)
+    assert sign["coord_capped"] == 1.0 and sign["objective_ratio"] == pytest.approx(1.0)
+    assert sign["cos_sign"] == pytest.approx(1.0) and sign["active_rows"] == 39
+    rms = tied_diagnostics(B, float("inf"))
+    assert rms["coord_capped"] == 0.0 and rms["rows_clipped"] == 0.0 and rms["tail_energy"] == 0.0
+    mid = tied_diagnostics(B, 2.0)
+    assert 1.0 <= mid["objective_ratio"] <= rms["objective_ratio"] + 1e-9  # <B, L_c(B)> grows with c
+    assert 0 < mid["rows_clipped"] < 1 and sign["tail_energy"] > mid["tail_energy"] > 0  # tail shrinks as c grows
+    assert main(["train", "--preset", "tied-cpu", "--arm", "t1_afmuon", "--num-steps", "3", "--json"]) == 0
+    run_dir = json.loads(capsys.readouterr().out)["run_dir"]
+    assert main(["diagnose", "afmuon", "--run", run_dir, "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["cap"] == 3.0 and 0 < res["cos_sign"] <= 1

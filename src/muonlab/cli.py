@@ -214,6 +214,7 @@ DIAGNOSTICS = {
     "replay": ("replay", lambda m, a: m.run_replay(a.run, micro_batches=a.micro_batches, rule=a.rule),
                "format_replay_table", True),
     "audit": ("audit002", lambda m, a: m.run_audit(a.run), "format_audit_table", True),
+    "afmuon": ("afmuon", lambda m, a: m.run(a.run), "format_table", True),
     "step0": ("step0_audit", lambda m, a: m.run_step0_audit(), "format_step0_table", False),
     "accounting": ("accounting", lambda m, a: m.accounting_table(_accounting_arms(a), a.preset),
                    "format_accounting_table", False),
@@ -323,9 +324,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("diagnose", help="read-only diagnostics: conditioning, storage, equivalence, gauge, "
-                                        "step0, accounting; trajectory, geometry, replay, audit (of a run, --run)")
+                                        "step0, accounting; trajectory, geometry, replay, audit, afmuon (of a run, --run)")
     p.add_argument("tool", choices=tuple(DIAGNOSTICS), help="which diagnostic")
-    p.add_argument("--run", default=None, metavar="RUN_DIR", help="the run to read (trajectory, geometry, replay, audit)")
+    p.add_argument("--run", default=None, metavar="RUN_DIR", help="the run to read (trajectory, geometry, replay, audit, afmuon)")
     p.add_argument("--rule", default="branch_tangent", help="replay: the backward rule compared with ordinary")
     p.add_argument("--micro-batches", type=int, default=None,
                    help="replay: micro-batches to replay (default: one optimizer step's worth)")

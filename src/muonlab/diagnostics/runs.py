@@ -49,7 +49,8 @@ def load_run(run_dir: str | Path, device: str = "cpu", precision: str = "fp32", 
     path, ckpt = latest_checkpoint(run_dir, fallback=fallback)
     dev = torch.device(device)
     runtime = Runtime(dev, resolve_precision(precision, dev))
-    vocab = ckpt["model"]["transformer.wte.weight"].shape[0]
+    table = "wte.weight" if cfg.model_family == "tied" else "transformer.wte.weight"
+    vocab = ckpt["model"][table].shape[0]
     model = build_model(cfg, vocab, runtime)
     model.load_state_dict(ckpt["model"])  # copy_ casts, e.g. bf16-trained tables into an fp32 model
     optimizer = build_optimizer(model, cfg, compile_step=False)
