@@ -28,6 +28,13 @@ def test_tied_arm_trains_on_the_cpu_preset(arm, capsys):
     assert out["status"] == "ok" and 0 < out["summary"]["val_bpb"] < 20
 
 
+def test_partition_tells_an_mlp_from_an_untied_head():
+    """tied-tiny's MLP up-projection is (4d, d) = (256, 64) = (V, d): still a matrix, not a head."""
+    from muonlab.optim.af_muon import partition_by_role
+    roles = partition_by_role(build_tied_model("tied-tiny"))
+    assert "blocks.0.mlp.fc.weight" in [n for n, _ in roles["matrix"]] and len(roles["tied"]) == 1
+
+
 def test_tied_settings_are_validated():
     with pytest.raises(UsageError, match="tied table"):
         resolve_config("baseline", "cpu-tiny", {"optimizer": "afmuon"})

@@ -185,9 +185,14 @@ def partition_by_role(model: nn.Module, *, tied: str | Tensor | None = None,
     tied_name, table = find_tied(model, tied)
     V, d = table.shape
     kind: dict[int, str] = {}
-    for m in model.modules():
+    out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    for module_name, m in model.named_modules():
         if isinstance(m, nn.Linear):
-            kind.setdefault(id(m.weight), "head" if tuple(m.weight.shape) == (V, d) else "linear")
+            # an untied head: the model's declared output embedding, or (no accessor) a (V, d) Linear
+            # named like a head; shape alone is not enough (an MLP's d -> 4d can be (V, d) too)
+            head = m is out if out is not None else (
+                tuple(m.weight.shape) == (V, d) and module_name.rsplit(".", 1)[-1] in ("lm_head", "head", "output"))
+            kind.setdefault(id(m.weight), "head" if head else "linear")
         elif isinstance(m, nn.Embedding):
             kind.setdefault(id(m.weight), "embedding")
         elif isinstance(m, nn.MultiheadAttention) and m.in_proj_weight is not None:

@@ -29,7 +29,7 @@ divided by their max first), which is exact too; Newton only avoids its sort on 
 Choices: compute in fp32 (fp64 for fp64 input) and return that dtype (fp32 like the momentum
 buffer, whatever the input: bf16/fp16/fp32 -> fp32); `out` (contiguous, that dtype, may be B
 itself) receives the result; rows are processed in chunks of complete rows (`chunk_rows`,
-default ~4 MiB of fp32 per chunk, cache sized; 4 chunk-sized scratch buffers are reused), so
+default ~4 MiB of fp32 per chunk, cache sized; 3 chunk-sized scratch buffers are reused), so
 chunking never changes the result (bitwise). Non-finite inputs are not checked (NaN stays NaN).
 lmo_objective returns the per-row objective <b_i, L_i> in fp64 (sum it for
 N*_tie,c(B) = sum_i h_c(b_i), Cor. 1); tie_norm returns a 0-dim fp64 tensor.
@@ -59,7 +59,7 @@ def _rows_exact(X: torch.Tensor, c: float) -> torch.Tensor:
     Q = q.abs().sort(dim=1, descending=True).values
     S = Q * Q
     tail = S.flip(1).cumsum(1).flip(1)  # tail[:, m] = T_m = sum_{j >= m} Q_j^2 (0-based), no cancellation
-    k = (Q > 0).sum(1, keepdim=True)
+    k = (Q > 0).sum(1, keepdim=True).to(X.dtype)  # float: c2 * k must not round in fp32
     m = torch.arange(d, device=X.device, dtype=X.dtype)  # m = number of capped coordinates
     R = d - c2 * m
     valid = (m < k) & (R > 0) & (tail > 0)
@@ -70,7 +70,7 @@ def _rows_exact(X: torch.Tensor, c: float) -> torch.Tensor:
 
 
 def _newton(S: torch.Tensor, t: torch.Tensor, c2: float, ws: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Newton on f(t) = d for rows S = b^2 (S lives in ws[0] or ws[3]; ws[1:3] scratch).
+    """Newton on f(t) = d for rows S = b^2 (S lives in ws[0] or ws[2]; ws[1] scratch).
 
     Returns t (the root of every settled row) and a mask of rows for the exact path."""
     n, d = S.shape
@@ -80,7 +80,7 @@ def _newton(S: torch.Tensor, t: torch.Tensor, c2: float, ws: torch.Tensor) -> tu
     for _ in range(_NEWTON_STEPS):
         na = S.shape[0]
         Zn = torch.mul(S, (-t).unsqueeze(1), out=ws[1][:na])  # -t b^2
-        f = -torch.clamp(Zn, min=-c2, out=ws[2][:na]).sum(1).double()  # f(t) = c^2 m + t T
+        f = -Zn.clamp_(min=-c2).sum(1).double()  # f(t) = c^2 m + t T; capped entries now -c^2
         tT = -torch.threshold_(Zn, -c2, 0.0).sum(1).double()  # t T: uncapped (t b^2 < c^2) only
         zu = -Zn.amin(1).double()  # t * largest uncapped b^2
         m = torch.round((f - tT) / c2)  # capped count: an integer, the sums' error << c^2 / 2
@@ -96,8 +96,8 @@ def _newton(S: torch.Tensor, t: torch.Tensor, c2: float, ws: torch.Tensor) -> tu
         idx = (~done).nonzero().squeeze(1)
         if idx.numel() == 0:
             return t_out, hard
-        if idx.numel() < na:  # keep only the moving rows (ping-pong between ws[0] and ws[3])
-            other = ws[3] if S.data_ptr() == ws[0].data_ptr() else ws[0]
+        if idx.numel() < na:  # keep only the moving rows (ping-pong between ws[0] and ws[2])
+            other = ws[2] if S.data_ptr() == ws[0].data_ptr() else ws[0]
             S = torch.index_select(S, 0, idx, out=other[:idx.numel()])
         t, m_old, rows = t_next[idx], m[idx], rows[idx]
     hard[rows] = True
@@ -105,7 +105,7 @@ def _newton(S: torch.Tensor, t: torch.Tensor, c2: float, ws: torch.Tensor) -> tu
 
 
 def _lmo_rows(X: torch.Tensor, c: float, Y: torch.Tensor, ws: torch.Tensor) -> None:
-    """L_c of every row of X, written into Y (same shape, compute dtype); ws [4, >= n, d] scratch."""
+    """L_c of every row of X, written into Y (same shape, compute dtype); ws [3, >= n, d] scratch."""
     if X.dtype != Y.dtype:
         X = Y.copy_(X)
     if c == 1.0:
@@ -120,9 +120,12 @@ def _lmo_rows(X: torch.Tensor, c: float, Y: torch.Tensor, ws: torch.Tensor) -> N
     hard = ~fine
     capped = c < math.sqrt(d)
     if capped:
-        act = (fine & (t * S.amax(1) > c * c)).nonzero().squeeze(1)  # row-RMS would exceed the cap
-        if act.numel():
-            Sa = S if act.numel() == n else torch.index_select(S, 0, act, out=ws[3][:act.numel()])
+        act = (fine & (t * S.amax(1) >= c * c)).nonzero().squeeze(1)  # row-RMS reaches the cap
+        if 2 * act.numel() > n:  # mostly active: all rows (the others settle at once, unchanged)
+            t_n, hard_n = _newton(S, t, c * c, ws)
+            t, hard = torch.where(fine, t_n, t), hard | (hard_n & fine)
+        elif act.numel():
+            Sa = torch.index_select(S, 0, act, out=ws[2][:act.numel()])
             t[act], hard_a = _newton(Sa, t[act], c * c, ws)
             hard[act] |= hard_a
     h = hard.nonzero().squeeze(1)
@@ -155,7 +158,7 @@ def clipped_row_lmo(B: torch.Tensor, cap: float, chunk_rows: int | None = None,
     if V == 0 or d == 0:
         return out
     rows = min(chunk_rows, V)
-    ws = torch.empty((4, rows, d), dtype=dtype, device=B.device)  # scratch reused by every chunk
+    ws = torch.empty((3, rows, d), dtype=dtype, device=B.device)  # scratch reused by every chunk
     for i in range(0, V, rows):
         _lmo_rows(B[i:i + rows], cap, out[i:i + rows], ws)
     return out

@@ -1,0 +1,317 @@
+"""RGB554 image tokens and their loaders: the ImageGPT setting of seed paper 004 (AF-Muon).
+
+Spec §3 row 8 (paper App. J.7): ImageNet-32 images become 1,024 raster-order colour
+tokens, token = (R>>3)*512 + (G>>3)*16 + (B>>4) (5 bits red, 5 green, 4 blue: 16,384
+colours). The model sees [SOS, x1 .. x1023] with SOS = 16,384 (an input-only row, so the
+tied table has 16,385 rows) and predicts x1 .. x1024 against the 16,384 colour rows only.
+`rgb554_encode`, `RGB554_VOCAB` and `SOS` here are the single definition of that code;
+model files import them.
+
+Choices:
+
+* Inputs: uint8 arrays [N, H, W, 3] (in memory, `.npy`, or `.npz` with one array or an
+  `images` array; never unpickled), or a folder of PNG/JPEG files read with Pillow, which
+  this environment has through matplotlib (no dependency is added; without Pillow a folder
+  raises UsageError and arrays still work). Folder files are taken recursively in sorted
+  relative-path order, converted to RGB as the reference does (`image.convert("RGB")`),
+  and must all have one size: nothing is resized. Other dtypes than uint8 are refused
+  rather than guessed (0..1 floats vs 0..255 ints).
+* Storage: the colour tokens only (SOS is never stored), uint16 token memmaps through
+  `memmap.py`, `tokenizer = "rgb554"`, `vocab_size = 16384`, and `extra` =
+  {kind, tokens_per_image, image_height, image_width, images, sos}. The eval split is a
+  separate file: the dataset's validation split (as the paper) or, failing that, a seeded
+  random hold-out of `eval_images` images (`prepare_image_tokens`).
+* Loading: one image = one block of tokens_per_image tokens with no extra target token,
+  shuffled per seed with drop_last exactly as `MemmapBlockLoader` (the reference's
+  DataLoader order); batches are (inputs, targets, epoch) after the SOS shift. Eval: in
+  file order, drop_last, e.g. 16 batches of 256 images (4,194,304 tokens) in the paper;
+  the loss is the mean of per-batch means, bits/dim = loss / (3 ln 2).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from muonlab.data.memmap import MemmapBlockLoader, TokenMemmap, TokenMemmapWriter, open_memmap
+from muonlab.errors import UsageError
+
+RGB554_VOCAB = 16384  # colour tokens 0 .. 16383
+SOS = 16384  # start-of-image token: an input-only row of the tied table
+IMAGE_VOCAB = RGB554_VOCAB + 1  # rows of the model's token table
+TOKENIZER_NAME = "rgb554"
+IMAGE_KIND = "rgb554-images"
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
+
+
+# --- the code ---------------------------------------------------------------------------
+def rgb554_encode(images: Any) -> Any:
+    """uint8 RGB [..., 3] (numpy or torch) -> int64 tokens [...] = (R>>3)*512 + (G>>3)*16 + (B>>4).
+
+    Returns the same kind (numpy array or tensor, same device) with the last axis removed;
+    flatten an [N, H, W] result to [N, H*W] for raster order.
+    """
+    if isinstance(images, torch.Tensor):
+        if images.dtype != torch.uint8 or images.ndim < 1 or images.shape[-1] != 3:
+            raise UsageError(f"rgb554_encode needs uint8 [..., 3] pixels, got {images.dtype} {tuple(images.shape)}")
+        px = images.to(torch.int64)
+    else:
+        images = np.asarray(images)
+        if images.dtype != np.uint8 or images.ndim < 1 or images.shape[-1] != 3:
+            raise UsageError(f"rgb554_encode needs uint8 [..., 3] pixels, got {images.dtype} {images.shape}")
+        px = images.astype(np.int64)
+    return (px[..., 0] >> 3) * 512 + (px[..., 1] >> 3) * 16 + (px[..., 2] >> 4)
+
+
+def rgb554_decode(tokens: Any) -> Any:
+    """Tokens [...] -> uint8 RGB [..., 3] at the centre of each colour bin (for viewing)."""
+    t = tokens.to(torch.int64) if isinstance(tokens, torch.Tensor) else np.asarray(tokens, dtype=np.int64)
+    if t.numel() if isinstance(t, torch.Tensor) else t.size:
+        if int(t.min()) < 0 or int(t.max()) >= RGB554_VOCAB:
+            raise UsageError(f"RGB554 tokens must lie in [0, {RGB554_VOCAB})")
+    r, g, b = ((t >> 9) << 3) | 4, (((t >> 4) & 31) << 3) | 4, ((t & 15) << 4) | 8
+    if isinstance(t, torch.Tensor):
+        return torch.stack([r, g, b], dim=-1).to(torch.uint8)
+    return np.stack([r, g, b], axis=-1).astype(np.uint8)
+
+
+def sos_shift(tokens: torch.Tensor, sos: int = SOS) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs, targets) of image tokens [B, n]: inputs = [sos, x1 .. x_{n-1}], targets = x1 .. xn."""
+    start = torch.full((tokens.shape[0], 1), int(sos), dtype=tokens.dtype, device=tokens.device)
+    return torch.cat([start, tokens[:, :-1]], dim=1), tokens
+
+
+# --- image sources ----------------------------------------------------------------------
+def _check_images(arr: np.ndarray, where: str) -> np.ndarray:
+    if arr.dtype != np.uint8 or arr.ndim != 4 or arr.shape[-1] != 3:
+        raise UsageError(f"{where}: images must be uint8 [N, H, W, 3], got {arr.dtype} {arr.shape}")
+    return arr
+
+
+def load_image_arrays(path: str | os.PathLike) -> np.ndarray:
+    """uint8 [N, H, W, 3] from a .npy (memory-mapped) or .npz (one array, or `images`) file."""
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"missing image array file {path}")
+    try:
+        if path.suffix == ".npy":
+            arr = np.load(path, mmap_mode="r", allow_pickle=False)
+        elif path.suffix == ".npz":
+            with np.load(path, allow_pickle=False) as z:
+                keys = list(z.files)
+                if "images" in keys:
+                    arr = z["images"]
+                elif len(keys) == 1:
+                    arr = z[keys[0]]
+                else:
+                    raise UsageError(f"{path} holds arrays {keys}; name the image array 'images'")
+        else:
+            raise UsageError(f"{path}: image arrays must be .npy or .npz files")
+    except (ValueError, OSError) as e:
+        raise UsageError(f"unreadable image array file {path}: {e}") from None
+    return _check_images(arr, str(path))
+
+
+def list_image_files(folder: str | os.PathLike) -> list[Path]:
+    """PNG/JPEG files under `folder` (recursive), sorted by relative path."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise UsageError(f"missing image folder {folder}")
+    files = [p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES]
+    if not files:
+        raise UsageError(f"{folder} holds no {'/'.join(IMAGE_SUFFIXES)} files")
+    return sorted(files, key=lambda p: p.relative_to(folder).as_posix())
+
+
+def _read_images(files: list[Path], size: tuple[int, int] | None) -> np.ndarray:
+    try:
+        from PIL import Image, UnidentifiedImageError
+    except ImportError:
+        raise UsageError("reading image folders needs Pillow; pass .npy/.npz uint8 [N, H, W, 3] arrays instead") \
+            from None
+    out = []
+    for f in files:
+        try:
+            with Image.open(f) as im:
+                arr = np.asarray(im.convert("RGB"), dtype=np.uint8)
+        except (UnidentifiedImageError, OSError) as e:
+            raise UsageError(f"unreadable image {f}: {e}") from None
+        if size is not None and arr.shape[:2] != size:
+            raise UsageError(f"{f} is {arr.shape[1]}x{arr.shape[0]}, the others are {size[1]}x{size[0]}; resize first")
+        size = arr.shape[:2]
+        out.append(arr)
+    return np.stack(out)
+
+
+def load_image_folder(folder: str | os.PathLike) -> np.ndarray:
+    """All PNG/JPEG images under `folder` as uint8 [N, H, W, 3] (needs Pillow; one size)."""
+    return _read_images(list_image_files(folder), None)
+
+
+def _source(source: Any) -> tuple[int, Any]:
+    """(image count, reader(start, stop) -> uint8 [n, H, W, 3]) of an array, file or folder."""
+    if isinstance(source, torch.Tensor):
+        source = source.cpu().numpy()
+    if isinstance(source, np.ndarray):
+        arr = _check_images(source, "image array")
+        return len(arr), lambda a, b: np.asarray(arr[a:b])
+    path = Path(source)
+    if path.is_dir():
+        files = list_image_files(path)
+        first = _read_images(files[:1], None)
+        size = first.shape[1:3]
+        return len(files), lambda a, b: _read_images(files[a:b], size)
+    arr = load_image_arrays(path)
+    return len(arr), lambda a, b: np.asarray(arr[a:b])
+
+
+def iter_image_chunks(source: Any, chunk_size: int = 4096) -> Iterator[np.ndarray]:
+    """uint8 [<= chunk_size, H, W, 3] chunks of an array, .npy/.npz file or image folder."""
+    n, read = _source(source)
+    for start in range(0, n, chunk_size):
+        yield read(start, min(n, start + chunk_size))
+
+
+# --- token files ------------------------------------------------------------------------
+def _image_extra(h: int, w: int, images: int, source: str) -> dict:
+    return {"kind": IMAGE_KIND, "tokens_per_image": h * w, "image_height": h, "image_width": w,
+            "images": images, "sos": SOS, "source": source}
+
+
+@contextlib.contextmanager
+def _image_writer(path: Path, source: str):
+    writer = TokenMemmapWriter(path, RGB554_VOCAB, TOKENIZER_NAME, "uint16", _image_extra(0, 0, 0, source))
+    with writer:
+        yield writer
+        if writer.entry["extra"]["images"] == 0:
+            raise UsageError(f"no images to write to {path}")
+
+
+def _append_images(writer: TokenMemmapWriter, chunk: np.ndarray) -> None:
+    if len(chunk) == 0:
+        return
+    extra = writer.entry["extra"]
+    h, w = chunk.shape[1:3]
+    if extra["images"] and (extra["image_height"], extra["image_width"]) != (h, w):
+        raise UsageError(f"{writer.path}: {w}x{h} images after {extra['image_width']}x{extra['image_height']} ones")
+    writer.append(rgb554_encode(chunk).reshape(len(chunk), -1))
+    extra.update(image_height=h, image_width=w, tokens_per_image=h * w, images=extra["images"] + len(chunk))
+
+
+def write_image_tokens(path: str | os.PathLike, source: Any, chunk_size: int = 4096) -> TokenMemmap:
+    """RGB554-encode every image of `source` (array, .npy/.npz, folder) into a token memmap."""
+    path = Path(path)
+    with _image_writer(path, str(source) if not isinstance(source, (np.ndarray, torch.Tensor)) else "array") as w:
+        for chunk in iter_image_chunks(source, chunk_size):
+            _append_images(w, chunk)
+    return TokenMemmap(path)
+
+
+def prepare_image_tokens(
+    out_dir: str | os.PathLike,
+    train_source: Any,
+    eval_source: Any = None,
+    eval_images: int = 0,
+    seed: int = 0,
+    chunk_size: int = 4096,
+) -> tuple[TokenMemmap, TokenMemmap]:
+    """Write out_dir/train.bin and out_dir/eval.bin (+ metadata.json); return them opened.
+
+    The eval split is `eval_source` when given (the paper: ImageNet-32 validation);
+    otherwise `eval_images` images of `train_source` chosen by a seeded permutation are
+    held out, and both files keep the source order.
+    """
+    out_dir = Path(out_dir)
+    train_path, eval_path = out_dir / "train.bin", out_dir / "eval.bin"
+    if eval_source is not None:
+        if eval_images:
+            raise UsageError("give either eval_source or eval_images, not both")
+        train = write_image_tokens(train_path, train_source, chunk_size)
+        return train, write_image_tokens(eval_path, eval_source, chunk_size)
+    n, read = _source(train_source)
+    if not 0 < eval_images < n:
+        raise UsageError(f"eval_images must be in [1, {n - 1}] to hold out from {n} images, got {eval_images}")
+    held = np.zeros(n, dtype=bool)
+    held[np.random.default_rng(seed).permutation(n)[:eval_images]] = True
+    name = str(train_source) if not isinstance(train_source, (np.ndarray, torch.Tensor)) else "array"
+    with _image_writer(train_path, name) as tw, _image_writer(eval_path, f"{name} (held out, seed {seed})") as ew:
+        tw.entry["extra"]["held_out"] = {"images": int(eval_images), "seed": int(seed)}
+        for start in range(0, n, chunk_size):
+            chunk = read(start, min(n, start + chunk_size))
+            mask = held[start : start + len(chunk)]
+            _append_images(tw, chunk[~mask])
+            _append_images(ew, chunk[mask])
+    return TokenMemmap(train_path), TokenMemmap(eval_path)
+
+
+# --- loaders ----------------------------------------------------------------------------
+def tokens_per_image(memmap: "TokenMemmap | str | os.PathLike") -> int:
+    """Tokens per image of an RGB554 token file (its metadata); UsageError for other files."""
+    mm = open_memmap(memmap)
+    if mm.tokenizer != TOKENIZER_NAME or mm.extra.get("kind") != IMAGE_KIND:
+        raise UsageError(f"{mm.path} is not an RGB554 image token file (tokenizer {mm.tokenizer!r})")
+    n = mm.extra.get("tokens_per_image")
+    if not isinstance(n, int) or n < 2 or mm.num_tokens % n:
+        raise UsageError(f"{mm.path}: tokens_per_image={n!r} does not divide its {mm.num_tokens} tokens")
+    return n
+
+
+class ImageTokenLoader:
+    """Seed 004 ImageGPT batches: (inputs, targets, epoch), int64 [B, tokens_per_image].
+
+    inputs = [SOS, x1 .. x_{n-1}], targets = x1 .. xn (`shift=False`: (tokens, epoch)).
+    Images are shuffled per seed with drop_last and resumed exactly through
+    `state_dict()` / `load_state_dict()` (a `MemmapBlockLoader` underneath).
+    `num_images` caps the images used (the reference: min(train images, steps x batch)).
+    """
+
+    def __init__(self, memmap, batch_size: int, seed: int = 0, shuffle: bool = True, drop_last: bool = True,
+                 num_images: int | None = None, shift: bool = True, rank: int = 0, world_size: int = 1,
+                 device: str | torch.device = "cpu"):
+        mm = open_memmap(memmap)
+        self.tokens_per_image = tokens_per_image(mm)
+        self.shift = bool(shift)
+        self.blocks = MemmapBlockLoader(mm, self.tokens_per_image, batch_size, seed, drop_last=drop_last,
+                                        with_target=False, shuffle=shuffle, num_blocks=num_images,
+                                        rank=rank, world_size=world_size, device=device)
+
+    @property
+    def epoch(self) -> int:
+        return self.blocks.epoch
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return self.blocks.batches_per_epoch
+
+    def __iter__(self) -> "ImageTokenLoader":
+        return self
+
+    def __next__(self):
+        tokens, epoch = self.blocks.next_blocks()
+        if self.shift:
+            return (*sos_shift(tokens), epoch)
+        return tokens, epoch
+
+    def state_dict(self) -> dict:
+        return self.blocks.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.blocks.load_state_dict(state)
+
+
+def image_eval_batches(memmap, batch_size: int, max_batches: int | None = None, shift: bool = True,
+                       device: str | torch.device = "cpu") -> Iterator:
+    """One in-order pass over an eval image file: (inputs, targets) (or tokens), drop_last.
+
+    The paper's eval is max_batches=16 at batch_size=256 (4,194,304 tokens).
+    """
+    loader = ImageTokenLoader(memmap, batch_size, shuffle=False, drop_last=True, shift=shift, device=device)
+    count = loader.batches_per_epoch if max_batches is None else min(max_batches, loader.batches_per_epoch)
+    for _ in range(count):
+        yield next(loader)[:-1] if shift else next(loader)[0]
