@@ -280,6 +280,10 @@ def test_dtypes_and_out():
     assert clipped_row_lmo(B, 3.0, out=buf) is buf and torch.equal(buf, ref32)
     inplace = B.clone()
     assert torch.equal(clipped_row_lmo(inplace, 3.0, chunk_rows=64, out=inplace), ref32)
+    strided = B.t().contiguous().t()  # a non-contiguous view of the same values
+    assert not strided.is_contiguous() and torch.equal(clipped_row_lmo(strided, 3.0), ref32)
+    leaf = B.clone().requires_grad_(True)  # runs under no_grad
+    assert not clipped_row_lmo(leaf, 3.0).requires_grad
     with pytest.raises(ValueError):
         clipped_row_lmo(B, 3.0, out=torch.empty(300, 96, dtype=torch.float64))
     with pytest.raises(ValueError):

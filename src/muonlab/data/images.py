@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from muonlab.data.memmap import MemmapBlockLoader, TokenMemmap, TokenMemmapWriter, open_memmap
+from muonlab.data.memmap import BlockLoaderView, MemmapBlockLoader, TokenMemmap, TokenMemmapWriter, open_memmap
 from muonlab.errors import UsageError
 
 RGB554_VOCAB = 16384  # colour tokens 0 .. 16383
@@ -262,7 +262,7 @@ def tokens_per_image(memmap: "TokenMemmap | str | os.PathLike") -> int:
     return n
 
 
-class ImageTokenLoader:
+class ImageTokenLoader(BlockLoaderView):
     """Seed 004 ImageGPT batches: (inputs, targets, epoch), int64 [B, tokens_per_image].
 
     inputs = [SOS, x1 .. x_{n-1}], targets = x1 .. xn (`shift=False`: (tokens, epoch)).
@@ -281,29 +281,11 @@ class ImageTokenLoader:
                                         with_target=False, shuffle=shuffle, num_blocks=num_images,
                                         rank=rank, world_size=world_size, device=device)
 
-    @property
-    def epoch(self) -> int:
-        return self.blocks.epoch
-
-    @property
-    def batches_per_epoch(self) -> int:
-        return self.blocks.batches_per_epoch
-
-    def __iter__(self) -> "ImageTokenLoader":
-        return self
-
     def __next__(self):
         tokens, epoch = self.blocks.next_blocks()
         if self.shift:
             return (*sos_shift(tokens), epoch)
         return tokens, epoch
-
-    def state_dict(self) -> dict:
-        return self.blocks.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self.blocks.load_state_dict(state)
-
 
 def image_eval_batches(memmap, batch_size: int, max_batches: int | None = None, shift: bool = True,
                        device: str | torch.device = "cpu") -> Iterator:

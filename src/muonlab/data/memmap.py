@@ -533,7 +533,30 @@ def split_prefix_continuation(
     return src, torch.cat([start, tgt[:, :-1]], dim=1), tgt
 
 
-class PrefixContinuationLoader:
+class BlockLoaderView:
+    """A loader that reshapes the batches of an inner MemmapBlockLoader (`self.blocks`)."""
+
+    blocks: MemmapBlockLoader
+
+    @property
+    def epoch(self) -> int:
+        return self.blocks.epoch
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return self.blocks.batches_per_epoch
+
+    def __iter__(self):
+        return self
+
+    def state_dict(self) -> dict:
+        return self.blocks.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.blocks.load_state_dict(state)
+
+
+class PrefixContinuationLoader(BlockLoaderView):
     """Seed 004 small-T5 batches (spec §3 row 5): (src, tgt_in, tgt), int64 [B, 256] each.
 
     Windows of src_len + tgt_len contiguous tokens tile the file (window i starts at
@@ -554,17 +577,6 @@ class PrefixContinuationLoader:
         self.blocks = MemmapBlockLoader(mm, src_len + tgt_len, batch_size, seed, drop_last=drop_last,
                                         with_target=False, shuffle=shuffle, num_blocks=num_examples,
                                         rank=rank, world_size=world_size, device=device)
-
-    @property
-    def epoch(self) -> int:
-        return self.blocks.epoch
-
-    @property
-    def batches_per_epoch(self) -> int:
-        return self.blocks.batches_per_epoch
-
-    def __iter__(self) -> "PrefixContinuationLoader":
-        return self
 
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         windows, _ = self.blocks.next_blocks()

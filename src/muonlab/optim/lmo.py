@@ -30,7 +30,9 @@ Choices: compute in fp32 (fp64 for fp64 input) and return that dtype (fp32 like 
 buffer, whatever the input: bf16/fp16/fp32 -> fp32); `out` (contiguous, that dtype, may be B
 itself) receives the result; rows are processed in chunks of complete rows (`chunk_rows`,
 default ~4 MiB of fp32 per chunk, cache sized; 3 chunk-sized scratch buffers are reused), so
-chunking never changes the result (bitwise). Non-finite inputs are not checked (NaN stays NaN).
+chunking never changes the result (bitwise, for d below torch's 32768-element reduction grain,
+beyond which a lone row's sum may be split across threads). Non-finite inputs are not checked.
+Runs under no_grad; device agnostic (the Newton loop syncs on CUDA to drop settled rows).
 lmo_objective returns the per-row objective <b_i, L_i> in fp64 (sum it for
 N*_tie,c(B) = sum_i h_c(b_i), Cor. 1); tie_norm returns a 0-dim fp64 tensor.
 """
@@ -137,6 +139,7 @@ def _lmo_rows(X: torch.Tensor, c: float, Y: torch.Tensor, ws: torch.Tensor) -> N
         Y[h] = exact.to(Y.dtype)
 
 
+@torch.no_grad()
 def clipped_row_lmo(B: torch.Tensor, cap: float, chunk_rows: int | None = None,
                     out: torch.Tensor | None = None) -> torch.Tensor:
     """Row-wise clipped-row LMO L_c of a table B [V, d] (seed 004 eq. 4-5 / 13-14), fp32 out."""

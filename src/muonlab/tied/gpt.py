@@ -179,6 +179,13 @@ class Block(nn.Module):
         return x + self.mlp(self.norm2(x)), None
 
 
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor, reduction: str) -> torch.Tensor:
+    """Cross-entropy in at least fp32, ignore_index -1; "none" keeps the targets' shape."""
+    loss = F.cross_entropy(at_least_fp32(logits).reshape(-1, logits.size(-1)), targets.reshape(-1),
+                           ignore_index=-1, reduction=reduction)
+    return loss.view_as(targets) if reduction == "none" else loss
+
+
 class TiedLMHead(nn.Module):
     """Output embedding whose `.weight` is the input table itself (no Parameter of its own).
 
@@ -296,10 +303,7 @@ class TiedGPT(nn.Module):
         if targets is None:
             self.lm_loss = None
             return logits
-        loss = F.cross_entropy(at_least_fp32(logits).view(-1, logits.size(-1)), targets.reshape(-1),
-                               ignore_index=-1, reduction=reduction)
-        if reduction == "none":
-            loss = loss.view_as(targets)
+        loss = lm_loss(logits, targets, reduction)
         self.lm_loss = loss.detach()
         use_aux = self.training if include_aux is None else include_aux
         if aux is None or not use_aux:

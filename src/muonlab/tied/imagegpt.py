@@ -35,8 +35,7 @@ import torch.nn.functional as F
 from muonlab.data.images import RGB554_VOCAB, SOS
 from muonlab.data.images import rgb554_encode as pixel_tokens
 from muonlab.errors import UsageError
-from muonlab.tied.gpt import REDUCTIONS, TiedGPT, TiedGPTConfig, TiedLMHead
-from muonlab.tied.moe import at_least_fp32
+from muonlab.tied.gpt import REDUCTIONS, TiedGPT, TiedGPTConfig, TiedLMHead, lm_loss
 
 N_COLOURS = RGB554_VOCAB  # RGB554: 5 + 5 + 4 bits (seed 004 App. J.7: 2^14 = 16,384 colour tokens)
 SOS_ID = SOS  # the start token, input-only (seed 004 App. J.7)
@@ -121,10 +120,7 @@ class TiedImageGPT(TiedGPT):
         if targets is None:
             self.lm_loss = None
             return logits
-        loss = F.cross_entropy(at_least_fp32(logits).reshape(-1, logits.size(-1)), targets.reshape(-1),
-                               ignore_index=-1, reduction=reduction)
-        if reduction == "none":
-            loss = loss.view_as(targets)
+        loss = lm_loss(logits, targets, reduction)
         self.lm_loss = loss.detach()
         return loss
 

@@ -47,8 +47,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from muonlab.errors import UsageError
-from muonlab.tied.gpt import REDUCTIONS, RMSNorm, TiedLMHead
-from muonlab.tied.moe import at_least_fp32
+from muonlab.tied.gpt import REDUCTIONS, RMSNorm, TiedLMHead, lm_loss
 
 TABLE_PATHS = ("encoder", "decoder", "head")
 
@@ -290,10 +289,7 @@ class TiedT5(nn.Module):
         if targets is None:
             self.lm_loss = None
             return logits
-        loss = F.cross_entropy(at_least_fp32(logits).reshape(-1, logits.size(-1)), targets.reshape(-1),
-                               ignore_index=-1, reduction=reduction)
-        if reduction == "none":
-            loss = loss.view_as(targets)
+        loss = lm_loss(logits, targets, reduction)
         self.lm_loss = loss.detach()
         return loss
 
