@@ -23,6 +23,7 @@ import json
 import multiprocessing as mp
 import socket
 import sys
+import tempfile
 import time
 from collections import Counter
 from datetime import timedelta
@@ -111,7 +112,7 @@ def main(argv=None):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    out_path = Path(f"/tmp/muonlab_dist_bench_{port}.json")
+    out_path = Path(tempfile.gettempdir()) / f"muonlab_dist_bench_{port}.json"  # the platform's temp dir
     ctx = mp.get_context("spawn")
     procs = [ctx.Process(target=_rank_main, args=(r, args.world, port, args.repeats, args.warmup, str(out_path)))
              for r in range(args.world)]
