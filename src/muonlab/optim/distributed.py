@@ -212,33 +212,17 @@ class DistMuonAdamW(MuonAdamW):
             sharded = adamw_is_sharded(p, world)
             rows = p.shape[0] // world if sharded else None
             p_share = p[rank * rows:(rank + 1) * rows] if sharded else p
-            state = self.state[p]
-            whitened = group.get("whiten") is not None
-            # master32 (see MuonAdamW._step_adamw): the fp32 master is row-sharded with the moments
-            master32 = group.get("master32", False) and p.dtype != torch.float32
-            if not state:
-                state["step"] = 0
-                if master32:
-                    state["master"] = p_share.detach().float().clone()
-                target = state["master"] if master32 else p_share
-                state["exp_avg"] = torch.zeros_like(target)
-                state["exp_avg_sq"] = torch.zeros_like(target)
+            # moments (and master32's fp32 master) are made for this rank's rows: row-sharded
+            state = self._adamw_state(group, p, p_share)
             if state["exp_avg"].shape != p_share.shape:
                 raise RuntimeError("DistMuonAdamW: optimizer state was made for another world size; "
                                    "move it with full_state_dict() / load_full_state_dict()")
             state["step"] += 1
-            self._fill_adamw(group, state["step"])
-            if whitened:  # on the whole averaged table (all-reduced), then this rank's rows
+            if group.get("whiten") is not None:  # on the whole averaged table (all-reduced), then this rank's rows
                 grad = _whitening.whiten_grad(grad, state["step"], group)
                 if sharded:
                     grad = grad[rank * rows:(rank + 1) * rows]
-            target = state["master"] if master32 else p_share
-            self._fn("adamw", p.device)(
-                target, grad.float() if master32 else grad, state["exp_avg"], state["exp_avg_sq"],
-                self._adamw_step_t, self._adamw_lr_t, self._adamw_beta1_t, self._adamw_beta2_t,
-                self._adamw_eps_t, self._adamw_wd_t)
-            if master32:
-                p_share.copy_(state["master"])
+            self._adamw_update(group, p_share, grad, state)
             if sharded:
                 send = p_share.clone()  # the gather writes into p, so it must not read from p
                 work = _all_gather(p, send, group=self.process_group, async_op=True)
@@ -283,21 +267,6 @@ class DistMuonAdamW(MuonAdamW):
         # the reduce-scatter has completed, so its input stack is free to receive the gather
         work = _all_gather(red["stack"], send, group=self.process_group, async_op=True)
         gathers.append(dict(work=work, keep=send, out=red["stack"], params=params))
-
-    # The two fills mirror MuonAdamW._step_adamw / _step_muon (kept in step by the parity tests).
-    def _fill_adamw(self, group, step: int):
-        self._adamw_step_t.fill_(step)
-        self._adamw_lr_t.fill_(group["lr"])
-        self._adamw_beta1_t.fill_(group["betas"][0])
-        self._adamw_beta2_t.fill_(group["betas"][1])
-        self._adamw_eps_t.fill_(group["eps"])
-        self._adamw_wd_t.fill_(group["weight_decay"])
-
-    def _fill_muon(self, group, rows: int, cols: int):
-        self._muon_momentum_t.fill_(group["momentum"])
-        self._muon_beta2_t.fill_(group["beta2"] if group["beta2"] is not None else 0.0)
-        self._muon_lr_t.fill_(group["lr"] * max(1.0, rows / cols) ** 0.5)  # shape factor
-        self._muon_wd_t.fill_(group["weight_decay"])
 
     # ---------------------------------------------------------------- checkpoints
 

@@ -218,33 +218,55 @@ class MuonAdamW(torch.optim.Optimizer):
         for p in group["params"]:
             if p.grad is None:
                 continue
-            state = self.state[p]
-            # master32 (seed 002 §1.4e): an fp32 master copy and fp32 moments for a low-precision
-            # param; the update runs on the master and the param is written from it. Off (the
-            # upstream "bf16state"), moments live in the param's own dtype.
-            master32 = group.get("master32", False) and p.dtype != torch.float32
-            if not state:
-                state["step"] = 0
-                if master32:
-                    state["master"] = p.detach().float().clone()
-                target = state["master"] if master32 else p
-                state["exp_avg"] = torch.zeros_like(target)
-                state["exp_avg_sq"] = torch.zeros_like(target)
+            state = self._adamw_state(group, p, p)
             state["step"] += 1
-            self._adamw_step_t.fill_(state["step"])
-            self._adamw_lr_t.fill_(group["lr"])
-            self._adamw_beta1_t.fill_(group["betas"][0])
-            self._adamw_beta2_t.fill_(group["betas"][1])
-            self._adamw_eps_t.fill_(group["eps"])
-            self._adamw_wd_t.fill_(group["weight_decay"])
             grad = _whitening.whiten_grad(p.grad, state["step"], group)  # p.grad itself when off
-            target = state["master"] if master32 else p
-            self._fn("adamw", p.device)(
-                target, grad.float() if master32 else grad, state["exp_avg"], state["exp_avg_sq"],
-                self._adamw_step_t, self._adamw_lr_t, self._adamw_beta1_t, self._adamw_beta2_t,
-                self._adamw_eps_t, self._adamw_wd_t)
+            self._adamw_update(group, p, grad, state)
+
+    def _adamw_state(self, group, p, share) -> dict:
+        """p's AdamW state, created for `share` (p itself, or this rank's rows of it) on first use.
+
+        master32 (seed 002 §1.4e): an fp32 master copy and fp32 moments for a low-precision
+        param; the update runs on the master and the param is written from it. Off (the
+        upstream "bf16state"), moments live in the param's own dtype.
+        """
+        state = self.state[p]
+        if not state:
+            master32 = group.get("master32", False) and p.dtype != torch.float32
+            state["step"] = 0
             if master32:
-                p.copy_(state["master"])
+                state["master"] = share.detach().float().clone()
+            target = state["master"] if master32 else share
+            state["exp_avg"] = torch.zeros_like(target)
+            state["exp_avg_sq"] = torch.zeros_like(target)
+        return state
+
+    def _adamw_update(self, group, share, grad, state) -> None:
+        """One AdamW step of `share` (a param or this rank's rows of it) with `grad`, state["step"]
+        already advanced; through the fp32 master under master32."""
+        master32 = "master" in state
+        self._fill_adamw(group, state["step"])
+        target = state["master"] if master32 else share
+        self._fn("adamw", share.device)(
+            target, grad.float() if master32 else grad, state["exp_avg"], state["exp_avg_sq"],
+            self._adamw_step_t, self._adamw_lr_t, self._adamw_beta1_t, self._adamw_beta2_t,
+            self._adamw_eps_t, self._adamw_wd_t)
+        if master32:
+            share.copy_(state["master"])
+
+    def _fill_adamw(self, group, step: int):
+        self._adamw_step_t.fill_(step)
+        self._adamw_lr_t.fill_(group["lr"])
+        self._adamw_beta1_t.fill_(group["betas"][0])
+        self._adamw_beta2_t.fill_(group["betas"][1])
+        self._adamw_eps_t.fill_(group["eps"])
+        self._adamw_wd_t.fill_(group["weight_decay"])
+
+    def _fill_muon(self, group, rows: int, cols: int):
+        self._muon_momentum_t.fill_(group["momentum"])
+        self._muon_beta2_t.fill_(group["beta2"] if group["beta2"] is not None else 0.0)
+        self._muon_lr_t.fill_(group["lr"] * max(1.0, rows / cols) ** 0.5)  # shape factor
+        self._muon_wd_t.fill_(group["weight_decay"])
 
     def _step_muon(self, group):
         params = group["params"]
@@ -265,10 +287,7 @@ class MuonAdamW(torch.optim.Optimizer):
         red_dim = -1 if rows >= cols else -2
         stacked_grads = torch.stack([p.grad for p in params])
         stacked_params = torch.stack(params)
-        self._muon_momentum_t.fill_(group["momentum"])
-        self._muon_beta2_t.fill_(group["beta2"] if group["beta2"] is not None else 0.0)
-        self._muon_lr_t.fill_(group["lr"] * max(1.0, rows / cols) ** 0.5)  # shape factor
-        self._muon_wd_t.fill_(group["weight_decay"])
+        self._fill_muon(group, rows, cols)
         options = _prepolar.step_options(group, state, 0, len(params), p0.device)
         self._fn("muon", p0.device)(
             stacked_grads, stacked_params, state["momentum_buffer"], state["second_momentum_buffer"],
