@@ -194,3 +194,12 @@ def test_accounting_table_and_format():
     assert "127,573,520" in text and "+63.42" in text and "+456.98" in text and "routing 8.05" in text
     assert len(text.splitlines()) == 3 + len(arms)
     assert "+319.30 [paper 319.31]" in A.format_accounting_table(A.accounting_table(["12_oe_joint"], D6))
+
+
+def test_bieq_is_priced_over_the_scoped_matrices_only():
+    """exp47 (square_only): 16 FLOPs x the 32 attention matrices of 512 x 512 at depth 8."""
+    from muonlab.diagnostics.accounting import arm_accounting
+    square = arm_accounting("exp47_hbieq_square_only_bf16", "gpu-d8")["flops"]["components"]["bieq"]["value"]
+    assert square == pytest.approx(16 * 32 * 512 * 512 / 1e9)
+    full = arm_accounting("exp44_hbieq_bf16", "gpu-d8")["flops"]["components"]["bieq"]["value"]
+    assert full > square

@@ -60,6 +60,7 @@ import torch
 
 from muonlab.arms import resolve_config
 from muonlab.model import GPT
+from muonlab.optim.prepolar import selected_indices
 from muonlab.train.build import build_optimizer, model_config
 
 VOCAB = 8192
@@ -129,10 +130,10 @@ def arm_accounting(arm: str, preset: str = "gpu-d8") -> dict[str, Any]:
         lookup = 8 * n_tok * oe.n_embd
         fl["oe_lookup"] = _component(lookup / 1e9, "8 N_tok d", "verified")
         fl["oe_update"] = _component((oe.flops_per_step(n_tok) - lookup) / 1e9, "5 sum_j(m+2j) d/4", "verified")
-    muon = [p for g in groups if g["kind"] == "muon" and g.get("prepolar") == "hbieq" for p in g["params"]]
+    # the matrices BiEq acts on: each hbieq group's scope (all, square_only, rect_only or a name filter)
+    muon = [g["params"][i] for g in groups if g["kind"] == "muon" and g.get("prepolar") == "hbieq"
+            for i in selected_indices(g, 0, len(g["params"]))]
     if muon:
-        if any(g.get("prepolar_scope", "all") != "all" for g in groups if g["kind"] == "muon"):
-            raise NotImplementedError("bieq FLOPs are priced for prepolar_scope='all' only")
         n = sum(p.numel() for p in muon)
         fl["bieq"] = _component(BIEQ_FLOPS_PER_ELEMENT * n / 1e9, f"16 x {n:,} Muon-matrix elements",
                                 "spec rule (~16/element)")
