@@ -1,0 +1,91 @@
+"""Record (or recompute) every registered arm's parameter checksum after a few training steps.
+
+The guard of the structure refactor (issue 12): moving code must not move numbers. For each arm,
+a run of `STEPS` optimizer steps under its CPU preset (`tied-cpu` for the tied-token family,
+`cpu-tiny` otherwise) is trained in this process and the final weights are hashed tensor by
+tensor. The digest is over the sorted (dtype, shape, sha256) triples, so a parameter that is only
+renamed or moved to another module keeps the digest, while any changed bit changes it.
+
+    python tests/golden/make_arm_checksums.py            # rewrite tests/golden/arm_checksums.json
+    python tests/golden/make_arm_checksums.py --check    # compare, print the arms that differ
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+GOLDEN = Path(__file__).with_name("arm_checksums.json")
+STEPS = 3
+
+
+def tensor_digest(t: torch.Tensor) -> str:
+    t = t.detach().cpu().contiguous()
+    return hashlib.sha256(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"").hexdigest()
+
+
+def weights_digest(state: dict[str, torch.Tensor]) -> tuple[str, dict[str, str]]:
+    full = {name: f"{str(t.dtype).removeprefix('torch.')}|{tuple(t.shape)}|{tensor_digest(t)}"
+            for name, t in state.items()}
+    blob = "\n".join(sorted(full.values()))
+    # per tensor, the first 12 hex digits are kept: enough to say which tensor moved
+    return hashlib.sha256(blob.encode()).hexdigest(), {name: v[:v.rindex("|") + 13] for name, v in full.items()}
+
+
+def preset_for(arm) -> str:
+    return "tied-cpu" if arm.overrides.get("model_family") == "tied" else "cpu-tiny"
+
+
+def arm_checksum(arm_name: str, preset_name: str, runs_dir: Path, data_cache: dict) -> tuple[str, dict[str, str]]:
+    """Train `arm_name` for STEPS steps under `preset_name` in this process; hash its final weights."""
+    from muonlab.arms import resolve_config
+    from muonlab.data.prepare import prepare_data
+    from muonlab.train import run_training
+
+    cfg = resolve_config(arm_name, preset_name, {"num_steps": STEPS, "quiet": True, "runs_dir": str(runs_dir),
+                                                 "trajectory_steps": ""})
+    if preset_name not in data_cache:
+        data_cache[preset_name] = prepare_data(cfg.data, log=lambda _: None)
+    result = run_training(cfg, log=lambda _: None, data=data_cache[preset_name])
+    state = torch.load(result.run_dir / "model.pt", weights_only=True)
+    return weights_digest(state)
+
+
+def compute_all(arm_names=None) -> dict[str, dict]:
+    from muonlab.arms import ARMS
+
+    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    out, cache = {}, {}
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ.setdefault("MUONLAB_CACHE", str(Path(tmp) / "cache"))
+        for name in sorted(arm_names or ARMS):
+            preset_name = preset_for(ARMS[name])
+            digest, per_name = arm_checksum(name, preset_name, Path(tmp) / "runs", cache)
+            out[name] = {"preset": preset_name, "steps": STEPS, "digest": digest, "tensors": per_name}
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="compare with the golden file instead of writing it")
+    args = parser.parse_args()
+    current = compute_all()
+    if args.check:
+        golden = json.loads(GOLDEN.read_text())
+        bad = sorted(n for n in golden if current.get(n, {}).get("digest") != golden[n]["digest"])
+        print("all arms match" if not bad else "differ: " + ", ".join(bad))
+        return 1 if bad else 0
+    GOLDEN.write_text(json.dumps(current, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {len(current)} arms to {GOLDEN}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
