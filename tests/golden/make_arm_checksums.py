@@ -6,7 +6,18 @@ a run of `STEPS` optimizer steps under its CPU preset (`tied-cpu` for the tied-t
 tensor. The digest is over the sorted (dtype, shape, sha256) triples, so a parameter that is only
 renamed or moved to another module keeps the digest, while any changed bit changes it.
 
-    python tests/golden/make_arm_checksums.py            # rewrite tests/golden/arm_checksums.json
+Bitwise results depend on the machine: CPU kernels (AVX2, AVX-512, MKL's per-vendor paths) round
+differently, and AdamW turns a rounding-noise gradient into a full step (x0_lambdas at step 0 is
+mathematically zero), so another CPU gives other weights after 3 steps. The golden file therefore
+holds one set of checksums per machine fingerprint (torch version, CPU capability, CPU model and
+flags). To guard a refactor on a new machine, record that machine's set from the commit before the
+refactor (f51cf6b, the recording commit) and copy it in:
+
+    git worktree add /tmp/pre-refactor f51cf6b && (cd /tmp/pre-refactor && \
+        ../path/to/.venv/bin/python tests/golden/make_arm_checksums.py) # writes its own golden file
+    python tests/golden/make_arm_checksums.py --merge /tmp/pre-refactor/tests/golden/arm_checksums.json
+
+    python tests/golden/make_arm_checksums.py            # record this machine's set (others kept)
     python tests/golden/make_arm_checksums.py --check    # compare, print the arms that differ
 """
 
@@ -16,6 +27,7 @@ import argparse
 import hashlib
 import json
 import os
+import platform
 import sys
 import tempfile
 from pathlib import Path
@@ -24,6 +36,26 @@ import torch
 
 GOLDEN = Path(__file__).with_name("arm_checksums.json")
 STEPS = 3
+
+
+def machine_fingerprint() -> tuple[str, str]:
+    """(fingerprint, description) of what decides the bits: torch, its CPU kernels, the CPU."""
+    model, flags, vendor = platform.processor(), "", ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            key, value = key.strip(), value.strip()
+            if key == "model name" and not flags:
+                model = value
+            elif key == "vendor_id" and not vendor:
+                vendor = value
+            elif key == "flags" and not flags:
+                flags = value
+    except OSError:
+        pass
+    description = f"torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()}, {vendor} {model}".strip()
+    digest = hashlib.sha256(f"{description}|{flags}".encode()).hexdigest()[:12]
+    return digest, description
 
 
 def tensor_digest(t: torch.Tensor) -> str:
@@ -72,18 +104,31 @@ def compute_all(arm_names=None) -> dict[str, dict]:
     return out
 
 
+def load_golden() -> dict:
+    return json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {"machines": {}}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="compare with the golden file instead of writing it")
+    parser.add_argument("--merge", metavar="FILE", help="copy the machine sets of another golden file into this one")
     args = parser.parse_args()
+    golden = load_golden()
+    if args.merge:
+        golden["machines"].update(json.loads(Path(args.merge).read_text())["machines"])
+        GOLDEN.write_text(json.dumps(golden, indent=1, sort_keys=True) + "\n")
+        print(f"{len(golden['machines'])} machine sets in {GOLDEN}")
+        return 0
+    fingerprint, description = machine_fingerprint()
     current = compute_all()
     if args.check:
-        golden = json.loads(GOLDEN.read_text())
-        bad = sorted(n for n in golden if current.get(n, {}).get("digest") != golden[n]["digest"])
+        arms = golden["machines"][fingerprint]["arms"]
+        bad = sorted(n for n in arms if current.get(n, {}).get("digest") != arms[n]["digest"])
         print("all arms match" if not bad else "differ: " + ", ".join(bad))
         return 1 if bad else 0
-    GOLDEN.write_text(json.dumps(current, indent=1, sort_keys=True) + "\n")
-    print(f"wrote {len(current)} arms to {GOLDEN}")
+    golden["machines"][fingerprint] = {"machine": description, "arms": current}
+    GOLDEN.write_text(json.dumps(golden, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {len(current)} arms for {description} ({fingerprint}) to {GOLDEN}")
     return 0
 
 

@@ -130,6 +130,25 @@ def _relative_error(candidate: torch.Tensor, reference: torch.Tensor, scale: tor
     return num / den
 
 
+# A gradient that is mathematically zero is recorded as rounding noise: at step 0 the blocks
+# output 0 (zero-initialised c_proj), so the final RMSNorm makes the loss invariant to the scale
+# that resid_lambdas/x0_lambdas set, and their recorded gradients are ~1e-10, a sum of rounding
+# errors that differs between CPU kernels (AVX2 vs AVX-512). Per-tensor errors are therefore
+# relative to max(||g_ref||, GRAD_FLOOR x the whole model's ||g_ref||): a real defect moves a
+# gradient by far more than a millionth of the model's gradient norm.
+GRAD_FLOOR = 1e-6
+
+
+def _grad_errors(named: dict[str, torch.Tensor], ref_grads: dict[str, torch.Tensor]) -> dict[str, float]:
+    total = math.sqrt(sum(ref_grads[n].double().norm().item() ** 2 for n in named))
+    errors = {}
+    for n, p in named.items():
+        num = (p.grad.double() - ref_grads[n].double()).norm().item()
+        den = max(ref_grads[n].double().norm().item(), GRAD_FLOOR * total)
+        errors[n] = 0.0 if num == 0.0 else (num / den if den > 0 else math.inf)
+    return errors
+
+
 def _build_model(bundle: dict) -> GPT:
     cfg = {k: bundle["model_config"][k] for k in
            ("sequence_len", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd", "window_pattern")}
@@ -171,7 +190,7 @@ def verify_bundle(path: str | Path) -> ReferenceReport:
             loss_errors.append(abs(loss.item() - bundle["losses"][s, k].item()))
             (loss / accum).backward()
         ref_grads = steps[s]["grads"]
-        grad_errors = {n: _relative_error(p.grad, ref_grads[n], ref_grads[n]) for n, p in named.items()}
+        grad_errors = _grad_errors(named, ref_grads)
         # optimizer step from the recorded state and the recorded gradients
         model.load_state_dict(steps[s]["params"], strict=True)
         for n, p in named.items():
