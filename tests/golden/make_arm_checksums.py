@@ -11,9 +11,9 @@ differently, and AdamW turns a rounding-noise gradient into a full step (x0_lamb
 mathematically zero), so another CPU gives other weights after 3 steps. The golden file therefore
 holds one set of checksums per machine fingerprint (torch version, CPU capability, CPU model and
 flags). To guard a refactor on a new machine, record that machine's set from the commit before the
-refactor (f51cf6b, the recording commit) and copy it in:
+refactor (c0660f1, the recording commit) and copy it in:
 
-    git worktree add /tmp/pre-refactor f51cf6b && (cd /tmp/pre-refactor && \
+    git worktree add /tmp/pre-refactor c0660f1 && (cd /tmp/pre-refactor && \
         ../path/to/.venv/bin/python tests/golden/make_arm_checksums.py) # writes its own golden file
     python tests/golden/make_arm_checksums.py --merge /tmp/pre-refactor/tests/golden/arm_checksums.json
 
