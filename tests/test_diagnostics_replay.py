@@ -54,7 +54,7 @@ def test_replay_leaves_weights_and_optimizer_state_bitwise_unchanged(run_dir):
 def test_batches_are_the_checkpoints_next_step(run_dir):
     loaded = load_run(run_dir)
     batches = R.capture_batches(loaded)
-    assert len(batches) == loaded.cfg.accum_steps_per_rank(1) == 2
+    assert len(batches) == loaded.cfg.train.accum_steps_per_rank(1) == 2
     x, y = loaded.pending_batch()
     assert torch.equal(batches[0][0], x) and torch.equal(batches[0][1], y)
     assert torch.equal(batches[0][0][:, 1:], batches[0][1][:, :-1])  # targets are the inputs shifted

@@ -29,9 +29,9 @@ def test_registry_and_cli(capsys):
     assert {"baseline", "adamw_only"} <= set(ARMS)
     assert main(["arms", "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)
-    assert listed["adamw_only"]["overrides"] == {"matrix_optimizer": "adamw"}
+    assert listed["adamw_only"]["overrides"] == {"optim.matrix_optimizer": "adamw"}
     cfg = resolve_config("adamw_only", "cpu-tiny", {"seed": 3})
-    assert cfg.arm == "adamw_only" and cfg.matrix_optimizer == "adamw" and cfg.seed == 3
+    assert cfg.arm == "adamw_only" and cfg.optim.matrix_optimizer == "adamw" and cfg.seed == 3
     assert resolve_config("baseline", "cpu-tiny").config_hash() != cfg.config_hash()
     with pytest.raises(UsageError, match="unknown arm"):
         get_arm("nope")

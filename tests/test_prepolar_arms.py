@@ -9,6 +9,7 @@ from muonlab.arms import ARMS, default_seeds, resolve_config
 from muonlab.cli import main
 from muonlab.device import Runtime
 from muonlab.errors import UsageError
+from muonlab.config import flag_of
 from muonlab.train.build import build_model, build_optimizer
 
 PREPOLAR_ARMS = sorted(name for name, arm in ARMS.items() if arm.family == "prepolar")
@@ -49,7 +50,8 @@ def test_arm_trains_on_cpu_preset(arm, capsys):
     model = build_model(cfg, 300, Runtime(torch.device("cpu"), "fp32"))
     opt = build_optimizer(model, cfg, compile_step=False)
     muon = [g for g in opt.param_groups if g["kind"] == "muon"]
-    for key, value in ARMS[arm].overrides.items():
+    for dotted, value in ARMS[arm].overrides.items():
+        key = flag_of(dotted).replace("-", "_")  # the flag names are the group options' and GPTConfig's
         if key.startswith(("prepolar", "polar_", "post_polar")):
             assert all(g[key] == value for g in muon), key
         elif hasattr(model.config, key):  # a model variant

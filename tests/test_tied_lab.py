@@ -16,7 +16,7 @@ SEED004 = sorted(a.name for a in ARMS.values() if a.paper == "seed 004")
 def test_seed004_arms_and_seeds():
     assert {"t1_hybrid", "t1_sign", "t1_afmuon", "k1_lmo_rms", "k1_adamw_adamw", "k7_cinf_s0p5", "k8_lookup"} <= set(SEED004)
     assert default_seeds(["t1_hybrid", "t1_sign", "t1_afmuon"]) == [43, 44, 45]
-    assert ARMS["k3_s0p25"].seeds == (43,) and ARMS["k3_s0p25"].overrides["af_scale"] == 0.25
+    assert ARMS["k3_s0p25"].seeds == (43,) and ARMS["k3_s0p25"].overrides["optim.scale"] == 0.25
     assert len([a for a in SEED004 if a.startswith("k7_")]) == 14
 
 
@@ -36,15 +36,15 @@ def test_partition_tells_an_mlp_from_an_untied_head():
 
 
 def test_tied_settings_are_validated():
-    with pytest.raises(UsageError, match="tied table"):
+    with pytest.raises(UsageError, match="does not act on model family autoresearch"):
         resolve_config("baseline", "cpu-tiny", {"optimizer": "afmuon"})
-    with pytest.raises(UsageError, match="AF-Muon preset"):
+    with pytest.raises(UsageError, match="optim.kind must be one of"):
         resolve_config("baseline", "tied-cpu", {"optimizer": "muon_adamw"})
     with pytest.raises(UsageError, match="af_cap"):
         resolve_config("t1_afmuon", "tied-cpu", {"af_cap": 0.5})
-    with pytest.raises(UsageError, match="tied_grad_source"):
+    with pytest.raises(UsageError, match="grad_source must be one of"):
         resolve_config("t1_afmuon", "tied-cpu", {"tied_grad_source": "x"})
-    assert resolve_config("t1_afmuon", "nanogpt-124m").tied_preset == "nanogpt-124m"
+    assert resolve_config("t1_afmuon", "nanogpt-124m").model.preset == "nanogpt-124m"
 
 
 def test_gradient_source_intervention_splits_the_merged_gradient():

@@ -1,7 +1,7 @@
 """The arms registry: named, documented config overrides on top of a protocol preset.
 
-An arm says what it changes (`overrides`, TrainConfig field names; a nested `data` dict for
-DataConfig) and where it comes from (`paper`, `experiment`). Later families register their
+An arm says what it changes (`overrides`: dotted keys of the run config, muonlab.config; they may
+be written with the flat flag names, and are stored dotted) and where it comes from (`paper`, `experiment`). Later families register their
 arms here, next to the module where their variant acts. Arms never carry a preset: the sweep's
 `--preset` chooses the protocol, so one arm runs under `cpu-tiny` and `gpu-d8` alike.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from muonlab.config import TrainConfig, apply_overrides, preset
+from muonlab.config import RunConfig, _flat_overrides, all_presets, build_config
 from muonlab.errors import UsageError
 
 
@@ -33,10 +33,12 @@ ARMS: dict[str, Arm] = {}
 
 
 def register(arm: Arm) -> Arm:
+    """Register an arm, its overrides stored as dotted keys; fails at import time, not mid-sweep,
+    if an override names no setting or a setting that does not act."""
     if arm.name in ARMS:
         raise ValueError(f"arm {arm.name!r} is already registered")
-    # fail at import time, not mid-sweep, if an override names no config field
-    apply_overrides(TrainConfig(), arm.overrides)
+    arm = Arm(**{**arm.to_dict(), "overrides": _flat_overrides(arm.overrides)})
+    build_config([("arm", arm.overrides)])
     ARMS[arm.name] = arm
     return arm
 
@@ -47,13 +49,18 @@ def get_arm(name: str) -> Arm:
     return ARMS[name]
 
 
-def resolve_config(arm_name: str, preset_name: str, extra: dict[str, Any] | None = None) -> TrainConfig:
-    """preset -> arm overrides -> extra overrides (e.g. CLI flags), with cfg.arm set."""
+def resolve_config(arm_name: str, preset_name: str, extra: dict[str, Any] | None = None,
+                   implied: dict[str, Any] | None = None) -> RunConfig:
+    """preset -> arm overrides -> extra overrides (e.g. CLI flags), with cfg.arm set. `implied`
+    holds settings that follow from the extra ones (e.g. num_steps none when a time budget is given)."""
     arm = get_arm(arm_name)
-    cfg = apply_overrides(preset(preset_name), arm.overrides)
-    cfg = apply_overrides(cfg, extra or {})
+    presets = all_presets()
+    if preset_name not in presets:
+        raise UsageError(f"unknown preset {preset_name!r}; choose from {', '.join(presets)}")
+    cfg = build_config([("preset", presets[preset_name]), ("arm", arm.overrides), ("implied", implied or {}),
+                        ("command line", extra or {})])
     cfg.arm = arm.name
-    return cfg.validate()
+    return cfg
 
 
 register(Arm(

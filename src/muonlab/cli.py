@@ -13,6 +13,7 @@ import os
 import sys
 from typing import Any, Callable
 
+from muonlab.cli_flags import add_config_flags, collect_overrides
 from muonlab.errors import MuonlabError, UsageError
 
 
@@ -29,61 +30,20 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see `{self.prog} --help`)")
 
 
-def _field_type(annotation: str) -> tuple[Callable[[str], Any], bool]:
-    """Converter for a dataclass field annotation like 'int | None'; second item: optional."""
-    parts = [p.strip() for p in str(annotation).split("|")]
-    optional = "None" in parts
-    base = next((p for p in parts if p != "None"), "str")
-
-    def convert(text: str):
-        if optional and text.lower() in ("none", "null", ""):
-            return None
-        if base == "bool":
-            if text.lower() in ("1", "true", "yes", "on"):
-                return True
-            if text.lower() in ("0", "false", "no", "off"):
-                return False
-            raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
-        if base == "int":
-            return int(text)
-        if base == "float":
-            return float(text)
-        return text
-
-    convert.__name__ = base
-    return convert, optional
-
-
-def _add_config_flags(parser: argparse.ArgumentParser, config_cls, group_title: str):
-    group = parser.add_argument_group(group_title)
-    for f in dataclasses.fields(config_cls):
-        # `data` gets DataConfig's own flags; `arm` has its own flag, which applies the arm's overrides
-        if f.name in ("data", "arm"):
-            continue
-        convert, _ = _field_type(f.type)
-        default = f.default if f.default is not dataclasses.MISSING else None
-        group.add_argument(f"--{f.name.replace('_', '-')}", dest=f"cfg_{f.name}", type=convert,
-                           default=argparse.SUPPRESS, metavar=convert.__name__.upper(),
-                           help=f"(default: {default})")
-
-
-def _collect_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    return {k[4:]: v for k, v in vars(args).items() if k.startswith("cfg_")}
-
-
 def _resolve_config(args: argparse.Namespace):
     from muonlab.arms import resolve_config
     from muonlab.config import apply_overrides, load_config_file
 
-    overrides = _collect_overrides(args)
-    # giving one duration switches the other off
-    if "time_budget" in overrides and overrides["time_budget"] is not None and "num_steps" not in overrides:
-        overrides["num_steps"] = None
-    if "num_steps" in overrides and overrides["num_steps"] is not None and "time_budget" not in overrides:
-        overrides["time_budget"] = None
+    overrides = collect_overrides(args)
+    implied = {}  # giving one duration switches the other off
+    if overrides.get("train.time_budget") not in (None, "none") and "train.num_steps" not in overrides:
+        implied["train.num_steps"] = None
+    if overrides.get("train.num_steps") not in (None, "none") and "train.time_budget" not in overrides:
+        implied["train.time_budget"] = None
     if getattr(args, "config", None):
-        return apply_overrides(load_config_file(args.config), overrides).validate()
-    return resolve_config(getattr(args, "arm", "baseline"), args.preset, overrides)
+        cfg = apply_overrides(load_config_file(args.config), implied, origin="implied")
+        return apply_overrides(cfg, overrides, origin="command line")
+    return resolve_config(getattr(args, "arm", "baseline"), args.preset, overrides, implied)
 
 
 def _emit(args, payload: dict, text: str) -> None:
@@ -117,14 +77,14 @@ def cmd_train(args) -> int:
     from muonlab.train.run import format_summary, resume_training
 
     if args.resume:
-        if _collect_overrides(args) or args.config:
+        if collect_overrides(args) or args.config:
             raise UsageError("--resume continues a run with its saved config; give no other settings")
         result = resume_training(args.resume, log=_log_for(args), fallback=args.fallback,
                                  quiet=True if args.json else None)
     else:
         cfg = _resolve_config(args)
         if args.json:
-            cfg.quiet = True
+            cfg.record.quiet = True
         result = run_training(cfg, log=_log_for(args))
     _emit(args, {"run_id": result.run_id, "run_dir": str(result.run_dir), "status": result.status,
                  "summary": result.summary, "metrics": result.metrics},
@@ -142,6 +102,14 @@ def cmd_arms(args) -> int:
         lines.append(f"{arm['name']:<20} [{arm['family']}] {arm['description']}")
         lines.append(f"{'':<20} reproduces: {origin}; overrides: {json.dumps(arm['overrides']) if arm['overrides'] else 'none'}")
     _emit(args, payload, "\n".join(lines))
+    return 0
+
+
+def cmd_methods(args) -> int:
+    from muonlab.lab.methods import format_methods, method_catalog
+
+    catalog = method_catalog()
+    _emit(args, {"methods": catalog}, format_methods(catalog))
     return 0
 
 
@@ -166,8 +134,8 @@ def cmd_sweep(args) -> int:
     for arm in arms:
         get_arm(arm)
     seeds = parse_seeds(args.seeds) if args.seeds is not None else default_seeds(arms)
-    overrides = _collect_overrides(args)
-    overrides.setdefault("quiet", True)
+    overrides = collect_overrides(args)
+    overrides.setdefault("record.quiet", True)
     outcomes = run_sweep(arms, seeds, args.preset, overrides, executor=args.executor, parallel=args.parallel,
                          retry_failed=args.retry_failed, slurm=_parse_slurm_options(args.slurm),
                          log=_log_for(args))
@@ -203,21 +171,36 @@ def cmd_report(args) -> int:
     return 0
 
 
-# tool: (module, runner, formatter, needs a run directory)
+# tool: (module, runner, formatter, what it is, its own options)
+_RUN = (("--run", dict(required=True, metavar="RUN_DIR", help="the run directory to read")),)
 DIAGNOSTICS = {
-    "conditioning": ("conditioning", lambda m, a: m.run(), "format_table", False),
-    "storage": ("storage", lambda m, a: m.run_storage_audit(), "format_storage_table", False),
-    "equivalence": ("equivalence", lambda m, a: m.run(), "format_table", False),
-    "gauge": ("gauge", lambda m, a: m.run_gauge_audit(), "format_gauge_table", False),
-    "trajectory": ("trajectory", lambda m, a: m.read_trajectory(a.run), "format_table", True),
-    "geometry": ("geometry", lambda m, a: m.run(a.run), "format_table", True),
-    "replay": ("replay", lambda m, a: m.run_replay(a.run, micro_batches=a.micro_batches, rule=a.rule),
-               "format_replay_table", True),
-    "audit": ("audit002", lambda m, a: m.run_audit(a.run), "format_audit_table", True),
-    "afmuon": ("afmuon", lambda m, a: m.run(a.run), "format_table", True),
-    "step0": ("step0_audit", lambda m, a: m.run_step0_audit(), "format_step0_table", False),
+    "conditioning": ("conditioning", lambda m, a: m.run(), "format_table",
+                     "seed 000 §4.3 synthetic conditioning benchmark (kappa, defect, cosine per conditioner)", ()),
+    "storage": ("storage", lambda m, a: m.run_storage_audit(), "format_storage_table",
+                "saved-for-backward storages per pre-sublayer gains implementation (seed 000 §3.1)", ()),
+    "equivalence": ("equivalence", lambda m, a: m.run(), "format_table",
+                    "fused vs unfused gains, LeRoPE vs autograd, Proposition 1 on every plane", ()),
+    "gauge": ("gauge", lambda m, a: m.run_gauge_audit(), "format_gauge_table",
+              "seed 003's FP64 residual-gauge identities", ()),
+    "step0": ("step0_audit", lambda m, a: m.run_step0_audit(), "format_step0_table",
+              "seed 002 §1.8 step-0 precision and epsilon audit", ()),
     "accounting": ("accounting", lambda m, a: m.accounting_table(_accounting_arms(a), a.preset),
-                   "format_accounting_table", False),
+                   "format_accounting_table", "FLOP, parameter and memory accounting per arm (spec-002 §2.6-2.8)",
+                   (("--arms", dict(default=None, help="comma-separated arms (default: every seed-002 arm)")),
+                    ("--preset", dict(default="gpu-d8", help="the protocol the arms are priced at (default gpu-d8)")))),
+    "trajectory": ("trajectory", lambda m, a: m.read_trajectory(a.run), "format_table",
+                   "a run's loss and residual scalars at its trajectory steps", _RUN),
+    "geometry": ("geometry", lambda m, a: m.run(a.run), "format_table",
+                 "W_Q/W_K effective rank and row-norm dispersion, variant scalars, of a run's checkpoint", _RUN),
+    "replay": ("replay", lambda m, a: m.run_replay(a.run, micro_batches=a.micro_batches, rule=a.rule),
+               "format_replay_table", "seed 003's actual-state Muon replay of one step under two backward rules",
+               (*_RUN, ("--rule", dict(default="branch_tangent", help="the backward rule compared with ordinary")),
+                ("--micro-batches", dict(type=int, default=None,
+                                         help="micro-batches to replay (default: one optimizer step's worth)")))),
+    "audit": ("audit002", lambda m, a: m.run_audit(a.run), "format_audit_table",
+              "seed 002 checkpoint audits (stable rank, mean-row energy, q_tau profile, terminal scalars)", _RUN),
+    "afmuon": ("afmuon", lambda m, a: m.run(a.run), "format_table",
+               "AF-Muon LMO statistics of a tied run (capped coordinates, clipped rows, cosine with Sign)", _RUN),
 }
 
 
@@ -233,9 +216,7 @@ def _accounting_arms(args) -> list[str]:
 def cmd_diagnose(args) -> int:
     import importlib
 
-    module_name, runner, formatter, needs_run = DIAGNOSTICS[args.tool]
-    if needs_run and args.run is None:
-        raise UsageError(f"diagnose {args.tool} reads a run: give --run RUN_DIR")
+    module_name, runner, formatter, _, _ = DIAGNOSTICS[args.tool]
     mod = importlib.import_module(f"muonlab.diagnostics.{module_name}")
     result = runner(mod, args)
     _emit(args, result, getattr(mod, formatter)(result))
@@ -261,26 +242,57 @@ def cmd_verify_reference(args) -> int:
     return 0 if report.passed else 1
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from muonlab import __version__
-    from muonlab.config import PRESETS, TrainConfig
-    from muonlab.data.config import DataConfig
+DESCRIPTION = "muonlab: controlled small-scale LLM pretraining research with the Muon optimizer family"
 
-    parser = _Parser(prog="muonlab", description=__doc__.splitlines()[0].split(": ", 1)[1])
+
+def _first_pass(argv: list[str] | None):
+    """--preset/--arm/--config/--plugin before the full parse: plug-ins are imported, and the
+    flags' defaults are those of the config they resolve to (the family's settings shown)."""
+    from muonlab.plugins import load_plugins
+
+    pre = argparse.ArgumentParser(add_help=False)
+    for flag in ("--preset", "--arm", "--config", "--plugin"):
+        pre.add_argument(flag, default=None)
+    known, _ = pre.parse_known_args(argv)
+    load_plugins(known.plugin or "")
+    try:
+        from muonlab.arms import resolve_config
+        from muonlab.config import load_config_file
+
+        if known.config:
+            return load_config_file(known.config)
+        return resolve_config(known.arm or "baseline", known.preset or "gpu-d8")
+    except MuonlabError:  # the real parse reports it; defaults are the plain preset's meanwhile
+        from muonlab.config import preset
+
+        return preset("gpu-d8")
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    from muonlab import __version__
+    from muonlab.config import all_presets
+    from muonlab.families import all_families
+
+    base = _first_pass(argv)
+    presets = sorted(all_presets())
+    families = all_families()
+    parser = _Parser(prog="muonlab", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"muonlab {__version__}")
     sub = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=_Parser)
     sub.required = True
 
-    def with_config(p, train_flags: bool):
-        p.add_argument("--preset", default="gpu-d8", choices=sorted(PRESETS),
+    def with_config(p, data_only: bool = False):
+        p.add_argument("--preset", default="gpu-d8", choices=presets,
                        help="protocol preset the flags override (default: gpu-d8)")
-        if train_flags:
-            _add_config_flags(p, TrainConfig, group_title="training")
-        _add_config_flags(p, DataConfig, group_title="data")
+        from muonlab.settings import leaves
+
+        skip = ("arm",) + tuple(l.key for f in families for l in leaves(_family_config(f))
+                                if data_only and not l.key.startswith("data."))
+        add_config_flags(p, base, families, skip=skip)
         p.add_argument("--json", action="store_true", help="print the result as JSON")
 
     p = sub.add_parser("prepare", help="download/materialise a corpus and train its tokenizer")
-    with_config(p, train_flags=False)
+    with_config(p, data_only=True)
     p.set_defaults(func=cmd_prepare)
 
     p = sub.add_parser("train", help="train one run and evaluate val/holdout BPB")
@@ -290,12 +302,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="continue an interrupted run from its newest checkpoint, in its own directory")
     p.add_argument("--fallback", action="store_true",
                    help="with --resume: if the newest checkpoint is corrupted, use the previous valid one")
-    with_config(p, train_flags=True)
+    with_config(p)
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("arms", help="list the registered arms")
     p.add_argument("--json", action="store_true", help="print the registry as JSON")
     p.set_defaults(func=cmd_arms)
+
+    p = sub.add_parser("methods", help="list the registered methods (paper, config key, module, arms, tests)")
+    p.add_argument("--json", action="store_true", help="print the registry as JSON")
+    p.set_defaults(func=cmd_methods)
 
     p = sub.add_parser("sweep", help="run arms x seeds under one preset, resumable from the ledger")
     p.add_argument("--arms", required=True, help="comma-separated arm names")
@@ -307,7 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--retry-failed", action="store_true", help="run failed or diverged (arm, seed) again")
     p.add_argument("--slurm", action="append", default=[], metavar="KEY=VALUE",
                    help="submitit parameter, e.g. slurm_partition=gpu, timeout_min=60, cluster=local")
-    with_config(p, train_flags=True)
+    with_config(p)
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("report", help="per-arm statistics, paired contrasts, Markdown/JSON/PNG report")
@@ -323,18 +339,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the report's numbers as JSON")
     p.set_defaults(func=cmd_report)
 
-    p = sub.add_parser("diagnose", help="read-only diagnostics: conditioning, storage, equivalence, gauge, "
-                                        "step0, accounting; trajectory, geometry, replay, audit, afmuon (of a run, --run)")
-    p.add_argument("tool", choices=tuple(DIAGNOSTICS), help="which diagnostic")
-    p.add_argument("--run", default=None, metavar="RUN_DIR", help="the run to read (trajectory, geometry, replay, audit, afmuon)")
-    p.add_argument("--rule", default="branch_tangent", help="replay: the backward rule compared with ordinary")
-    p.add_argument("--micro-batches", type=int, default=None,
-                   help="replay: micro-batches to replay (default: one optimizer step's worth)")
-    p.add_argument("--arms", default=None, help="accounting: comma-separated arms (default: every seed-002 arm)")
-    p.add_argument("--preset", default="gpu-d8", choices=sorted(PRESETS),
-                   help="accounting: the protocol the arms are priced at (default gpu-d8)")
-    p.add_argument("--json", action="store_true", help="print the numbers as JSON")
-    p.set_defaults(func=cmd_diagnose)
+    p = sub.add_parser("diagnose", help="read-only diagnostics of the seed papers (a sub-command per tool)")
+    tools = p.add_subparsers(dest="tool", metavar="TOOL", parser_class=_Parser)
+    tools.required = True
+    for name, (_, _, _, what, options) in DIAGNOSTICS.items():
+        t = tools.add_parser(name, help=what, description=what)
+        for flag, kwargs in options:
+            t.add_argument(flag, **kwargs)
+        t.add_argument("--json", action="store_true", help="print the numbers as JSON")
+        t.set_defaults(func=cmd_diagnose)
 
     p = sub.add_parser("demo", help="the CPU demo: stdlib corpus, cpu-demo preset, compare with xz")
     p.add_argument("--cache-dir", default=None, help="cache directory (default ~/.cache/muonlab)")
@@ -348,6 +361,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _family_config(name: str):
+    from muonlab.config import RunConfig
+
+    return RunConfig.for_family(name)
+
+
 def _sigterm_as_interrupt(signum, frame):
     raise KeyboardInterrupt  # a SLURM preemption or `kill` ends a run like Ctrl-C: recorded, then exit
 
@@ -357,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
 
     previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt) if threading_is_main() else None
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser(argv).parse_args(argv)
         return args.func(args)
     except MuonlabError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -27,7 +27,7 @@ def run_demo(cache_dir: str | None = None, log: Callable[[str], None] = print, q
     data = prepare_data(cfg.data, log=log)
     prepare_seconds = time.time() - t0
     result = run_training(cfg, log=log, data=data)
-    holdout = data.eval_bytes("holdout", cfg.sequence_len, cfg.eval_tokens)
+    holdout = data.eval_bytes("holdout", cfg.train.sequence_len, cfg.train.eval_tokens)
     xz_bpb = compress_bits_per_byte(holdout)
     return {
         "val_bpb": result.summary["val_bpb"],

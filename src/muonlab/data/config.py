@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Literal
 
 from muonlab.errors import UsageError
+from muonlab.settings import Section, setting
 
 SOURCES = ("climbmix", "local", "stdlib", "synthetic")
 
@@ -17,49 +19,58 @@ TXT_MODES = ("file", "paragraph")
 
 
 @dataclass
-class DataConfig:
+class DataConfig(Section):
     """Everything that decides which documents exist, how they split, and the tokenizer.
 
     Small corpora (local, stdlib, synthetic) are split by document into train/val/holdout
     with `val_fraction` and `holdout_fraction`. ClimbMix uses upstream's fixed split:
     shards 0..num_shards-1 for training and the pinned shard 06542 for val and holdout.
+    Download settings and the cache folder cannot change a number (hashed=False).
     """
 
-    source: str = "stdlib"
-    path: str | None = None  # local: a file or a folder of .txt/.jsonl/.parquet
-    local_txt_docs: str = "file"  # .txt: one document per file, or per blank-line paragraph
-    # Small corpora: cut documents longer than this into line-aligned pieces after the
-    # split (None keeps whole documents). Best-fit packing crops a document longer than
-    # a row and drops its tail, so with long files and a short T most text is never seen.
-    max_doc_chars: int | None = None
+    source: Literal[SOURCES] = setting("stdlib", "corpus: climbmix (upstream's shards), local (your files), "
+                                       "stdlib (the embedded Python stdlib), synthetic (Markov text with a known entropy rate)")
+    path: str | None = setting(None, "local: a file or a folder of .txt/.jsonl/.parquet")
+    local_txt_docs: Literal[TXT_MODES] = setting("file", "local .txt: one document per file, or per blank-line paragraph")
+    # Best-fit packing crops a document longer than a row and drops its tail, so with long
+    # files and a short T most text would never be seen: cut them after the split.
+    max_doc_chars: int | None = setting(None, "small corpora: cut longer documents into line-aligned pieces "
+                                        "after the split (none keeps whole documents)")
+    num_shards: int = setting(10, "climbmix training shards; -1 means all of them")
+    base_url: str = setting(CLIMBMIX_URL, "climbmix: where the shards are downloaded from")
+    download_workers: int = setting(8, "climbmix: parallel downloads", hashed=False)
+    download_retries: int = setting(5, "climbmix: attempts per shard", hashed=False)
+    download_backoff_s: float = setting(2.0, "climbmix: sleep backoff_s * 2**(attempt-1) between attempts", hashed=False)
+    download_timeout_s: float = setting(30.0, "climbmix: seconds before a stalled download is retried", hashed=False)
+    vocab_size: int = setting(8192, "BPE vocabulary size (tokens)")
+    tokenizer_max_chars: int = setting(1_000_000_000, "characters of the train split fed to BPE training")
+    tokenizer_doc_cap: int = setting(10_000, "characters taken from each document for BPE training")
+    val_fraction: float = setting(0.05, "small corpora: share of documents in the val split")
+    holdout_fraction: float = setting(0.05, "small corpora: share of documents in the holdout split")
+    synthetic_bytes: int = setting(4_000_000, "synthetic: corpus size in bytes")
+    synthetic_seed: int = setting(0, "synthetic: seed of the Markov chain and its text")
+    synthetic_words: int = setting(512, "synthetic: distinct words in the vocabulary")
+    synthetic_branching: int = setting(8, "synthetic: random successors per word (plus one fixed edge)")
+    synthetic_doc_words: int = setting(256, "synthetic: words per document")
+    cache_dir: str | None = setting(None, "data, tokenizer and runs cache (default: $MUONLAB_CACHE or "
+                                    "~/.cache/muonlab)", hashed=False)
 
-    # ClimbMix download.
-    num_shards: int = 10  # training shards; -1 means all of them
-    base_url: str = CLIMBMIX_URL
-    download_workers: int = 8
-    download_retries: int = 5
-    download_backoff_s: float = 2.0  # sleep backoff_s * 2**(attempt-1) between attempts
-    download_timeout_s: float = 30.0
+    def inactive(self) -> dict[str, str]:
+        why = f"the data source is {self.source}"
+        out = {}
+        if self.source != "local":
+            out.update(path=why, local_txt_docs=why)
+        if self.source == "climbmix":
+            out.update(max_doc_chars=why, val_fraction=why, holdout_fraction=why)
+        else:
+            out.update(num_shards=why, base_url=why, download_workers=why, download_retries=why,
+                       download_backoff_s=why, download_timeout_s=why)
+        if self.source != "synthetic":
+            out.update({k: why for k in ("synthetic_bytes", "synthetic_seed", "synthetic_words",
+                                         "synthetic_branching", "synthetic_doc_words")})
+        return out
 
-    # Tokenizer.
-    vocab_size: int = 8192
-    tokenizer_max_chars: int = 1_000_000_000  # chars of the train split fed to BPE training
-    tokenizer_doc_cap: int = 10_000  # chars taken from each document for BPE training
-
-    # Document split of small corpora.
-    val_fraction: float = 0.05
-    holdout_fraction: float = 0.05
-
-    # Synthetic Markov-chain text.
-    synthetic_bytes: int = 4_000_000
-    synthetic_seed: int = 0
-    synthetic_words: int = 512  # distinct words in the vocabulary
-    synthetic_branching: int = 8  # random successors per word (plus one fixed edge)
-    synthetic_doc_words: int = 256  # words per document
-
-    cache_dir: str | None = None
-
-    def validate(self) -> "DataConfig":
+    def validate(self) -> "DataConfig":  # noqa: D102
         """Raise UsageError with one line naming the first bad field; return self."""
         if self.source not in SOURCES:
             raise UsageError(f"data source {self.source!r} is not one of {', '.join(SOURCES)}")

@@ -113,7 +113,7 @@ def arm_accounting(arm: str, preset: str = "gpu-d8") -> dict[str, Any]:
     """Parameters, per-step FLOPs and memory of `arm` under `preset` (module docstring)."""
     cfg, model, optimizer = _build(arm, preset)
     c = model.config
-    L, d, n_tok = c.n_layer, c.n_embd, cfg.total_batch_size
+    L, d, n_tok = c.n_layer, c.n_embd, cfg.train.total_batch_size
     groups = optimizer.param_groups
     counts = model.num_scaling_params()
     oe = getattr(model, "oe", None)
@@ -178,7 +178,7 @@ def arm_accounting(arm: str, preset: str = "gpu-d8") -> dict[str, Any]:
     if routing:
         mem["routing_scalars"] = _component(16 * routing / MIB, "16 B/param", "as q_tau", persistent=True)
         mem["routing_activation_cache"] = _component(
-            cfg.device_batch_size * cfg.sequence_len * d * 2 / MIB, "device_batch x T x d x 2 B (bf16 a_w)",
+            cfg.train.device_batch_size * cfg.train.sequence_len * d * 2 / MIB, "device_batch x T x d x 2 B (bf16 a_w)",
             "verified (analytical, §1.7)", persistent=False)
     persistent = sum(x["value"] for x in mem.values() if x["persistent"])
 

@@ -55,7 +55,7 @@ def run(run_dir: str | Path) -> dict:
     loaded = load_run(run_dir)
     groups = [g for g in loaded.optimizer.param_groups if g.get("role") == "tied"]
     if not groups:
-        raise UsageError(f"{run_dir}: no AF-Muon tied group (optimizer {loaded.cfg.optimizer!r})")
+        raise UsageError(f"{run_dir}: no AF-Muon tied group (optimizer {loaded.cfg.optim.kind!r})")
     table = groups[0]["params"][0]
     state = loaded.optimizer.state.get(table, {})
     if "momentum_buffer" not in state:

@@ -77,7 +77,7 @@ def capture_batches(loaded: LoadedRun, micro_batches: int | None = None) -> list
     cfg, ckpt = loaded.cfg, loaded.checkpoint
     world = int(ckpt.get("world_size", 1))
     ranks = range(world) if micro_batches is None else range(1)
-    per_rank = cfg.accum_steps_per_rank(world) if micro_batches is None else micro_batches
+    per_rank = cfg.train.accum_steps_per_rank(world) if micro_batches is None else micro_batches
     if per_rank < 1:
         raise ValueError(f"micro_batches must be >= 1, got {per_rank}")
     data = prepare_data(cfg.data, log=lambda _msg: None)
@@ -86,7 +86,7 @@ def capture_batches(loaded: LoadedRun, micro_batches: int | None = None) -> list
         x, y, _ = ckpt["pending"][rank]
         batches.append((x, y))
         if per_rank > 1:
-            loader = data.loader(cfg.device_batch_size, cfg.sequence_len, "train", rank=rank, world_size=world)
+            loader = data.loader(cfg.train.device_batch_size, cfg.train.sequence_len, "train", rank=rank, world_size=world)
             loader.load_state_dict(ckpt["loader"][rank])
             batches += [next(loader)[:2] for _ in range(per_rank - 1)]
     dev = loaded.runtime.device

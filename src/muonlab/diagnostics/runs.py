@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-from muonlab.config import TrainConfig, load_config_file
+from muonlab.families import get_family
+from muonlab.config import RunConfig, load_config_file
 from muonlab.device import Runtime, resolve_precision
 from muonlab.errors import UsageError
 from muonlab.train.build import build_model, build_optimizer
@@ -23,7 +24,7 @@ from muonlab.train.checkpoint import latest_checkpoint
 
 @dataclass
 class LoadedRun:
-    cfg: TrainConfig
+    cfg: RunConfig
     model: Any  # muonlab.model.GPT
     optimizer: Any  # MuonAdamW with the checkpoint's state
     checkpoint: dict
@@ -49,8 +50,7 @@ def load_run(run_dir: str | Path, device: str = "cpu", precision: str = "fp32", 
     path, ckpt = latest_checkpoint(run_dir, fallback=fallback)
     dev = torch.device(device)
     runtime = Runtime(dev, resolve_precision(precision, dev))
-    table = "wte.weight" if cfg.model_family == "tied" else "transformer.wte.weight"
-    vocab = ckpt["model"][table].shape[0]
+    vocab = ckpt["model"][get_family(cfg.family).embedding_key].shape[0]
     model = build_model(cfg, vocab, runtime)
     model.load_state_dict(ckpt["model"])  # copy_ casts, e.g. bf16-trained tables into an fp32 model
     optimizer = build_optimizer(model, cfg, compile_step=False)

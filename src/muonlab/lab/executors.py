@@ -93,13 +93,16 @@ class LocalExecutor:
 
 def _run_config(config: dict, resume_dir: str | None = None) -> str:
     """Body of one SLURM array task (runs on the compute node)."""
-    from muonlab.config import TrainConfig
+    from muonlab.config import RunConfig
     from muonlab.train import run_training
     from muonlab.train.run import resume_training
 
+    from muonlab.plugins import load_plugins
+
     if resume_dir:
         return resume_training(resume_dir).status
-    return run_training(TrainConfig.from_dict(config)).status
+    load_plugins(config.get("record", {}).get("plugins", ""))
+    return run_training(RunConfig.from_dict(config)).status
 
 
 class SlurmExecutor:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from muonlab.arms import resolve_config
-from muonlab.config import TrainConfig
+from muonlab.config import RunConfig
 from muonlab.errors import UsageError
 from muonlab.lab.ledger import read_records_tolerant
 from muonlab.train.rundir import ledger_path, runs_dir
@@ -27,7 +27,7 @@ from muonlab.train.rundir import ledger_path, runs_dir
 class SweepJob:
     arm: str
     seed: int
-    config: TrainConfig
+    config: RunConfig
     resume_dir: str | None = None  # an interrupted run with a checkpoint: continue it
 
     @property

@@ -1,5 +1,15 @@
-"""Training: model construction, the training loop, run directories."""
+"""Training: the loop, schedules, checkpoints, one run end to end.
 
-from muonlab.train.run import RunResult, run_training
+`run_training` and `RunResult` are imported on first use, so the run config can import this
+package's settings (muonlab.train.config) without importing the loop.
+"""
 
 __all__ = ["RunResult", "run_training"]
+
+
+def __getattr__(name):
+    if name in __all__:
+        from muonlab.train import run  # noqa: PLC0415
+
+        return getattr(run, name)
+    raise AttributeError(f"module 'muonlab.train' has no attribute {name!r}")

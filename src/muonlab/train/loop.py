@@ -18,11 +18,11 @@ from typing import Callable
 
 import torch
 
-from muonlab.config import TrainConfig
+from muonlab.config import RunConfig
 from muonlab.device import Runtime, peak_flops, synchronize
 from muonlab.errors import MuonlabError
-from muonlab.optim.schedules import Schedule, step_progress, time_progress
-from muonlab.optim.step0 import Step0Control, family_params
+from muonlab.families import get_family
+from muonlab.optim.schedules import step_progress, time_progress
 
 EMA_BETA = 0.9
 
@@ -44,10 +44,10 @@ class RunInterrupted(KeyboardInterrupt):
 
 
 class OutOfMemory(MuonlabError):
-    def __init__(self, step: int, cfg: TrainConfig, device: torch.device):
+    def __init__(self, step: int, cfg: RunConfig, device: torch.device):
         super().__init__(
-            f"out of memory at step {step} on {device} with micro-batch {cfg.device_batch_size} x "
-            f"{cfg.sequence_len} tokens (depth {cfg.depth}, width {cfg.model_dim}); "
+            f"out of memory at step {step} on {device} with micro-batch {cfg.train.device_batch_size} x "
+            f"{cfg.train.sequence_len} tokens ({cfg.describe_model()}); "
             "lower --device-batch-size (gradient accumulation keeps the total batch)")
         self.step = step
 
@@ -65,13 +65,9 @@ class LoopState:
         return asdict(self)
 
 
-def schedule_of(cfg: TrainConfig) -> Schedule:
-    return Schedule(warmup_ratio=cfg.warmup_ratio, warmdown_ratio=cfg.warmdown_ratio,
-                    final_lr_frac=cfg.final_lr_frac, weight_decay=cfg.weight_decay,
-                    momentum_start=cfg.muon_momentum_start, momentum_end=cfg.muon_momentum_end,
-                    momentum_warmup_steps=cfg.muon_momentum_warmup_steps,
-                    momentum_cooldown=cfg.muon_momentum_cooldown, wd_schedule=cfg.muon_wd_schedule,
-                    lr_scale=cfg.lr_scale)
+def schedule_of(cfg: RunConfig):
+    """The schedule the family's optimizer follows (LR multiplier, and Muon momentum/WD for MuonAdamW)."""
+    return get_family(cfg.family).schedule(cfg)
 
 
 def _format_eta(seconds: float) -> str:
@@ -79,38 +75,42 @@ def _format_eta(seconds: float) -> str:
     return f"{seconds // 60}m{seconds % 60:02d}s"
 
 
-def _finished(cfg: TrainConfig, state: LoopState) -> bool:
-    if cfg.num_steps is not None:
-        return state.step >= cfg.num_steps
-    return state.step > cfg.untimed_steps and state.training_seconds >= cfg.time_budget
+def _finished(cfg: RunConfig, state: LoopState) -> bool:
+    if cfg.train.num_steps is not None:
+        return state.step >= cfg.train.num_steps
+    return state.step > cfg.train.untimed_steps and state.training_seconds >= cfg.train.time_budget
 
 
 Checkpointer = Callable[[LoopState, tuple], str]
 
 
-def train_loop(cfg: TrainConfig, model, optimizer, loader, runtime: Runtime, flops_per_token: int,
+def train_loop(cfg: RunConfig, model, optimizer, loader, runtime: Runtime, flops_per_token: int,
                on_step: Callable[[dict], None] | None = None, state: LoopState | None = None,
                pending: tuple | None = None, checkpoint: Checkpointer | None = None,
                stop_requested: Callable[[], bool] = lambda: False, dist=None) -> LoopState:
     """Run optimizer steps until done; resumable from (state, pending batch).
 
-    `checkpoint(state, pending)` is called every cfg.checkpoint_every steps, at the end, and
+    `checkpoint(state, pending)` is called every cfg.record.checkpoint_every steps, at the end, and
     when `stop_requested()` turns true (then RunInterrupted is raised). Raises Diverged on
-    NaN/Inf or loss > cfg.max_loss, OutOfMemory when the device runs out of memory.
+    NaN/Inf or loss > cfg.train.max_loss, OutOfMemory when the device runs out of memory.
     """
     from muonlab.train.distributed import Dist
 
     dist = dist or Dist()
-    trajectory = cfg.trajectory_step_set()
-    visits = getattr(model, "oe", None)  # Over-Encoding tables count their rows' visits
-    if cfg.grad_clip > 0 and dist.active:
+    family = get_family(cfg.family)
+    trajectory = cfg.record.trajectory_step_set()
+    if cfg.train.grad_clip > 0 and dist.active:
         raise MuonlabError("grad_clip needs the averaged gradient: it runs in one process only for now")
-    step0 = Step0Control(cfg.step0_mode, family_params(model)) if cfg.step0_mode != "none" else None
+    # the methods' hooks around the step (e.g. Over-Encoding visit counts, seed 002's step-0 controls)
+    hooks = family.step_hooks(cfg, model)
+    micro_hooks = [h.before_micro_step for h in hooks if hasattr(h, "before_micro_step")]
+    before = [h.before_step for h in hooks if hasattr(h, "before_step")]
+    after = [h.after_step for h in hooks if hasattr(h, "after_step")]
     schedule = schedule_of(cfg)
-    accum = cfg.accum_steps_per_rank(dist.world_size)
+    accum = cfg.train.accum_steps_per_rank(dist.world_size)
     peak = peak_flops(runtime.device)
     state = state or LoopState()
-    interactive = sys.stdout.isatty() and not cfg.quiet and dist.is_main
+    interactive = sys.stdout.isatty() and not cfg.record.quiet and dist.is_main
     x, y, state.epoch = pending if pending is not None else next(loader)
     x, y = x.to(runtime.device), y.to(runtime.device)
     while not _finished(cfg, state):
@@ -120,25 +120,25 @@ def train_loop(cfg: TrainConfig, model, optimizer, loader, runtime: Runtime, flo
         try:
             micro_losses = []
             for _ in range(accum):
-                if visits is not None:  # seed 002 §1.3: this micro-step's table visits, outside the forward
-                    visits.count_(x)
+                for hook in micro_hooks:
+                    hook(x)
                 with runtime.autocast():
                     loss = model(x, y)
                 micro_losses.append(loss.detach())
                 (loss / accum).backward()
                 x, y, state.epoch = next(loader)
-            if cfg.num_steps is not None:
-                progress = step_progress(step, cfg.num_steps, cfg.untimed_steps)
+            if cfg.train.num_steps is not None:
+                progress = step_progress(step, cfg.train.num_steps, cfg.train.untimed_steps)
             else:
-                progress = time_progress(state.training_seconds, cfg.time_budget)
+                progress = time_progress(state.training_seconds, cfg.train.time_budget)
             values = schedule.apply(optimizer, step, progress)
-            if cfg.grad_clip > 0:  # seed 004: global gradient-norm clip before the step
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            if step0 is not None:
-                step0.before_step(step, optimizer)
+            if cfg.train.grad_clip > 0:  # seed 004: global gradient-norm clip before the step
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
+            for hook in before:
+                hook(step, optimizer)
             optimizer.step()
-            if step0 is not None:
-                step0.after_step(step, optimizer)
+            for hook in after:
+                hook(step, optimizer)
             model.zero_grad(set_to_none=True)
             train_loss = micro_losses[-1].item()  # upstream's fast-fail looks at the last micro-batch
         except torch.OutOfMemoryError as exc:
@@ -148,23 +148,23 @@ def train_loop(cfg: TrainConfig, model, optimizer, loader, runtime: Runtime, flo
             shared = torch.tensor([train_loss, float(stop_now)], dtype=torch.float64, device=runtime.device)
             dist.all_reduce_(shared)
             train_loss, stop_now = shared[0].item() / dist.world_size, shared[1].item() > 0
-        if not math.isfinite(train_loss) or train_loss > cfg.max_loss:
+        if not math.isfinite(train_loss) or train_loss > cfg.train.max_loss:
             raise Diverged(step, train_loss)
         synchronize(runtime.device)
         dt = time.perf_counter() - t0
-        if step >= cfg.untimed_steps:
+        if step >= cfg.train.untimed_steps:
             state.training_seconds += dt
 
         state.ema = EMA_BETA * state.ema + (1 - EMA_BETA) * train_loss
         state.smooth_loss = state.ema / (1 - EMA_BETA ** (step + 1))
         state.last_loss = train_loss
         state.step = step + 1
-        tok_per_sec = cfg.total_batch_size / dt
-        mfu = 100 * flops_per_token * cfg.total_batch_size / dt / peak if peak else None
+        tok_per_sec = cfg.train.total_batch_size / dt
+        mfu = 100 * flops_per_token * cfg.train.total_batch_size / dt / peak if peak else None
         record = dict(step=step, loss=train_loss, smooth_loss=state.smooth_loss, progress=progress,
                       dt=dt, tok_per_sec=tok_per_sec, mfu=mfu, epoch=state.epoch, **values)
         if step in trajectory:
-            record.update(trajectory_record(model))
+            record.update(family.trajectory(model))
         if on_step is not None and dist.is_main:
             on_step(record)
         if dist.is_main:
@@ -177,7 +177,7 @@ def train_loop(cfg: TrainConfig, model, optimizer, loader, runtime: Runtime, flo
         if checkpoint is not None:
             if stop_now:
                 raise RunInterrupted(state.step, checkpoint(state, (x, y, state.epoch)))
-            periodic = cfg.checkpoint_every > 0 and state.step % cfg.checkpoint_every == 0
+            periodic = cfg.record.checkpoint_every > 0 and state.step % cfg.record.checkpoint_every == 0
             if periodic or _finished(cfg, state):
                 checkpoint(state, (x, y, state.epoch))
         elif stop_now:
@@ -188,23 +188,13 @@ def train_loop(cfg: TrainConfig, model, optimizer, loader, runtime: Runtime, flo
     return state
 
 
-def trajectory_record(model) -> dict:
-    """The residual scalars after this step's update (seed 000 Table 4B's trajectory log reads
-    x0_lambdas at steps 0..80; before or after the update is unstated: after, i.e. the values
-    the next forward uses)."""
-    if not hasattr(model, "x0_lambdas"):  # the tied family has no residual scalars
-        return {}
-    return {"x0_lambdas": model.x0_lambdas.detach().float().tolist(),
-            "resid_lambdas": model.resid_lambdas.detach().float().tolist()}
-
-
-def _print_progress(cfg: TrainConfig, state: LoopState, rec: dict, interactive: bool) -> None:
-    if cfg.quiet or not (interactive or rec["step"] % cfg.log_every == 0):
+def _print_progress(cfg: RunConfig, state: LoopState, rec: dict, interactive: bool) -> None:
+    if cfg.record.quiet or not (interactive or rec["step"] % cfg.record.log_every == 0):
         return
-    if cfg.num_steps is not None:
-        eta = (cfg.num_steps - state.step) * rec["dt"]
+    if cfg.train.num_steps is not None:
+        eta = (cfg.train.num_steps - state.step) * rec["dt"]
     else:
-        eta = cfg.time_budget - state.training_seconds
+        eta = cfg.train.time_budget - state.training_seconds
     mfu_text = f" | mfu {rec['mfu']:.1f}%" if rec["mfu"] is not None else ""
     line = (f"step {rec['step']:05d} ({100 * rec['progress']:.1f}%) | loss {state.smooth_loss:.4f} | "
             f"lrm {rec['lrm']:.2f} | dt {rec['dt'] * 1000:.0f}ms | tok/s {rec['tok_per_sec']:,.0f}"

@@ -11,6 +11,7 @@ its own directory from its newest checkpoint, with the same result as an uninter
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import os
 import signal
@@ -23,11 +24,13 @@ from typing import Callable
 
 import torch
 
-from muonlab.config import TrainConfig, load_config_file
+from muonlab.config import RunConfig, is_legacy, load_config_file
 from muonlab.data.prepare import PreparedData, prepare_data
 from muonlab.device import Runtime, detect_device, peak_flops, peak_memory_mb, resolve_precision
 from muonlab.errors import UsageError
 from muonlab.eval import EvalResult, evaluate_bpb
+from muonlab.families import get_family
+from muonlab.plugins import load_plugins
 from muonlab.lab import ledger, provenance
 from muonlab.lab.sinks import SinkGroup, parse_sinks
 from muonlab.train.build import build_model, build_optimizer
@@ -64,8 +67,8 @@ def format_summary(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def _use_compile(cfg: TrainConfig, runtime: Runtime) -> bool:
-    return cfg.compile == "on" or (cfg.compile == "auto" and runtime.device.type == "cuda")
+def _use_compile(cfg: RunConfig, runtime: Runtime) -> bool:
+    return cfg.runtime.compile == "on" or (cfg.runtime.compile == "auto" and runtime.device.type == "cuda")
 
 
 class StopSignals:
@@ -93,19 +96,19 @@ class StopSignals:
         return False
 
 
-def evaluate_splits(model, data: PreparedData, cfg: TrainConfig, runtime: Runtime,
+def evaluate_splits(model, data: PreparedData, cfg: RunConfig, runtime: Runtime,
                     ctx: Dist = Dist()) -> dict[str, EvalResult]:
-    """val_bpb and holdout_bpb, each over at most cfg.eval_tokens tokens of its split.
+    """val_bpb and holdout_bpb, each over at most cfg.train.eval_tokens tokens of its split.
 
     With several processes, rank r scores batches r, r+W, ... and the sums are reduced, so
     the same tokens are scored whatever the world size.
     """
     token_bytes = data.tokenizer.token_bytes(device=runtime.device)
-    batch = cfg.eval_batch_size or cfg.device_batch_size
+    batch = cfg.train.eval_batch_size or cfg.train.device_batch_size
     model.eval()
     results = {}
     for split in ("val", "holdout"):
-        rows = data.eval_rows(split, batch, cfg.sequence_len, cfg.eval_tokens, device=runtime.device)
+        rows = data.eval_rows(split, batch, cfg.train.sequence_len, cfg.train.eval_tokens, device=runtime.device)
         shard = itertools.islice(rows, ctx.rank, None, ctx.world_size) if ctx.active else rows
         results[split] = evaluate_bpb(model, shard, token_bytes, runtime.autocast, runtime.device,
                                       reduce=ctx.all_reduce_ if ctx.active else None)
@@ -119,20 +122,33 @@ def resume_training(run_dir: str | Path, log: Callable[[str], None] = print, fal
     run_dir = Path(run_dir)
     if not (run_dir / "config.json").is_file():
         raise UsageError(f"{run_dir} is not a run directory (no config.json)")
+    saved = _saved_config(run_dir / "config.json")
+    if is_legacy(saved):
+        raise UsageError(f"{run_dir} was written by an older muonlab (config format 1): `muonlab report` reads "
+                         "it, but it cannot be resumed")
+    load_plugins(saved.get("record", {}).get("plugins", ""))
     cfg = load_config_file(run_dir / "config.json")
     if quiet is not None:
-        cfg.quiet = quiet
+        cfg.record.quiet = quiet
     # the run lives where it is, whatever runs_dir said where it was created
-    cfg.runs_dir, cfg.run_name = str(run_dir.parent), run_dir.name
+    cfg.record.runs_dir, cfg.record.run_name = str(run_dir.parent), run_dir.name
     return run_training(cfg, log=log, resume=(run_dir, fallback))
 
 
-def run_training(cfg: TrainConfig, log: Callable[[str], None] = print, data: PreparedData | None = None,
+def _saved_config(path: Path) -> dict:
+    try:
+        payload = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UsageError(f"{path} is not a JSON config ({exc.__class__.__name__})") from exc
+    return payload.get("config", {}) if isinstance(payload, dict) else {}
+
+
+def run_training(cfg: RunConfig, log: Callable[[str], None] = print, data: PreparedData | None = None,
                  resume: tuple[Path, bool] | None = None) -> RunResult:
     """Train and evaluate one run; raises on failure after recording it."""
     cfg.validate()
     t_start = time.time()
-    ctx, device = init_from_env(detect_device(cfg.device))
+    ctx, device = init_from_env(detect_device(cfg.runtime.device))
     try:
         return _run(cfg, log if ctx.is_main else (lambda _: None), data, resume, ctx, device, t_start)
     finally:
@@ -140,8 +156,8 @@ def run_training(cfg: TrainConfig, log: Callable[[str], None] = print, data: Pre
 
 
 def _run(cfg, log, data, resume, ctx: Dist, device, t_start) -> RunResult:
-    runtime = Runtime(device, resolve_precision(cfg.precision, device))
-    cfg.accum_steps_per_rank(ctx.world_size)  # the global batch must split evenly over the ranks
+    runtime = Runtime(device, resolve_precision(cfg.runtime.precision, device))
+    cfg.train.accum_steps_per_rank(ctx.world_size)  # the global batch must split evenly over the ranks
     checkpoint = None
     if resume is not None:
         run = RunDir(Path(resume[0]))
@@ -211,7 +227,7 @@ def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx: 
     flops_per_token = model.estimate_flops()
     optimizer = build_optimizer(model, cfg, compile_step=compile_on, distributed=ctx.active)
     train_model = torch.compile(model, dynamic=False) if compile_on else model
-    loader = data.loader(cfg.device_batch_size, cfg.sequence_len, "train", device=runtime.device,
+    loader = data.loader(cfg.train.device_batch_size, cfg.train.sequence_len, "train", device=runtime.device,
                          rank=ctx.rank, world_size=ctx.world_size)
     state, pending = None, None
     if checkpoint is not None:
@@ -222,12 +238,12 @@ def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx: 
         state, pending = LoopState(**checkpoint["loop"]), tuple(checkpoint["pending"][ctx.rank])
         if ctx.is_main:
             run.truncate_metrics(state.step)  # steps after the checkpoint are redone
-    log(f"run {run.path.name}: {counts['total']:,} params, width {cfg.model_dim}, depth {cfg.depth}, "
-        f"{ctx.world_size} process(es) x {cfg.accum_steps_per_rank(ctx.world_size)} micro-steps x "
-        f"{cfg.tokens_per_micro_step:,} tokens, device {runtime.device}, "
+    log(f"run {run.path.name}: {counts['total']:,} params, {cfg.describe_model()}, "
+        f"{ctx.world_size} process(es) x {cfg.train.accum_steps_per_rank(ctx.world_size)} micro-steps x "
+        f"{cfg.train.tokens_per_micro_step:,} tokens, device {runtime.device}, "
         f"precision {runtime.precision}, attention {_attention_backend(model)}, compile {compile_on}")
-    sinks = SinkGroup(parse_sinks(cfg.sinks) if ctx.is_main else [], run.path.name, run.path,
-                      cfg.to_dict(), cfg.sink_project)
+    sinks = SinkGroup(parse_sinks(cfg.record.sinks) if ctx.is_main else [], run.path.name, run.path,
+                      cfg.to_dict(), cfg.record.sink_project)
 
     def save(loop_state: LoopState, next_batch: tuple) -> str | None:
         """Collective: every rank calls it; rank 0 writes one world-size-tagged checkpoint."""
@@ -240,7 +256,7 @@ def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx: 
         payload = dict(model=model.state_dict(), optimizer=full_optimizer, loader=loaders, pending=pendings,
                        loop=loop_state.to_dict(), rng=rng_state(), config_hash=cfg.config_hash(),
                        world_size=ctx.world_size)
-        return str(save_checkpoint(run.path, loop_state.step, payload, keep=cfg.checkpoint_keep))
+        return str(save_checkpoint(run.path, loop_state.step, payload, keep=cfg.record.checkpoint_keep))
 
     def on_step(rec: dict) -> None:
         append_metrics(metrics_file, rec)
@@ -255,11 +271,11 @@ def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx: 
     evals = evaluate_splits(model, data, cfg, runtime, ctx)
     if ctx.is_main:
         run.save_weights(model)
-    timed_steps = state.step - min(cfg.untimed_steps, state.step)
+    timed_steps = state.step - min(cfg.train.untimed_steps, state.step)
     peak = peak_flops(runtime.device)
-    mfu = (100 * flops_per_token * cfg.total_batch_size * timed_steps / state.training_seconds / peak
+    mfu = (100 * flops_per_token * cfg.train.total_batch_size * timed_steps / state.training_seconds / peak
            if peak and state.training_seconds > 0 else None)
-    total_tokens = state.step * cfg.total_batch_size
+    total_tokens = state.step * cfg.train.total_batch_size
     summary = {
         "val_bpb": evals["val"].bpb,
         "holdout_bpb": evals["holdout"].bpb,
@@ -271,11 +287,11 @@ def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx: 
         "num_steps": state.step,
         "num_params_M": counts["total"] / 1e6,  # the backbone (seed 002's result.json num_params)
         **({"oe_params_M": counts["oe_tables"] / 1e6} if "oe_tables" in counts else {}),
-        "depth": cfg.depth,
+        "depth": get_family(cfg.family).depth(cfg),
         "status": "ok",
         "run_id": run.path.name,
         "startup_seconds": t_train - t_start,
-        "tokens_per_second": (cfg.total_batch_size * timed_steps / state.training_seconds
+        "tokens_per_second": (cfg.train.total_batch_size * timed_steps / state.training_seconds
                               if state.training_seconds > 0 else math.nan),
         "final_train_loss": state.smooth_loss,
         "entropy_bpb": data.entropy_bits_per_byte,

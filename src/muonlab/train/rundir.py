@@ -1,7 +1,7 @@
 """A run directory: resolved config, per-step metrics (JSONL), summary, final weights.
 
 Layout (DESIGN.md contract):
-    <runs_dir>/<run_id>/config.json     the resolved TrainConfig, whole
+    <runs_dir>/<run_id>/config.json     the resolved RunConfig, whole
                         metrics.jsonl   one line per optimizer step
                         summary.json    upstream's summary keys + holdout_bpb + status
                         model.pt        final weights (state_dict, read with weights_only=True)
@@ -17,21 +17,21 @@ from pathlib import Path
 import torch
 
 from muonlab.atomic import atomic_open, write_json, write_text
-from muonlab.config import TrainConfig
+from muonlab.config import RunConfig
 from muonlab.paths import cache_root
 
 
-def runs_dir(cfg: TrainConfig) -> Path:
-    return Path(cfg.runs_dir).expanduser() if cfg.runs_dir else cache_root(cfg.data.cache_dir) / "runs"
+def runs_dir(cfg: RunConfig) -> Path:
+    return Path(cfg.record.runs_dir).expanduser() if cfg.record.runs_dir else cache_root(cfg.data.cache_dir) / "runs"
 
 
-def ledger_path(cfg: TrainConfig) -> Path:
-    return Path(cfg.ledger).expanduser() if cfg.ledger else runs_dir(cfg) / "ledger.jsonl"
+def ledger_path(cfg: RunConfig) -> Path:
+    return Path(cfg.record.ledger).expanduser() if cfg.record.ledger else runs_dir(cfg) / "ledger.jsonl"
 
 
-def new_run_id(cfg: TrainConfig) -> str:
-    if cfg.run_name:
-        return cfg.run_name
+def new_run_id(cfg: RunConfig) -> str:
+    if cfg.record.run_name:
+        return cfg.record.run_name
     stamp = time.strftime("%Y%m%d-%H%M%S")
     # a random suffix keeps ids unique when runs of one config start within the same second
     return f"{cfg.arm}-s{cfg.seed}-{stamp}-{cfg.config_hash()[:8]}-{os.urandom(2).hex()}"
@@ -42,7 +42,7 @@ class RunDir:
         self.path = path
 
     @classmethod
-    def create(cls, cfg: TrainConfig, run_id: str) -> "RunDir":
+    def create(cls, cfg: RunConfig, run_id: str) -> "RunDir":
         path = runs_dir(cfg) / run_id
         if path.exists() and any(path.iterdir()):
             raise FileExistsError(f"run directory {path} already exists")

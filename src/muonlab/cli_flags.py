@@ -1,0 +1,89 @@
+"""Command-line flags generated from the run config's sections (muonlab.settings).
+
+One flag per setting, under its flat name (`--prepolar-tau`), grouped by component, with the
+setting's description, its choices, and the effective default: the value after `--preset`,
+`--arm` (or `--config`), found by a first pass over the command line. Booleans take `--x`,
+`--no-x` or `--x true|false`. A flag of another model family is accepted by the parser and
+refused by the config resolution with a one-line reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from muonlab.settings import base_type, field_choices, leaves
+
+DEST = "cfg:"  # argparse dest prefix of a config flag; the rest is the dotted key
+
+
+class _Bool(argparse.Action):
+    """--x, --no-x, or --x true|false."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        positive = option_strings[0]
+        negative = "--no-" + positive[2:]
+        super().__init__([positive, negative], dest, nargs="?", metavar="true|false", **kwargs)
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        if option_string.startswith("--no-"):
+            if value is not None:
+                parser.error(f"{option_string} takes no value")
+            setattr(namespace, self.dest, False)
+            return
+        setattr(namespace, self.dest, True if value is None else value)
+
+
+def _group_title(key: str, family: str) -> str:
+    parts = key.split(".")
+    section = parts[0] if len(parts) == 2 else ".".join(parts[:-1])
+    if parts[0] in ("model", "optim"):
+        return f"{section} ({family} family)"
+    return section if len(parts) > 1 else "run"
+
+
+def add_config_flags(parser: argparse.ArgumentParser, base, families: dict, skip: tuple[str, ...] = ()) -> None:
+    """Add one flag per setting of every family; help shows `base`'s family with its values."""
+    from muonlab.config import RunConfig  # noqa: PLC0415
+
+    groups: dict[str, Any] = {}
+    seen: set[str] = set()
+    defaults = {leaf.key: _value(base, leaf.key) for leaf in leaves(base)}
+    ordered = [base.family] + [f for f in families if f != base.family]
+    for family in ordered:
+        for leaf in leaves(RunConfig.for_family(family)):
+            if leaf.flag in seen or leaf.key in skip:
+                continue
+            seen.add(leaf.flag)
+            shown = family == base.family or leaf.key in defaults
+            title = _group_title(leaf.key, family)
+            if title not in groups:
+                groups[title] = parser.add_argument_group(title) if shown else parser
+            kwargs: dict[str, Any] = dict(dest=DEST + leaf.key, default=argparse.SUPPRESS)
+            if shown:
+                choices = field_choices(leaf.type)
+                extra = "" if not choices else " {" + "|".join("none" if c is None else str(c) for c in choices) + "}"
+                kwargs["help"] = f"{leaf.help}{extra} (default: {_show(defaults.get(leaf.key))}; {leaf.key})"
+            else:
+                kwargs["help"] = argparse.SUPPRESS
+            scalar, _ = base_type(leaf.type)
+            if scalar is bool:
+                groups[title].add_argument(f"--{leaf.flag}", action=_Bool, **kwargs)
+            else:
+                groups[title].add_argument(f"--{leaf.flag}", metavar=scalar.__name__.upper(), **kwargs)
+
+
+def _value(cfg, key: str):
+    obj = cfg
+    for part in key.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _show(value) -> str:
+    return "none" if value is None else str(value)
+
+
+def collect_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """{dotted key: raw value} of the config flags given on the command line."""
+    return {k[len(DEST):]: v for k, v in vars(args).items() if k.startswith(DEST)}

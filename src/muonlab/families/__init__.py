@@ -1,0 +1,59 @@
+"""Model families behind one interface: config, model, optimizer, schedule, presets, metric.
+
+A family is everything the training loop needs to know about one kind of model: the sections
+of the run config it owns (`model` and `optim`), how to build the model and its optimizer, the
+schedule its optimizer follows, what it reports, and its presets. The loop, the builder and the
+config never branch on a family's name; they ask the family (`get_family(cfg.family)`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from muonlab.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    description: str
+    model_config: type  # a Section: the run config's `model`
+    optim_config: type  # a Section: the run config's `optim`
+    build_model: Callable  # (cfg, vocab_size, runtime) -> nn.Module, initialised
+    build_optimizer: Callable  # (model, cfg, compile_step, distributed) -> Optimizer, groups with initial_lr
+    schedule: Callable  # (cfg) -> an object with .apply(optimizer, step, progress) -> dict of logged values
+    describe: Callable  # (cfg) -> "width 64, depth 2" for the run's first log line
+    depth: Callable  # (cfg) -> the model's depth (the summary's `depth` key)
+    step_hooks: Callable = lambda cfg, model: []  # objects with before_step/after_step(step, optimizer)
+    trajectory: Callable = lambda model: {}  # extra per-step record at the trajectory steps
+    validate: Callable = lambda cfg: None  # checks across the family's sections
+    metric: str = "bpb"  # the evaluation metric its summary reports
+    embedding_key: str = "transformer.wte.weight"  # state-dict key of the token table (its rows: the vocabulary)
+    presets: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+FAMILIES: dict[str, Family] = {}
+
+
+def register_family(family: Family) -> Family:
+    if family.name in FAMILIES:
+        raise ValueError(f"model family {family.name!r} is already registered")
+    FAMILIES[family.name] = family
+    return family
+
+
+def get_family(name: str) -> Family:
+    _load_builtin()
+    if name not in FAMILIES:
+        raise UsageError(f"unknown model family {name!r}; choose from {', '.join(FAMILIES)}")
+    return FAMILIES[name]
+
+
+def all_families() -> dict[str, Family]:
+    _load_builtin()
+    return FAMILIES
+
+
+def _load_builtin() -> None:
+    from muonlab.families import autoresearch, tied  # noqa: F401, PLC0415 (registration)

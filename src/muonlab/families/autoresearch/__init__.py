@@ -1,0 +1,146 @@
+"""The autoresearch family: the upstream GPT trained with MuonAdamW (karpathy/autoresearch 228791f)."""
+
+from __future__ import annotations
+
+import torch
+
+from muonlab.errors import UsageError
+from muonlab.families import Family, register_family
+from muonlab.families.autoresearch.config import AutoresearchModelConfig, MuonAdamWConfig
+from muonlab.families.autoresearch.presets import PRESETS
+
+
+def gpt_config(cfg, vocab_size: int):
+    from muonlab.model import GPTConfig  # noqa: PLC0415
+
+    m = cfg.model
+    return GPTConfig(sequence_len=cfg.train.sequence_len, vocab_size=vocab_size, n_layer=m.depth,
+                     n_head=m.n_head, n_kv_head=m.n_kv_head or m.n_head, n_embd=m.model_dim,
+                     window_pattern=m.window_pattern.upper(), attn_backend=m.attn_backend, **model_variants(m))
+
+
+def model_variants(m: AutoresearchModelConfig) -> dict:
+    """The GPTConfig fields of the forward/backward variants."""
+    return dict(presub_gains=m.gains.impl, presub_param=m.gains.param, qk_scale=m.qk.kind,
+                qk_freeze_layers=m.qk.layers(), qk_freeze_planes=m.qk.freeze_planes, rope=m.rope.kind,
+                residual_rule=m.residual.rule, radius_gate=m.gate.kind,
+                checkpoint_blocks=m.memory.checkpoint_blocks, loss_chunk_tokens=m.memory.loss_chunk_tokens,
+                oe_m=m.oe.m, oe_n=m.oe.n, oe_k=m.oe.k, routing=m.routing.kind, routing_out=m.routing.out,
+                routing_eps=m.routing.eps)
+
+
+def build_model(cfg, vocab_size: int, runtime):
+    """Construct on the meta device, materialise on the target device, initialise. Under
+    precision fp32 the whole model (embeddings included) is cast to fp32 after init_weights,
+    as the reference bundle's fp32 recording does."""
+    from muonlab.model import GPT  # noqa: PLC0415
+
+    with torch.device("meta"):
+        model = GPT(gpt_config(cfg, vocab_size))
+    model.to_empty(device=runtime.device)
+    model.init_weights()
+    if runtime.precision == "fp32":
+        model.float()
+    model.resolve_attention_backend()
+    return model
+
+
+def build_optimizer(model, cfg, compile_step: bool, distributed: bool = False):
+    """MuonAdamW, or with several processes DistMuonAdamW (it averages gradients itself)."""
+    from muonlab.optim import DistMuonAdamW, MuonAdamW  # noqa: PLC0415
+
+    o, m = cfg.optim, cfg.model
+    # only the add-ons that are on go on the groups, so baseline groups stay exactly upstream's
+    muon_options = {}
+    if o.prepolar.kind is not None:
+        muon_options.update(prepolar=o.prepolar.kind, prepolar_scope=o.prepolar.scope)
+        if o.prepolar.kind == "hbieq":
+            muon_options.update(prepolar_tau=o.prepolar.tau, prepolar_passes=o.prepolar.passes,
+                                prepolar_sides=o.prepolar.sides)
+    if o.polar.dtype != "bf16":
+        muon_options["polar_dtype"] = o.polar.dtype
+    if o.polar.post_dtype is not None:
+        muon_options["post_polar_dtype"] = o.polar.post_dtype
+    muon_options = {k: v for k, v in muon_options.items() if v != _prepolar_default(k)}
+    whiten_options = {} if o.whiten.kind is None else dict(
+        whiten=o.whiten.kind, whiten_tau=o.whiten.tau, whiten_terms=o.whiten.terms,
+        whiten_mean_addback=o.whiten.mean_addback)
+    return model.setup_optimizer(
+        optimizer_cls=DistMuonAdamW if distributed else MuonAdamW, unembedding_lr=o.unembedding_lr,
+        embedding_lr=o.embedding_lr, matrix_lr=o.matrix_lr, weight_decay=o.weight_decay,
+        adam_betas=(o.adam_beta1, o.adam_beta2), scalar_lr=o.scalar_lr, matrix_optimizer=o.matrix_optimizer,
+        adamw_matrix_lr=o.adamw_matrix_lr, adamw_matrix_weight_decay=o.adamw_matrix_weight_decay,
+        muon_options=muon_options, whiten_options=whiten_options, master32=o.embedding_state == "master32",
+        variant_lr_mult={"presub_gains": m.gains.lr_mult, "qk_scales": m.qk.lr_mult, "rope_tau": m.rope.lr_mult,
+                         "radius_gates": m.gate.lr_mult},
+        table_whiten_options=None if o.table_whiten.kind is None else dict(
+            table_whiten=o.table_whiten.kind, table_whiten_tau=o.table_whiten.tau),
+        compile=compile_step)
+
+
+def _prepolar_default(key: str):
+    from muonlab.optim.prepolar import PREPOLAR_DEFAULTS  # noqa: PLC0415
+
+    return PREPOLAR_DEFAULTS[key]
+
+
+def schedule(cfg):
+    from muonlab.optim.schedules import Schedule  # noqa: PLC0415
+
+    o, s = cfg.optim, cfg.schedule
+    return Schedule(warmup_ratio=s.warmup_ratio, warmdown_ratio=s.warmdown_ratio, final_lr_frac=s.final_lr_frac,
+                    weight_decay=o.weight_decay, momentum_start=o.muon_momentum_start,
+                    momentum_end=o.muon_momentum_end, momentum_warmup_steps=o.muon_momentum_warmup_steps,
+                    momentum_cooldown=o.muon_momentum_cooldown, wd_schedule=o.muon_wd_schedule,
+                    lr_scale=o.lr_scale)
+
+
+class _CountVisits:
+    """Seed 002 §1.3: each micro-step's table visits, counted outside the (compiled) forward."""
+
+    def __init__(self, tables):
+        self.tables = tables
+
+    def before_micro_step(self, x) -> None:
+        self.tables.count_(x)
+
+
+def step_hooks(cfg, model) -> list:
+    hooks: list = []
+    if cfg.model.oe.m > 0:
+        hooks.append(_CountVisits(model.oe))
+    if cfg.optim.step0_mode != "none":
+        from muonlab.optim.step0 import Step0Control, family_params  # noqa: PLC0415
+
+        hooks.append(Step0Control(cfg.optim.step0_mode, family_params(model)))
+    return hooks
+
+
+def trajectory(model) -> dict:
+    """The full residual scalars (seed 000 Table 4B)."""
+    return {"x0_lambdas": model.x0_lambdas.detach().float().tolist(),
+            "resid_lambdas": model.resid_lambdas.detach().float().tolist()}
+
+
+def validate(cfg) -> None:
+    """Checks that cross the model and optimizer sections, and the GPT's own checks."""
+    m, o = cfg.model, cfg.optim
+    if o.step0_mode not in ("none", "nostep0_all") and m.routing.kind == "none":
+        raise UsageError(f"step0_mode {o.step0_mode} acts on wte_lambdas/out_lambdas: set routing")
+    if o.table_whiten.kind is not None and m.oe.m == 0:
+        raise UsageError("table_whiten acts on the Over-Encoding tables: set oe_m")
+    if min(m.gains.lr_mult, m.qk.lr_mult, m.rope.lr_mult, m.gate.lr_mult) < 0:
+        raise UsageError("variant learning-rate multipliers must be >= 0")
+    try:
+        gpt_config(cfg, vocab_size=cfg.data.vocab_size)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+register_family(Family(
+    name="autoresearch", description="the upstream GPT with MuonAdamW (karpathy/autoresearch 228791f)",
+    model_config=AutoresearchModelConfig, optim_config=MuonAdamWConfig, build_model=build_model,
+    build_optimizer=build_optimizer, schedule=schedule,
+    describe=lambda cfg: f"width {cfg.model.model_dim}, depth {cfg.model.depth}", depth=lambda cfg: cfg.model.depth,
+    step_hooks=step_hooks, trajectory=trajectory, validate=validate, presets=PRESETS,
+))

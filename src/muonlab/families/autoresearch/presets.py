@@ -1,0 +1,33 @@
+"""Protocol presets of the autoresearch family (dotted keys of the run config)."""
+
+from __future__ import annotations
+
+_PROTOCOL = {  # seed papers' protocol (spec-002 §3.1): T 2048, vocab 8192, 64 x 4 = 524,288 tokens/step
+    "train.sequence_len": 2048, "train.device_batch_size": 64, "train.total_batch_size": 2**19,
+    "train.num_steps": 953, "train.eval_tokens": 40 * 2**19, "schedule.warmup_ratio": 0.0,
+    "record.checkpoint_every": 200, "data.source": "climbmix", "data.vocab_size": 8192,
+}
+_CPU_SMALL = {"runtime.precision": "fp32", "runtime.compile": "off", "record.log_every": 1}
+
+PRESETS = {
+    # depth 8, 953 fixed steps, zero warmup, ClimbMix (50,332,176 scaling parameters)
+    "gpu-d8": {**_PROTOCOL, "model.depth": 8},
+    # the same protocol at depth 6 (26,345,772 scaling parameters)
+    "gpu-d6": {**_PROTOCOL, "model.depth": 6},
+    # upstream autoresearch as published: 5-minute budget, device batch 128
+    "upstream": {**_PROTOCOL, "model.depth": 8, "train.device_batch_size": 128, "train.num_steps": None,
+                 "train.time_budget": 300.0},
+    # the CPU demo: embedded stdlib corpus, 4 layers x 256 wide, T 256, vocab 2048; stdlib files are
+    # ~2,600 tokens long, so they are cut at line breaks into pieces that fit a 257-token row (or
+    # best-fit packing would drop all but each file's head)
+    "cpu-demo": {"model.depth": 4, "model.aspect_ratio": 64, "model.head_dim": 128, "train.sequence_len": 256,
+                 "train.device_batch_size": 16, "train.total_batch_size": 16 * 256, "train.num_steps": 200,
+                 "train.untimed_steps": 2, "optim.muon_momentum_warmup_steps": 60, "train.eval_tokens": 2**17,
+                 **_CPU_SMALL, "record.log_every": 10, "data.source": "stdlib", "data.vocab_size": 2048,
+                 "data.max_doc_chars": 768},
+    # a seconds-long configuration for tests and smoke checks
+    "cpu-tiny": {"model.depth": 2, "model.aspect_ratio": 32, "model.head_dim": 32, "train.sequence_len": 64,
+                 "train.device_batch_size": 4, "train.total_batch_size": 4 * 64 * 2, "train.num_steps": 12,
+                 "train.untimed_steps": 1, "optim.muon_momentum_warmup_steps": 10, "train.eval_tokens": 4 * 64 * 4,
+                 **_CPU_SMALL, "data.source": "synthetic", "data.vocab_size": 300, "data.synthetic_bytes": 200_000},
+}

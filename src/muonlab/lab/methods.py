@@ -1,0 +1,51 @@
+"""The method catalogue: every registered method with its paper section, config key, module,
+the arms that switch it on and its tests. Generated from the config sections (each method
+section carries a `METHOD`, muonlab.settings.MethodInfo) and the arms registry, so it cannot
+drift from what the code runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from muonlab.arms import ARMS
+from muonlab.config import RunConfig, flag_of
+from muonlab.families import all_families
+from muonlab.settings import sections
+
+
+def _switched_on(overrides: dict[str, Any], key: str, selector: str | None, off: Any) -> bool:
+    if selector is None:  # a section without a switch: any setting of it
+        return any(k.startswith(key + ".") for k in overrides)
+    return key in overrides and overrides[key] != off
+
+
+def method_catalog() -> list[dict[str, Any]]:
+    entries: dict[str, dict[str, Any]] = {}
+    for family in all_families():
+        for prefix, section in sections(RunConfig.for_family(family)):
+            found = []
+            info = getattr(type(section), "METHOD", None)
+            if info is not None:
+                switch = f"{prefix}{info.selector}" if info.selector else prefix.rstrip(".")
+                found.append((info, switch, prefix.rstrip(".")))
+            for field, finfo in getattr(type(section), "FIELD_METHODS", {}).items():
+                found.append((finfo, f"{prefix}{field}", f"{prefix}{field}"))
+            for info, switch, key in found:
+                entry = entries.setdefault(info.name, {
+                    "name": info.name, "paper": info.paper, "config_key": key, "family": family,
+                    "flag": f"--{flag_of(switch)}" if info.selector else None, "module": info.module,
+                    "tests": list(info.tests), "arms": []})
+                entry["arms"] = sorted(name for name, arm in ARMS.items()
+                                       if _switched_on(arm.overrides, switch, info.selector, info.off))
+    return sorted(entries.values(), key=lambda e: (e["family"], e["config_key"]))
+
+
+def format_methods(catalog: list[dict[str, Any]]) -> str:
+    lines = []
+    for e in catalog:
+        arms = ", ".join(e["arms"][:6]) + (f" (+{len(e['arms']) - 6})" if len(e["arms"]) > 6 else "")
+        lines.append(f"{e['name']:<22} {e['paper']}")
+        lines.append(f"{'':<22} config {e['config_key']}{' (' + e['flag'] + ')' if e['flag'] else ''}, "
+                     f"family {e['family']}, module {e['module']}")
+        lines.append(f"{'':<22} arms: {arms or '-'}; tests: {', '.join(e['tests'])}")
+    return "\n".join(lines)

@@ -1,0 +1,48 @@
+"""Bookkeeping settings of a run: where its records go and how much is printed.
+
+None of these can change a number, so the section is never hashed (HASHED = False): two runs that
+differ only here are the same arm.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from muonlab.errors import UsageError
+from muonlab.settings import Section, setting
+
+
+@dataclass
+class RecordConfig(Section):
+    HASHED: ClassVar[bool] = False
+
+    run_name: str | None = setting(None, "run directory name (default: arm-seed-time-hash)")
+    runs_dir: str | None = setting(None, "where run directories go (default: <cache>/runs)")
+    ledger: str | None = setting(None, "the ledger file (default: <runs_dir>/ledger.jsonl)")
+    log_every: int = setting(1, "print a progress line every N steps")
+    quiet: bool = setting(False, "print nothing while training")
+    checkpoint_every: int = setting(0, "full checkpoint every N steps (0: only at the end and on SIGINT/SIGTERM)")
+    checkpoint_keep: int = setting(2, "newest checkpoints kept (the previous one survives a failed write)")
+    sinks: str = setting("", "optional metric sinks, comma-separated: wandb, tensorboard")
+    sink_project: str = setting("muonlab", "project name for the metric sinks")
+    trajectory_steps: str = setting("0,10,20,40,80", "steps whose metrics also hold the residual scalars "
+                                    "(seed 000 Table 4B), comma-separated")
+    plugins: str = setting("", "comma-separated plug-in modules or .py paths imported before the run "
+                           "(they register methods; the methods' names are in the hashed settings)", flag="plugin")
+
+    def trajectory_step_set(self) -> set[int]:
+        try:
+            return {int(v) for v in self.trajectory_steps.split(",") if v.strip()}
+        except ValueError:
+            raise UsageError(f"trajectory_steps must be comma-separated integers, got {self.trajectory_steps!r}") from None
+
+    def validate(self) -> None:
+        if self.log_every < 1:
+            raise UsageError(f"log_every must be >= 1, got {self.log_every}")
+        if self.checkpoint_every < 0 or self.checkpoint_keep < 1:
+            raise UsageError("checkpoint_every must be >= 0 and checkpoint_keep >= 1")
+        self.trajectory_step_set()
+        from muonlab.lab.sinks import parse_sinks  # noqa: PLC0415 (moves to muonlab.record with the sinks)
+
+        parse_sinks(self.sinks)

@@ -1,0 +1,243 @@
+"""Typed, nested, self-validating configuration sections (the machinery, not the settings).
+
+A component owns its settings as a `Section`: a dataclass whose fields are declared with
+`setting(default, help, flag=...)`. Sections nest; the run configuration is a tree of them.
+
+- Every leaf has a dotted key (`optim.prepolar.tau`) and a unique flat flag (`--prepolar-tau`);
+  arms and presets override dotted keys, the command line uses the flags.
+- A section says which of its settings act in its current state (`inactive()`): setting one
+  that does not act is a usage error, and inactive settings are left out of the config hash.
+- A section class with `HASHED = False` (bookkeeping: where files go, what is printed) is never
+  hashed, by construction; so is a single field declared with `hashed=False`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import MISSING, dataclass
+from typing import Any, Iterator, Literal, get_args, get_origin
+
+from muonlab.errors import UsageError
+
+
+def setting(default: Any = MISSING, help: str = "", *, flag: str | None = None, hashed: bool = True,
+            factory: Any = MISSING) -> Any:
+    """A dataclass field with its description, flat flag name and whether it can change a number."""
+    metadata = {"help": help, "flag": flag, "hashed": hashed}
+    if factory is not MISSING:
+        return dataclasses.field(default_factory=factory, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+@dataclass
+class Section:
+    """Base of every config section."""
+
+    HASHED: typing.ClassVar[bool] = True
+
+    def inactive(self) -> dict[str, str]:
+        """{field: why it does not act} in the current state; default: every field acts."""
+        return {}
+
+    def validate(self) -> None:
+        """Raise UsageError naming the first impossible setting (sub-sections validate themselves)."""
+
+
+# ----------------------------------------------------------------------------- types
+def _resolve_hints(cls) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _is_section_type(tp) -> bool:
+    return isinstance(tp, type) and issubclass(tp, Section)
+
+
+def field_choices(tp) -> tuple | None:
+    """The allowed values of a Literal[...] (possibly `| None`) annotation, else None."""
+    if get_origin(tp) is Literal:
+        return get_args(tp)
+    if get_origin(tp) in (typing.Union, types.UnionType):
+        choices = []
+        for arg in get_args(tp):
+            if arg is type(None):
+                choices.append(None)
+            elif get_origin(arg) is Literal:
+                choices.extend(get_args(arg))
+            else:
+                return None
+        return tuple(choices)
+    return None
+
+
+def base_type(tp) -> tuple[type, bool]:
+    """(scalar type, optional) of an annotation such as `int | None` or `Literal['a', 'b']`."""
+    if get_origin(tp) is Literal:
+        args = [a for a in get_args(tp) if a is not None]
+        return type(args[0]), len(args) < len(get_args(tp))
+    if get_origin(tp) in (typing.Union, types.UnionType):
+        args = [a for a in get_args(tp) if a is not type(None)]
+        inner, _ = base_type(args[0])
+        return inner, len(args) < len(get_args(tp))
+    return tp, False
+
+
+def coerce(value: Any, tp, name: str) -> Any:
+    """Check (and gently convert: int -> float, str -> number from the command line) a value."""
+    choices = field_choices(tp)
+    scalar, optional = base_type(tp)
+    if value is None:
+        if optional or (choices is not None and None in choices):
+            return None
+        raise UsageError(f"{name} cannot be none")
+    if isinstance(value, str) and scalar is not str:
+        text = value.strip().lower()
+        if (optional or (choices and None in choices)) and text in ("none", "null", ""):
+            return None
+        try:
+            if scalar is bool:
+                if text not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+                    raise ValueError
+                value = text in ("1", "true", "yes", "on")
+            else:
+                value = scalar(text) if scalar is not float else float(text)
+        except ValueError:
+            raise UsageError(f"{name} expects {scalar.__name__}, got {value!r}") from None
+    if scalar is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if scalar in (int, float, bool, str) and not isinstance(value, scalar) or (
+            scalar is int and isinstance(value, bool)):
+        raise UsageError(f"{name} expects {scalar.__name__}, got {value!r}")
+    if choices is not None and value not in choices:
+        shown = ", ".join("none" if c is None else str(c) for c in choices)
+        raise UsageError(f"{name} must be one of {shown}, got {value!r}")
+    return value
+
+
+# ----------------------------------------------------------------------------- traversal
+@dataclass(frozen=True)
+class Leaf:
+    key: str  # dotted key from the root
+    flag: str  # flat flag name, without the leading dashes
+    help: str
+    type: Any
+    default: Any
+    hashed: bool
+    owner: type  # the section class that declares it
+
+
+def leaves(obj, prefix: str = "") -> Iterator[Leaf]:
+    """Every leaf setting of a section class or instance (sub-sections expanded), in declaration
+    order. A field annotated with the abstract `Section` (a family's model or optimizer) is
+    expanded from the instance's value."""
+    cls = obj if isinstance(obj, type) else type(obj)
+    hints = _resolve_hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        key = f"{prefix}{f.name}"
+        if _is_section_type(tp):
+            yield from leaves(tp if isinstance(obj, type) else getattr(obj, f.name), key + ".")
+            continue
+        default = f.default if f.default is not MISSING else (
+            f.default_factory() if f.default_factory is not MISSING else None)
+        yield Leaf(key, f.metadata.get("flag") or f.name.replace("_", "-"), f.metadata.get("help", ""), tp,
+                   default, bool(f.metadata.get("hashed", True)) and cls.HASHED, cls)
+
+
+def sections(obj: Section, prefix: str = "") -> Iterator[tuple[str, Section]]:
+    """(dotted prefix, section) for obj and every sub-section below it."""
+    yield prefix, obj
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if isinstance(value, Section):
+            yield from sections(value, f"{prefix}{f.name}.")
+
+
+def get_dotted(obj: Section, key: str) -> Any:
+    for part in key.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def set_dotted(obj: Section, key: str, value: Any, where: str = "") -> None:
+    """Set a leaf by dotted key, type-checked; UsageError when no such setting exists here."""
+    parts = key.split(".")
+    target = obj
+    for i, part in enumerate(parts):
+        names = {f.name for f in dataclasses.fields(target)}
+        if part not in names:
+            raise UsageError(f"{key} is not a setting{where}")
+        if i == len(parts) - 1:
+            tp = _resolve_hints(type(target))[part]
+            if _is_section_type(tp):
+                raise UsageError(f"{key} is a group of settings, not a setting")
+            setattr(target, part, coerce(value, tp, key))
+            return
+        target = getattr(target, part)
+        if not isinstance(target, Section):
+            raise UsageError(f"{key} is not a setting{where}")
+
+
+def to_dict(obj: Section) -> dict[str, Any]:
+    out = {}
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        out[f.name] = to_dict(value) if isinstance(value, Section) else value
+    return out
+
+
+def flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{'a': {'b': 1}} -> {'a.b': 1}."""
+    out = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def hashed_values(obj: Section, prefix: str = "") -> dict[str, Any]:
+    """The flat {dotted key: value} of every setting that can change a number: hashed sections
+    and fields only, and only the settings that act in the current state."""
+    if not type(obj).HASHED:
+        return {}
+    inactive = obj.inactive()
+    out = {}
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if f.name in inactive or not f.metadata.get("hashed", True):
+            continue
+        if isinstance(value, Section):
+            out.update(hashed_values(value, f"{prefix}{f.name}."))
+        else:
+            out[f"{prefix}{f.name}"] = value
+    return out
+
+
+def inactive_keys(obj: Section) -> dict[str, str]:
+    """{dotted key (or prefix of a whole sub-section): why} over the whole tree."""
+    out = {}
+    for prefix, section in sections(obj):
+        for name, why in section.inactive().items():
+            out[f"{prefix}{name}"] = why
+    return out
+
+
+def validate_tree(obj: Section) -> None:
+    for _, section in sections(obj):
+        section.validate()
+
+
+@dataclass(frozen=True)
+class MethodInfo:
+    """What a method section is: its name, the paper section it reproduces, where its code and
+    tests live. A section class carrying `METHOD = MethodInfo(...)` is listed by `muonlab methods`."""
+
+    name: str
+    paper: str
+    module: str
+    tests: tuple[str, ...] = ()
+    selector: str | None = None  # the field that switches it on (its other fields act only then)
+    off: Any = None  # the selector's value when the method is off

@@ -1,0 +1,91 @@
+"""Settings of the training loop: batch and duration, the LR schedule's shape, the runtime."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from muonlab.device import PRECISIONS
+from muonlab.errors import UsageError
+from muonlab.settings import Section, setting
+
+
+@dataclass
+class TrainingConfig(Section):
+    """Batch, duration and evaluation (upstream train.py's names)."""
+
+    sequence_len: int = setting(2048, "context length T: tokens per row")
+    device_batch_size: int = setting(64, "rows per micro-step on one device")
+    total_batch_size: int = setting(2**19, "tokens per optimizer step, over all micro-steps and processes")
+    num_steps: int | None = setting(953, "fixed number of optimizer steps (seed 002 protocol); none: time_budget")
+    time_budget: float | None = setting(None, "training-time budget in seconds (upstream); none: num_steps")
+    untimed_steps: int = setting(11, "compile/warm-up steps excluded from timing and progress")
+    grad_clip: float = setting(0.0, "global gradient-norm clip before each step (seed 004: 1.0); 0 = off")
+    max_loss: float = setting(100.0, "fast fail above this training loss (upstream)")
+    eval_tokens: int = setting(40 * 2**19, "tokens scored per split (val and holdout)")
+    eval_batch_size: int | None = setting(None, "rows per evaluation step; none: device_batch_size")
+
+    @property
+    def tokens_per_micro_step(self) -> int:
+        return self.device_batch_size * self.sequence_len
+
+    def accum_steps_per_rank(self, world_size: int) -> int:
+        """Micro-steps per rank when `world_size` processes share one global batch."""
+        per_step = self.tokens_per_micro_step * world_size
+        if self.total_batch_size % per_step != 0:
+            raise UsageError(f"total_batch_size {self.total_batch_size} is not divisible by device_batch_size x "
+                             f"sequence_len x world_size = {self.device_batch_size} x {self.sequence_len} x "
+                             f"{world_size}")
+        return self.total_batch_size // per_step
+
+    def inactive(self) -> dict[str, str]:
+        return {"time_budget": "num_steps fixes the duration"} if self.num_steps is not None else {
+            "num_steps": "time_budget fixes the duration"}
+
+    def validate(self) -> None:
+        for name in ("sequence_len", "device_batch_size", "total_batch_size", "eval_tokens"):
+            if getattr(self, name) < 1:
+                raise UsageError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.total_batch_size % self.tokens_per_micro_step != 0:
+            raise UsageError(
+                f"total_batch_size {self.total_batch_size} is not divisible by device_batch_size x "
+                f"sequence_len = {self.device_batch_size} x {self.sequence_len} = {self.tokens_per_micro_step}")
+        if (self.num_steps is None) == (self.time_budget is None):
+            raise UsageError("give exactly one of num_steps and time_budget")
+        if self.num_steps is not None and self.num_steps < 1:
+            raise UsageError(f"num_steps must be >= 1, got {self.num_steps}")
+        if self.time_budget is not None and self.time_budget <= 0:
+            raise UsageError(f"time_budget must be > 0 seconds, got {self.time_budget}")
+        if self.untimed_steps < 0:
+            raise UsageError(f"untimed_steps must be >= 0, got {self.untimed_steps}")
+        if self.grad_clip < 0:
+            raise UsageError(f"grad_clip must be >= 0, got {self.grad_clip}")
+        if self.eval_batch_size is not None and self.eval_batch_size < 1:
+            raise UsageError(f"eval_batch_size must be >= 1, got {self.eval_batch_size}")
+
+
+@dataclass
+class ScheduleConfig(Section):
+    """The shape of the LR multiplier over training progress (upstream: warmup, flat, linear warmdown)."""
+
+    warmup_ratio: float = setting(0.0, "share of training spent warming the LR up")
+    warmdown_ratio: float = setting(0.5, "share of training spent decaying the LR (0: constant LR, seed 004)")
+    final_lr_frac: float = setting(0.0, "LR multiplier at the end of the warmdown")
+
+    def inactive(self) -> dict[str, str]:
+        return {"final_lr_frac": "warmdown_ratio is 0 (constant LR)"} if self.warmdown_ratio == 0 else {}
+
+    def validate(self) -> None:
+        if not (0 <= self.warmup_ratio <= 1 and 0 <= self.warmdown_ratio <= 1
+                and self.warmup_ratio + self.warmdown_ratio <= 1):
+            raise UsageError("need 0 <= warmup_ratio, 0 <= warmdown_ratio, warmup_ratio + warmdown_ratio <= 1")
+
+
+@dataclass
+class RuntimeConfig(Section):
+    """Where and how the numbers are computed."""
+
+    device: str = setting("auto", "auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:N or mps")
+    precision: Literal[PRECISIONS] = setting("auto", "auto (bf16 autocast on CUDA, fp32 elsewhere), fp32 or bf16")
+    compile: Literal["auto", "on", "off"] = setting("auto", "torch.compile the model and optimizer step "
+                                                    "(auto: on CUDA only)")

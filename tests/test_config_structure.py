@@ -1,0 +1,169 @@
+"""The run configuration (issue 12 item 4): nested sections owned by their components, dotted
+overrides, settings that do not act refused (never dropped, never hashed), bookkeeping left out
+of the hash by construction, and configs of the older flat format still readable."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from muonlab.arms import ARMS, resolve_config
+from muonlab.cli import main
+from muonlab.config import (RunConfig, apply_overrides, build_config, flag_table, from_legacy, legacy_hash,
+                            load_config_file, preset)
+from muonlab.errors import UsageError
+from muonlab.settings import leaves
+
+# each of these trained and exited 0 before, with the setting silently ignored (issue 12)
+REFUSED = [
+    (["--preset", "tied-cpu", "--prepolar", "hbieq"], "does not act on model family tied"),
+    (["--preset", "tied-cpu", "--n-embd", "128"], "does not act on model family tied"),
+    (["--preset", "tied-cpu", "--arm", "t1_sign", "--af-cap", "2"], "sign fixes af_cap = 1"),
+    (["--preset", "tied-cpu", "--arm", "t1_hybrid", "--af-scale", "0.5"], "puts the tied table on AdamW"),
+    (["--preset", "tied-cpu", "--optimizer", "adamw", "--af-matrix-lr", "0.02"], "trains every tensor with AdamW"),
+    (["--preset", "cpu-tiny", "--prepolar", "zeta", "--prepolar-tau", "25"], "only hbieq reads it"),
+    (["--preset", "cpu-tiny", "--whiten-tau", "25"], "the method is off"),
+    (["--preset", "cpu-tiny", "--arm", "adamw_only", "--matrix-lr", "0.05"], "no matrix is on Muon"),
+    (["--preset", "cpu-tiny", "--optimizer", "sign"], "does not act on model family autoresearch"),
+    (["--preset", "cpu-tiny", "--routing", "sepden", "--routing-eps", "1e-5"], "only the shared-denominator"),
+    (["--preset", "cpu-tiny", "--source", "synthetic", "--path", "x"], "the data source is synthetic"),
+]
+
+
+@pytest.mark.parametrize("argv,reason", REFUSED)
+def test_a_setting_that_does_not_act_is_a_usage_error(argv, reason, capsys):
+    assert main(["train", *argv, "--num-steps", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert reason in err and len(err.splitlines()) == 1
+
+
+def test_sign_honours_its_scale_and_adamw_its_own_lr():
+    sign = resolve_config("t1_sign", "tied-cpu", {"af_scale": 0.5})
+    assert sign.optim.scale == 0.5  # acts: it reaches the tied group (below)
+    from muonlab.device import Runtime
+    from muonlab.train.build import build_model, build_optimizer
+    import torch
+
+    model = build_model(sign, 300, Runtime(torch.device("cpu"), "fp32"))
+    tied = [g for g in build_optimizer(model, sign, False).param_groups if g.get("role") == "tied"]
+    assert tied[0]["scale"] == 0.5 and tied[0]["cap"] == 1.0
+    adamw = resolve_config("baseline", "tied-cpu", {"optimizer": "adamw"})
+    opt = build_optimizer(build_model(adamw, 300, Runtime(torch.device("cpu"), "fp32")), adamw, False)
+    assert {g["lr"] for g in opt.param_groups} == {6e-4}  # seed 004's AdamW pilot lr, not Muon's 0.02
+
+
+def test_an_inert_setting_is_not_hashed():
+    base = resolve_config("baseline", "cpu-tiny")
+    # the preset may carry settings some arms switch off: adamw_only ignores the Muon momentum ramp
+    a = resolve_config("adamw_only", "cpu-tiny")
+    b = build_config([("preset", {**_preset("cpu-tiny"), "optim.muon_momentum_warmup_steps": 99}),
+                      ("arm", ARMS["adamw_only"].overrides)])
+    assert a.config_hash() == b.config_hash() != base.config_hash()
+    assert "optim.muon_momentum_warmup_steps" not in a.hashed_values()
+
+
+def test_bookkeeping_is_never_hashed_by_construction():
+    cfg = resolve_config("baseline", "cpu-tiny")
+    changed = apply_overrides(cfg, {"record.run_name": "x", "record.quiet": True, "record.checkpoint_every": 5,
+                                    "data.cache_dir": "/elsewhere", "arm": "other"})
+    assert changed.config_hash() == cfg.config_hash()
+    assert not any(k.startswith("record.") for k in cfg.hashed_values())
+    # ...while everything that can change a number does change it
+    for key, value in [("seed", 7), ("optim.matrix_lr", 0.03), ("train.num_steps", 5), ("runtime.compile", "on"),
+                       ("data.vocab_size", 301), ("model.depth", 3)]:
+        assert apply_overrides(cfg, {key: value}).config_hash() != cfg.config_hash(), key
+
+
+def _preset(name):
+    from muonlab.config import all_presets
+
+    return {k: v for k, v in all_presets()[name].items() if k != "family"}
+
+
+def test_arms_override_dotted_keys_that_exist():
+    for arm in ARMS.values():
+        assert all("." in key or key in ("family", "seed") for key in arm.overrides), arm.name
+    assert ARMS["exp44_hbieq_bf16"].overrides["optim.prepolar.kind"] == "hbieq"
+    with pytest.raises(UsageError, match="not a setting"):
+        build_config([("arm", {"optim.prepolar.tauu": 3})])
+
+
+def test_flags_name_one_setting_each_and_keep_their_names():
+    table = flag_table()
+    for flag in ("depth", "matrix-lr", "prepolar-tau", "qk-scale", "source", "num-steps", "af-scale", "quiet"):
+        assert flag in table
+    assert table["prepolar-tau"] == "optim.prepolar.tau" and table["af-scale"] == "optim.scale"
+    for family in ("autoresearch", "tied"):  # within a family a setting has one flag
+        flags = [leaf.flag for leaf in leaves(RunConfig.for_family(family))]
+        assert len(flags) == len(set(flags))
+    # the same dotted key in two families keeps each family's flag: --matrix-lr is MuonAdamW's
+    with pytest.raises(UsageError, match="--matrix-lr .* does not act on model family tied"):
+        resolve_config("t1_afmuon", "tied-cpu", {"matrix_lr": 0.03})
+    assert resolve_config("t1_afmuon", "tied-cpu", {"af_matrix_lr": 0.03}).optim.matrix_lr == 0.03
+
+
+def test_resolved_config_is_saved_whole_and_loads_back(tmp_path):
+    cfg = resolve_config("01_dense_opt", "cpu-tiny", {"seed": 3})
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"config": cfg.to_dict()}))
+    back = load_config_file(path)
+    assert back.to_dict() == cfg.to_dict() and back.config_hash() == cfg.config_hash()
+
+
+def test_older_flat_configs_still_load():
+    old = {"depth": 3, "num_steps": 40, "matrix_lr": 0.03, "prepolar": "hbieq", "prepolar_tau": 25.0,
+           "af_cap": 3.0, "optimizer": "muon_adamw", "model_family": "autoresearch", "arm": "x", "seed": 5,
+           "quiet": True, "data": {"source": "synthetic", "vocab_size": 300, "cache_dir": "/c"}}
+    cfg = RunConfig.from_dict(old)
+    assert (cfg.model.depth, cfg.train.num_steps, cfg.optim.matrix_lr, cfg.optim.prepolar.tau) == (3, 40, 0.03, 25.0)
+    assert cfg.seed == 5 and cfg.data.source == "synthetic" and cfg.record.quiet
+    tied = from_legacy({"model_family": "tied", "optimizer": "sign", "af_cap": 3.0, "af_scale": 0.5})
+    assert tied.optim.kind == "sign" and tied.optim.cap is None and tied.optim.scale is None  # as format 1 ran it
+    assert len(legacy_hash(old)) == 16
+
+
+def test_every_leaf_has_a_description():
+    for family in ("autoresearch", "tied"):
+        missing = [leaf.key for leaf in leaves(RunConfig.for_family(family)) if not leaf.help]
+        assert not missing
+
+
+def test_train_help_shows_the_effective_default_choices_and_groups(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--preset", "cpu-demo", "--arm", "exp44_hbieq_bf16", "--help"])
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert "--depth INT" in out
+    assert "(default: 4; model.depth)" in out  # cpu-demo's depth, not the dataclass's 8
+    assert "(default: stdlib; data.source)" in out
+    assert "(default: hbieq; optim.prepolar.kind)" in out  # the arm's
+    assert "{standard|lerope_shared|lerope_adapted}" in out
+    assert "--no-quiet" in out and "optim.prepolar (autoresearch family):" in out
+    assert "--tied-preset" not in out  # another family's flags are accepted but not shown
+
+
+def test_booleans_take_no_value_or_true_false(tmp_path):
+    from muonlab.cli import _resolve_config, build_parser
+
+    for argv, want in ((["--checkpoint-blocks"], True), (["--checkpoint-blocks", "false"], False),
+                       (["--no-checkpoint-blocks"], False), (["--checkpoint-blocks", "true"], True)):
+        args = build_parser(["train"]).parse_args(["train", "--preset", "cpu-tiny", *argv])
+        assert _resolve_config(args).model.memory.checkpoint_blocks is want
+
+
+def test_diagnose_tools_have_only_their_own_options(capsys):
+    assert main(["diagnose", "conditioning", "--run", "x"]) == 2
+    assert "unrecognized arguments: --run" in capsys.readouterr().err
+    assert main(["diagnose", "geometry"]) == 2  # needs its run
+    assert "--run" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "argument parsing only" not in capsys.readouterr().out
+
+
+def test_presets_are_dotted_and_resolve():
+    from muonlab.config import all_presets
+
+    for name, values in all_presets().items():
+        assert all("." in k or k == "family" for k in values), name
+        preset(name)
