@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from muonlab.errors import MuonlabError, UsageError
-from muonlab.lab.ledger import append_record
 from muonlab.lab.report import build_report, fmt, format_text, load_ledger, run_report
 from muonlab.lab.stats import DecisionRule, paired_contrast, summarize_arm
+from muonlab.record.ledger import append_record
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SEEDS = (41, 42, 47)

@@ -314,7 +314,7 @@ class TrainConfig:
             raise UsageError(f"compile must be one of {', '.join(COMPILE_MODES)}, got {self.compile!r}")
         if self.attn_backend not in BACKENDS:
             raise UsageError(f"attn_backend must be one of {', '.join(BACKENDS)}, got {self.attn_backend!r}")
-        from muonlab.lab.sinks import parse_sinks
+        from muonlab.record.sinks import parse_sinks
 
         parse_sinks(self.sinks)
         self.data.validate()

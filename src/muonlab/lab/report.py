@@ -28,8 +28,8 @@ from typing import Any, Iterable, Mapping
 
 from muonlab.atomic import write_json, write_text
 from muonlab.errors import MuonlabError, UsageError
-from muonlab.lab.ledger import STATUSES, read_records_tolerant
 from muonlab.lab.stats import DecisionRule, paired_contrast, summarize_arm, t_quantile
+from muonlab.record.ledger import STATUSES, read_records_tolerant
 
 DEFAULT_THRESHOLD = 0.0005  # BPB; seed 003's preregistered practical separation rule
 BPB_METRICS = ("val_bpb", "holdout_bpb")
