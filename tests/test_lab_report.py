@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from muonlab.errors import MuonlabError, UsageError
-from muonlab.lab.report import build_report, fmt, format_text, load_ledger, run_report
+from muonlab.lab.report import build_report, format_text, load_ledger, run_report
+from muonlab.lab.report.render import fmt
 from muonlab.lab.stats import DecisionRule, paired_contrast, summarize_arm
 from muonlab.record.ledger import append_record
 
