@@ -52,8 +52,8 @@ def run(repeats: int = 7, warmup: int = 2, oe_m: int = 150_855) -> dict:
     cfg, plain, plain_opt = _build(0)
     _, oe_model, oe_opt = _build(oe_m)
     gen = torch.Generator().manual_seed(1)
-    x = torch.randint(0, VOCAB, (cfg.device_batch_size, cfg.sequence_len), generator=gen)
-    y = torch.randint(0, VOCAB, (cfg.device_batch_size, cfg.sequence_len), generator=gen)
+    x = torch.randint(0, VOCAB, (cfg.train.device_batch_size, cfg.train.sequence_len), generator=gen)
+    y = torch.randint(0, VOCAB, (cfg.train.device_batch_size, cfg.train.sequence_len), generator=gen)
     times = {"plain": [], "oe": []}
     for i in range(warmup + repeats):
         for name, (m, o) in (("plain", (plain, plain_opt)), ("oe", (oe_model, oe_opt))):

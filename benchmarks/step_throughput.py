@@ -66,9 +66,9 @@ def _upstream_model(ns, gcfg: GPTConfig, device, precision, cfg):
     import io
 
     with contextlib.redirect_stdout(io.StringIO()):  # upstream prints its LR scaling
-        opt = model.setup_optimizer(unembedding_lr=cfg.unembedding_lr, embedding_lr=cfg.embedding_lr,
-                                    matrix_lr=cfg.matrix_lr, weight_decay=cfg.weight_decay,
-                                    adam_betas=(cfg.adam_beta1, cfg.adam_beta2), scalar_lr=cfg.scalar_lr)
+        opt = model.setup_optimizer(unembedding_lr=cfg.optim.unembedding_lr, embedding_lr=cfg.optim.embedding_lr,
+                                    matrix_lr=cfg.optim.matrix_lr, weight_decay=cfg.optim.weight_decay,
+                                    adam_betas=(cfg.optim.adam_beta1, cfg.optim.adam_beta2), scalar_lr=cfg.optim.scalar_lr)
     return model, opt
 
 
@@ -80,7 +80,7 @@ def bench_shape(name: str, repeats: int, upstream: dict | None, precision: str) 
     torch.manual_seed(0)
     model = build_model(cfg, spec["vocab"], runtime)
     opt = build_optimizer(model, cfg, compile_step=device.type == "cuda")
-    B, T = spec["batch"], cfg.sequence_len
+    B, T = spec["batch"], cfg.train.sequence_len
     x = torch.randint(0, spec["vocab"], (B, T), device=device)
     y = torch.randint(0, spec["vocab"], (B, T), device=device)
     sync = lambda: synchronize(device)  # noqa: E731

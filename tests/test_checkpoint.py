@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-import muonlab.lab.ledger as ledger_module
+import muonlab.record.ledger as ledger_module
 import muonlab.train.checkpoint as ckpt_module
 from muonlab.cli import main
 from muonlab.errors import MuonlabError
-from muonlab.lab.ledger import append_record, read_records
 from muonlab.model import GPT
+from muonlab.record.ledger import append_record, read_records
 from muonlab.train.checkpoint import list_checkpoints, verify_checkpoint
 
 TINY = ["train", "--preset", "cpu-tiny", "--num-steps", "40", "--checkpoint-every", "4", "--log-every", "1"]

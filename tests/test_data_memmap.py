@@ -12,8 +12,6 @@ from muonlab.data.images import (
     IMAGE_VOCAB,
     RGB554_VOCAB,
     SOS,
-    ImageTokenLoader,
-    image_eval_batches,
     load_image_arrays,
     load_image_folder,
     prepare_image_tokens,
@@ -22,16 +20,10 @@ from muonlab.data.images import (
     sos_shift,
     write_image_tokens,
 )
-from muonlab.data.memmap import (
-    MemmapBlockLoader,
-    TokenMemmap,
-    count_blocks,
-    eval_batches,
-    prefix_continuation_batches,
-    prefix_continuation_eval_batches,
-    register_token_memmap,
-    write_token_memmap,
-)
+from muonlab.data.loaders.image_tokens import ImageTokenLoader, image_eval_batches
+from muonlab.data.loaders.prefix_continuation import prefix_continuation_batches, prefix_continuation_eval_batches
+from muonlab.data.loaders.token_blocks import MemmapBlockLoader, eval_batches
+from muonlab.data.memmap_format import TokenMemmap, count_blocks, register_token_memmap, write_token_memmap
 from muonlab.errors import UsageError
 
 

@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 
 from muonlab.errors import MuonlabError, UsageError
-from muonlab.lab.ledger import append_record
-from muonlab.lab.report import build_report, fmt, format_text, load_ledger, run_report
+from muonlab.config import RunConfig
+from muonlab.lab.report import build_report, format_text, load_ledger, run_report
+from muonlab.lab.report.render import fmt
 from muonlab.lab.stats import DecisionRule, paired_contrast, summarize_arm
+from muonlab.record.ledger import append_record
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SEEDS = (41, 42, 47)
@@ -28,9 +30,11 @@ def config(arm: str, seed: int, **changes) -> dict:
            "seed": seed, "run_name": None, "quiet": False,
            "data": {"source": "climbmix", "vocab_size": 8192, "cache_dir": "/somewhere/else"}}
     data = changes.pop("data", {})
+    legacy = changes.pop("legacy", False)
     cfg.update(changes)
     cfg["data"].update(data)
-    return cfg
+    # written with format 1's flat names; recorded as today's runs write it unless `legacy`
+    return cfg if legacy else RunConfig.from_dict(cfg).to_dict()
 
 
 def record(arm: str, seed: int, val: float | None = None, holdout: float | None = None,
@@ -226,7 +230,7 @@ def test_protocol_mismatch_is_a_loud_warning(tmp_path):
     report = run_report(write_ledger(tmp_path / "ledger.jsonl", records))
     loud = [w for w in report["warnings"] if w.startswith("PROTOCOL MISMATCH")]
     assert any("arm 'opt' differs from baseline" in w and "num_steps=500 vs 953" in w for w in loud)
-    assert any("within arm 'oe_opt': seed 47 differs from seed 41 in sequence_len=1024 vs 2048" in w
+    assert any("within arm 'oe_opt': seed 47 differs from seed 41 in train.sequence_len=1024 vs 2048" in w
                for w in loud)
     md = (tmp_path / "report" / "report.md").read_text()
     assert "**PROTOCOL MISMATCH: arm 'opt'" in md
@@ -240,7 +244,7 @@ def test_known_arm_overrides_are_allowed_and_everything_else_is_checked(tmp_path
     ledger = write_ledger(tmp_path / "ledger.jsonl", records)
     unknown = build_report(ledger)  # overrides unknown: only protocol keys compared
     assert not any(w.startswith("PROTOCOL") for w in unknown["warnings"])
-    assert unknown["arm_settings"]["opt"] == {"matrix_lr": [0.05, 0.04]}
+    assert unknown["arm_settings"]["opt"] == {"optim.matrix_lr": [0.05, 0.04]}
     assert any("overrides unknown" in n for n in unknown["notes"])
     declared = build_report(ledger, arm_overrides={"baseline": {}, "opt": {"matrix_lr": 0.05}})
     assert not any(w.startswith("PROTOCOL") for w in declared["warnings"])
@@ -307,3 +311,19 @@ def test_other_metrics_and_the_default_out_dir(tmp_path):
     assert not (tmp_path / "report").exists()  # build_report without out_dir writes nothing
     text = format_text(report)
     assert "baseline" in text and "opt - baseline" in text and "holdout_bpb mean ± SD" in text
+
+
+def test_ledgers_of_the_older_config_format_still_report(tmp_path):
+    """Format-1 lines (flat configs, old hashes) load, are compared by their converted settings,
+    and the report says so; a real protocol difference is still caught across the formats."""
+    lines = [record("baseline", s, val=1.0 + s / 1000, legacy=True) for s in (1, 2)]
+    lines += [record("adamw_only", s, val=1.1 + s / 1000, matrix_optimizer="adamw") for s in (1, 2)]
+    lines += [record("deeper", s, val=1.2, depth=9, legacy=True) for s in (1, 2)]
+    ledger = tmp_path / "ledger.jsonl"
+    ledger.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    report = build_report(ledger, arm_overrides={"baseline": {}, "adamw_only": {"optim.matrix_optimizer": "adamw"},
+                                                 "deeper": {}})
+    assert any("older muonlab (config format 1" in w for w in report["warnings"])
+    mismatch = [w for w in report["warnings"] if "PROTOCOL MISMATCH" in w]
+    assert len(mismatch) == 1 and "'deeper'" in mismatch[0] and "model.depth" in mismatch[0]
+    assert report["contrasts"]["adamw_only"]["n"] == 2

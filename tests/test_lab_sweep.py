@@ -14,9 +14,9 @@ import pytest
 from muonlab.arms import ARMS, get_arm, resolve_config
 from muonlab.cli import main
 from muonlab.errors import UsageError
-from muonlab.lab.ledger import append_record, read_records, read_records_tolerant
-from muonlab.lab.results_tsv import results_tsv
 from muonlab.lab.sweep import parse_seeds
+from muonlab.record.ledger import append_record, read_records, read_records_tolerant
+from muonlab.record.results_tsv import results_tsv
 
 SWEEP = ["sweep", "--preset", "cpu-tiny", "--arms", "baseline,adamw_only", "--seeds", "1,2"]
 
@@ -183,7 +183,7 @@ def test_metric_sinks_mirror_steps(tmp_path, monkeypatch):
     import importlib.util
     import types
 
-    import muonlab.lab.sinks as sinks
+    import muonlab.record.sinks as sinks
 
     seen = []
 

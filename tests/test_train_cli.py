@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from muonlab.cli import main
-from muonlab.lab.ledger import read_records
+from muonlab.record.ledger import read_records
 
 TINY = ["train", "--preset", "cpu-tiny"]
 

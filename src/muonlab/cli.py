@@ -150,9 +150,9 @@ def cmd_report(args) -> int:
 
     from muonlab.arms import ARMS
     from muonlab.atomic import write_text
-    from muonlab.lab.ledger import read_records_tolerant
+    from muonlab.record.ledger import read_records_tolerant
     from muonlab.lab.report import format_text, run_report
-    from muonlab.lab.results_tsv import results_tsv
+    from muonlab.record.results_tsv import results_tsv
     from muonlab.paths import cache_root
 
     ledger = Path(args.ledger) if args.ledger else cache_root() / "runs" / "ledger.jsonl"

@@ -1,4 +1,4 @@
-"""RGB554 image tokens and their loaders: the ImageGPT setting of seed paper 004 (AF-Muon).
+"""RGB554 image tokens and their token files: the ImageGPT setting of seed paper 004 (AF-Muon).
 
 Spec §3 row 8 (paper App. J.7): ImageNet-32 images become 1,024 raster-order colour
 tokens, token = (R>>3)*512 + (G>>3)*16 + (B>>4) (5 bits red, 5 green, 4 blue: 16,384
@@ -17,15 +17,11 @@ Choices:
   and must all have one size: nothing is resized. Other dtypes than uint8 are refused
   rather than guessed (0..1 floats vs 0..255 ints).
 * Storage: the colour tokens only (SOS is never stored), uint16 token memmaps through
-  `memmap.py`, `tokenizer = "rgb554"`, `vocab_size = 16384`, and `extra` =
+  `memmap_format.py`, `tokenizer = "rgb554"`, `vocab_size = 16384`, and `extra` =
   {kind, tokens_per_image, image_height, image_width, images, sos}. The eval split is a
   separate file: the dataset's validation split (as the paper) or, failing that, a seeded
   random hold-out of `eval_images` images (`prepare_image_tokens`).
-* Loading: one image = one block of tokens_per_image tokens with no extra target token,
-  shuffled per seed with drop_last exactly as `MemmapBlockLoader` (the reference's
-  DataLoader order); batches are (inputs, targets, epoch) after the SOS shift. Eval: in
-  file order, drop_last, e.g. 16 batches of 256 images (4,194,304 tokens) in the paper;
-  the loss is the mean of per-batch means, bits/dim = loss / (3 ln 2).
+* Loading: `muonlab.data.loaders.image_tokens` batches these files for the ImageGPT.
 """
 
 from __future__ import annotations
@@ -39,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from muonlab.data.memmap import BlockLoaderView, MemmapBlockLoader, TokenMemmap, TokenMemmapWriter, open_memmap
+from muonlab.data.memmap_format import TokenMemmap, TokenMemmapWriter, open_memmap
 from muonlab.errors import UsageError
 
 RGB554_VOCAB = 16384  # colour tokens 0 .. 16383
@@ -250,7 +246,6 @@ def prepare_image_tokens(
     return TokenMemmap(train_path), TokenMemmap(eval_path)
 
 
-# --- loaders ----------------------------------------------------------------------------
 def tokens_per_image(memmap: "TokenMemmap | str | os.PathLike") -> int:
     """Tokens per image of an RGB554 token file (its metadata); UsageError for other files."""
     mm = open_memmap(memmap)
@@ -260,40 +255,3 @@ def tokens_per_image(memmap: "TokenMemmap | str | os.PathLike") -> int:
     if not isinstance(n, int) or n < 2 or mm.num_tokens % n:
         raise UsageError(f"{mm.path}: tokens_per_image={n!r} does not divide its {mm.num_tokens} tokens")
     return n
-
-
-class ImageTokenLoader(BlockLoaderView):
-    """Seed 004 ImageGPT batches: (inputs, targets, epoch), int64 [B, tokens_per_image].
-
-    inputs = [SOS, x1 .. x_{n-1}], targets = x1 .. xn (`shift=False`: (tokens, epoch)).
-    Images are shuffled per seed with drop_last and resumed exactly through
-    `state_dict()` / `load_state_dict()` (a `MemmapBlockLoader` underneath).
-    `num_images` caps the images used (the reference: min(train images, steps x batch)).
-    """
-
-    def __init__(self, memmap, batch_size: int, seed: int = 0, shuffle: bool = True, drop_last: bool = True,
-                 num_images: int | None = None, shift: bool = True, rank: int = 0, world_size: int = 1,
-                 device: str | torch.device = "cpu"):
-        mm = open_memmap(memmap)
-        self.tokens_per_image = tokens_per_image(mm)
-        self.shift = bool(shift)
-        self.blocks = MemmapBlockLoader(mm, self.tokens_per_image, batch_size, seed, drop_last=drop_last,
-                                        with_target=False, shuffle=shuffle, num_blocks=num_images,
-                                        rank=rank, world_size=world_size, device=device)
-
-    def __next__(self):
-        tokens, epoch = self.blocks.next_blocks()
-        if self.shift:
-            return (*sos_shift(tokens), epoch)
-        return tokens, epoch
-
-def image_eval_batches(memmap, batch_size: int, max_batches: int | None = None, shift: bool = True,
-                       device: str | torch.device = "cpu") -> Iterator:
-    """One in-order pass over an eval image file: (inputs, targets) (or tokens), drop_last.
-
-    The paper's eval is max_batches=16 at batch_size=256 (4,194,304 tokens).
-    """
-    loader = ImageTokenLoader(memmap, batch_size, shuffle=False, drop_last=True, shift=shift, device=device)
-    count = loader.batches_per_epoch if max_batches is None else min(max_batches, loader.batches_per_epoch)
-    for _ in range(count):
-        yield next(loader)[:-1] if shift else next(loader)[0]

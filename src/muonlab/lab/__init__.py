@@ -1,2 +1,2 @@
-"""The experiment lab: arms x seeds sweeps, the run ledger with provenance, paired statistics,
-reports with plots, results.tsv export and optional metric sinks."""
+"""The experiment lab: arms x seeds sweeps, paired statistics and reports with plots, over the run
+record (`muonlab.record`: ledger, provenance, results.tsv, metric sinks)."""

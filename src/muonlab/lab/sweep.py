@@ -19,8 +19,8 @@ from typing import Any, Callable
 from muonlab.arms import resolve_config
 from muonlab.config import RunConfig
 from muonlab.errors import UsageError
-from muonlab.lab.ledger import read_records_tolerant
-from muonlab.train.rundir import ledger_path, runs_dir
+from muonlab.record.ledger import read_records_tolerant
+from muonlab.record.rundir import ledger_path, runs_dir
 
 
 @dataclass

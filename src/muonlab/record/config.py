@@ -43,6 +43,6 @@ class RecordConfig(Section):
         if self.checkpoint_every < 0 or self.checkpoint_keep < 1:
             raise UsageError("checkpoint_every must be >= 0 and checkpoint_keep >= 1")
         self.trajectory_step_set()
-        from muonlab.lab.sinks import parse_sinks  # noqa: PLC0415 (moves to muonlab.record with the sinks)
+        from muonlab.record.sinks import parse_sinks  # noqa: PLC0415
 
         parse_sinks(self.sinks)

@@ -31,13 +31,13 @@ from muonlab.errors import UsageError
 from muonlab.eval import EvalResult, evaluate_bpb
 from muonlab.families import get_family
 from muonlab.plugins import load_plugins
-from muonlab.lab import ledger, provenance
-from muonlab.lab.sinks import SinkGroup, parse_sinks
+from muonlab.record import ledger, provenance
+from muonlab.record.rundir import RunDir, append_metrics, ledger_path, new_run_id, runs_dir
+from muonlab.record.sinks import SinkGroup, parse_sinks
 from muonlab.train.build import build_model, build_optimizer
 from muonlab.train.checkpoint import latest_checkpoint, rng_state, save_checkpoint, set_rng_state
 from muonlab.train.distributed import Dist, init_from_env, shutdown
 from muonlab.train.loop import Diverged, LoopState, OutOfMemory, train_loop
-from muonlab.train.rundir import RunDir, append_metrics, ledger_path, new_run_id, runs_dir
 
 SUMMARY_KEYS = ("val_bpb", "holdout_bpb", "training_seconds", "total_seconds", "peak_vram_mb",
                 "mfu_percent", "total_tokens_M", "num_steps", "num_params_M", "depth")

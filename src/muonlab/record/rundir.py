@@ -13,12 +13,15 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from muonlab.atomic import atomic_open, write_json, write_text
-from muonlab.config import RunConfig
 from muonlab.paths import cache_root
+
+if TYPE_CHECKING:  # the record sits below the config layer: it reads a config, never builds one
+    from muonlab.config import RunConfig
 
 
 def runs_dir(cfg: RunConfig) -> Path:

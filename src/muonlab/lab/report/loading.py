@@ -1,0 +1,127 @@
+"""Report input: ledger lines -> usable run records (malformed lines reported by number), and
+run directories -> training-loss curves.
+
+The report needs only the ledger (so ledgers from other machines can be analysed); curves are
+read where a run's directory is present, at its recorded `run_dir` or beside the ledger as
+`<ledger dir>/<run_id>/`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from muonlab.errors import UsageError
+from muonlab.record.ledger import STATUSES, read_records_tolerant
+
+CURVE_FILE = "metrics.jsonl"
+
+
+def load_ledger(path: str | os.PathLike) -> tuple[list[dict[str, Any]], list[str]]:
+    """Read every usable record; each unusable line becomes a problem naming its line number.
+
+    A record needs a string `arm`, an integer `seed` and a `status` in ledger.STATUSES.
+    Each kept record gets `_line` (its 1-based line number) for ordering and messages.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"ledger not found: {path}")
+    return read_records_tolerant(path, validate=_record_issue)
+
+
+def _record_issue(record: dict) -> str | None:
+    if not isinstance(record.get("arm"), str) or not record["arm"]:
+        return "missing or empty 'arm'"
+    seed = record.get("seed")
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        return f"'seed' is not an integer ({seed!r})"
+    if record.get("status") not in STATUSES:
+        return f"'status' is {record.get('status')!r}, not one of {', '.join(STATUSES)}"
+    return None
+
+
+def metric_value(record: Mapping[str, Any], metric: str) -> float | None:
+    """The record's metric as a finite float, or None (absent, non-numeric, NaN or inf)."""
+    metrics = record.get("metrics")
+    value = metrics.get(metric) if isinstance(metrics, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+@dataclass
+class Curve:
+    """One run's training-loss trajectory from its metrics.jsonl."""
+
+    arm: str
+    seed: int
+    run_id: str
+    steps: list[int]
+    values: list[float]
+    key: str  # smooth_loss (upstream's printed EMA) or loss
+
+
+def find_run_dir(record: Mapping[str, Any], ledger_dir: Path) -> Path | None:
+    """The run directory recorded in the ledger, else `<ledger dir>/<run_id>` (the default
+    layout puts the ledger in runs_dir beside the run directories), if it has metrics."""
+    candidates = []
+    if record.get("run_dir"):
+        candidates.append(Path(str(record["run_dir"])).expanduser())
+    if record.get("run_id"):
+        candidates.append(ledger_dir / str(record["run_id"]))
+    for candidate in candidates:
+        if (candidate / CURVE_FILE).is_file():
+            return candidate
+    return None
+
+
+def load_curve(record: Mapping[str, Any], ledger_dir: Path) -> tuple[Curve | None, str | None]:
+    """(curve, None), or (None, a note saying why there is none); bad lines are skipped."""
+    run_id = str(record.get("run_id", "?"))
+    run_dir = find_run_dir(record, ledger_dir)
+    if run_dir is None:
+        return None, f"no run directory with {CURVE_FILE} for run {run_id}"
+    steps, values, bad, key = [], [], 0, None
+    with open(run_dir / CURVE_FILE, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            try:
+                row = json.loads(line)
+                key = key or ("smooth_loss" if "smooth_loss" in row else "loss")
+                step, value = int(row["step"]), float(row[key])
+            except (ValueError, KeyError, TypeError):
+                bad += 1
+                continue
+            if math.isfinite(value):
+                steps.append(step)
+                values.append(value)
+    if not steps:
+        return None, f"run {run_id}: {run_dir / CURVE_FILE} holds no readable loss values"
+    note = f"run {run_id}: skipped {bad} unreadable line(s) of {CURVE_FILE}" if bad else None
+    return Curve(record["arm"], record["seed"], run_id, steps, values, key), note
+
+
+def load_curves(runs_by_arm: Mapping[str, list[dict]], arms: list[str], ledger_dir: Path
+                ) -> tuple[dict[str, list[Curve]], dict[str, dict], list[str]]:
+    """The curves of the runs used, per arm; a per-arm tally of runs with and without one; and
+    the notes explaining each missing or partly unreadable curve."""
+    curves: dict[str, list[Curve]] = {}
+    status: dict[str, dict] = {}
+    notes: list[str] = []
+    for arm in arms:
+        found, missing = [], []
+        for record in runs_by_arm[arm]:
+            curve, note = load_curve(record, ledger_dir)
+            if curve is not None:
+                found.append(curve)
+            else:
+                missing.append(str(record.get("run_id")))
+            if note:
+                notes.append(note)
+        if found:
+            curves[arm] = found
+        status[arm] = {"runs_with_curves": len(found), "runs_without": missing}
+    return curves, status, notes
