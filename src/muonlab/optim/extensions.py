@@ -13,6 +13,15 @@ name, with the metadata `muonlab methods` lists (AddonInfo):
   adamw_state  the precision of an adamw param's state, e.g. an fp32 master (register_adamw_state)
   group_kind   a param-group kind besides "muon" and "adamw" (register_group_kind)
 
+A plug-in conditioner, in its own file (tests/test_extensions.py does exactly this):
+
+    @dataclass(frozen=True)
+    class Sign(PrePolar):
+        def condition(self, G, inputs, ctx):
+            return G.sign()
+    register_prepolar("sign", Sign, paper="...", tests=("tests/test_sign.py",))
+    MuonAdamW([dict(kind="muon", params=ps, lr=0.02, prepolar="sign")])
+
 A muon group with no add-on set runs upstream's `muon_step` itself; otherwise the variant step
 (muon_variant.py) is composed from the stages once per option set, so torch.compile sees a
 static function and nothing is looked up per element.
