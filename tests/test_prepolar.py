@@ -1,4 +1,4 @@
-"""Pre-polar conditioners and post-polar precision (muonlab.optim.prepolar), against their equations.
+"""Pre-polar conditioners and post-polar precision (muonlab.optim.addons), against their equations.
 
 Each conditioner is checked against a plain float64 transcription of the paper's formula
 (seed 000 §3.3), inside the optimizer too (the input Polar Express receives is captured), with
@@ -12,10 +12,15 @@ import pytest
 import torch
 
 import muonlab.optim.muon_adamw as muon_module
+import muonlab.optim.muon_variant as variant_module
 from muonlab.optim import MuonAdamW
+from muonlab.optim.addons.hbieq import hbieq
+from muonlab.optim.addons.muon2f import muon2f_precondition
+from muonlab.optim.addons.turbo_aol import aol_scale
+from muonlab.optim.addons.zeta import zeta_update, zeta_whiten
 from muonlab.optim.distributed import DistMuonAdamW
-from muonlab.optim.polar import aol_scale, polar_express
-from muonlab.optim.prepolar import hbieq, homotopy_alpha, muon2f_precondition, zeta_update, zeta_whiten
+from muonlab.optim.homotopy import homotopy_alpha
+from muonlab.optim.polar import polar_express
 
 from test_optim_distributed import assert_state_equal, averaged_replay, dyadic_steps, flat, run_ranks, unflat
 
@@ -138,8 +143,8 @@ def test_aol_gram_reuse_is_the_same_iteration(shape):
 
 def test_aol_gram_reuse_option_reaches_polar_express(monkeypatch):
     seen = []
-    real = muon_module.polar_express
-    monkeypatch.setattr(muon_module, "polar_express", lambda g, n, **kw: seen.append(kw) or real(g, n, **kw))
+    real = variant_module.polar_express
+    monkeypatch.setattr(variant_module, "polar_express", lambda g, n, **kw: seen.append(kw) or real(g, n, **kw))
     for reuse in (True, False):
         p = torch.nn.Parameter(_rand((8, 6), seed=6))
         p.grad = _rand((8, 6), seed=7)
@@ -194,6 +199,7 @@ def _run(opts, steps=3, capture=None, monkeypatch=None):
 
 
 def _capture_polar_inputs(monkeypatch):
+    """Every Polar Express call, of the upstream step (muon_adamw) and of the variant step."""
     seen = []
     real = muon_module.polar_express
 
@@ -202,6 +208,7 @@ def _capture_polar_inputs(monkeypatch):
         return real(g, steps, **kw)
 
     monkeypatch.setattr(muon_module, "polar_express", spy)
+    monkeypatch.setattr(variant_module, "polar_express", spy)
     return seen
 
 
@@ -246,7 +253,7 @@ def test_options_off_are_the_upstream_step_bitwise(monkeypatch):
     b, opt_b = _run(dict(prepolar=None, prepolar_scope="all", polar_dtype="bf16", post_polar_dtype=None))
     assert torch.equal(flat(a), flat(b))
     assert_state_equal(opt_a.state_dict() | {"param_groups": []}, opt_b.state_dict() | {"param_groups": []})
-    assert all(kw == {} for _, kw in seen)  # the upstream call: polar_express(g, ns_steps)
+    assert seen and all(kw == {} for _, kw in seen)  # the upstream call: polar_express(g, ns_steps)
 
 
 def test_first_homotopy_step_equals_baseline_up_to_rounding():
@@ -335,14 +342,14 @@ def test_polar_express_in_fp32_is_more_orthogonal():
     assert err[torch.float32] < 1e-5 < 1e-3 < err[torch.bfloat16]
     ps = _params()
     seen = []
-    real = muon_module.polar_express
-    muon_module.polar_express = lambda g, steps, **kw: seen.append(kw) or real(g, steps, **kw)
+    real = variant_module.polar_express
+    variant_module.polar_express = lambda g, steps, **kw: seen.append(kw) or real(g, steps, **kw)
     try:
         MuonAdamW(_groups(ps, polar_dtype="fp32"))
         _grads(ps, 0)
         MuonAdamW(_groups(ps, polar_dtype="fp32")).step()
     finally:
-        muon_module.polar_express = real
+        variant_module.polar_express = real
     assert seen and all(kw["dtype"] == torch.float32 for kw in seen)
 
 

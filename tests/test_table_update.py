@@ -1,4 +1,4 @@
-"""Moment-free OE table update (muonlab.optim.table_update), seed 002 §1.3 / §1.11.
+"""Moment-free OE table update (muonlab.optim.addons.moment_free), seed 002 §1.3 / §1.11.
 
 The bf16 result is compared with a float64 transcription of the formula, computed here from a
 Counter of the hashed ids and the gradient that loss/K backward of an nn.Embedding lookup
@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from muonlab.optim.table_update import OE_TABLE_ROWS, moment_free_step, oe_learning_rate, state_bytes
+from muonlab.optim.addons.moment_free import OE_TABLE_ROWS, moment_free_step, oe_learning_rate, state_bytes
 
 ROWS, W = 37, 8
 

@@ -1,4 +1,4 @@
-"""Right-projected Neumann-Gram vocabulary whitening (muonlab.optim.whitening), seed 002 / spec-002 §1.4d.
+"""Right-projected Neumann-Gram vocabulary whitening (muonlab.optim.addons.neumann_whitening), seed 002 / spec-002 §1.4d.
 
 The fp32 implementation is checked against a plain float64 transcription of the paper's formula
 (tables with zero rows and columns, and all-zero tables: no NaN), against the formula's
@@ -18,7 +18,7 @@ import muonlab.optim.muon_adamw as muon_module
 from muonlab.optim import MuonAdamW
 from muonlab.optim.distributed import DistMuonAdamW, adamw_is_sharded
 from muonlab.optim.muon_adamw import adamw_step
-from muonlab.optim.whitening import WHITEN_DEFAULTS, binomial_coefficients, neumann_whiten
+from muonlab.optim.addons.neumann_whitening import WHITEN_DEFAULTS, binomial_coefficients, neumann_whiten
 
 from test_optim_distributed import assert_state_equal, averaged_replay, dyadic_steps, run_ranks
 

@@ -32,8 +32,11 @@ import math
 
 import torch
 
-from muonlab.optim.polar import aol_scale, polar_express
-from muonlab.optim.prepolar import DTYPES, hbieq, zeta_update, zeta_whiten
+from muonlab.optim.addons.hbieq import hbieq
+from muonlab.optim.addons.polar_precision import DTYPES
+from muonlab.optim.addons.turbo_aol import aol_scale
+from muonlab.optim.addons.zeta import zeta_update, zeta_whiten
+from muonlab.optim.polar import polar_express
 
 SHAPES = ((4, 128, 128), (4, 256, 128), (4, 128, 256))
 RULES = ("raw", "rowrms1", "bieq2", "zeta_step0", "zeta_ema20", "turbo_aol")

@@ -44,7 +44,7 @@ from torch import Tensor
 
 from muonlab.diagnostics.runs import LoadedRun, load_run
 from muonlab.errors import MuonlabError
-from muonlab.optim import prepolar as _prepolar
+from muonlab.optim import muon_variant
 from muonlab.optim.muon_adamw import muon_step
 
 # seed 003's two terminal checkpoints (fractions); "reset_variance" is only "changes little"
@@ -124,12 +124,14 @@ def muon_direction(optimizer, group: dict, grads: Tensor, reset: tuple[str, ...]
     state = {k: v.clone() if isinstance(v, Tensor) else copy.deepcopy(v) for k, v in optimizer.state[p0].items()}
     for key in reset:
         state[key].zero_()
-    options = _prepolar.step_options(group, state, 0, len(group["params"]), p0.device)
-    params = torch.zeros_like(grads)  # zero stack: with wd 0, muon_step writes params = -(lr_t * g) exactly
-    muon_step(grads.clone(), params, state["momentum_buffer"], state["second_momentum_buffer"],
-              _f32(group["momentum"]), _f32(max(1.0, rows / cols) ** 0.5), _f32(0.0),
-              _f32(group["beta2"] if group["beta2"] is not None else 0.0), group["ns_steps"],
-              -1 if rows >= cols else -2, **options)
+    stages = muon_variant.resolve(group)  # the group's add-ons, as MuonAdamW composes them
+    step = muon_step if stages is None else muon_variant.build_step(stages)
+    extra = () if stages is None else (muon_variant.step_inputs(group, stages, state, 0, len(group["params"]), p0.device),)
+    params = torch.zeros_like(grads)  # zero stack: with wd 0, the step writes params = -(lr_t * g) exactly
+    step(grads.clone(), params, state["momentum_buffer"], state["second_momentum_buffer"],
+         _f32(group["momentum"]), _f32(max(1.0, rows / cols) ** 0.5), _f32(0.0),
+         _f32(group["beta2"] if group["beta2"] is not None else 0.0), group["ns_steps"],
+         -1 if rows >= cols else -2, *extra)
     return params.neg_()
 
 

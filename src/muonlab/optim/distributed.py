@@ -24,13 +24,16 @@ Step with world size W > 1 (each rank holds its own mean gradient, not yet avera
        - adamw param with >= ADAMW_SHARD_MIN_NUMEL elements and shape[0] % W == 0:
          reduce-scatter along dim 0 (rank r owns rows [r*R/W, (r+1)*R/W)); else all_reduce
          (small tensors: one message beats three, and their replicated state is tiny).
-         Exception: a param of a whitened adamw group (`whiten`, see whitening.py) is always
-         all_reduced, because the Neumann-Gram whitening needs the whole table's averaged
-         gradient; every rank whitens the full table (identical bits on every rank) and then
-         updates only its rows, so its state stays row-sharded exactly as without whitening.
-  2. Per group, in order: wait for its reductions, run the unchanged step function
-     (`muon_step` / `adamw_step` from muon_adamw.py) on this rank's share with this rank's
-     state, and launch the all-gather of the updated values.
+         Exception: a param of an adamw group whose gradient transform needs the whole tensor
+         (extensions.AdamWTransform.whole_tensor, e.g. the Neumann-Gram whitening) is always
+         all_reduced; every rank transforms the full tensor (identical bits on every rank) and
+         then updates only its rows, so its state stays row-sharded exactly as without it.
+       - a registered group kind (extensions.GroupKind): replicated; its gradient and the
+         kind's `reduced_alongside` tensors (e.g. visit counts) are all_reduced.
+  2. Per group, in order: wait for its reductions, run MuonAdamW's own step function for the
+     group (upstream `muon_step` / `adamw_step`, or the variant composed from its add-ons; the
+     same call MuonAdamW makes) on this rank's share with this rank's state, and launch the
+     all-gather of the updated values.
   3. Wait for every all-gather and copy the gathered matrices into the parameters.
 Every buffer a collective reads or writes is held in a Python list until its wait() returns
 (freeing one early is the known use-after-free with async collectives). `p.grad` is never
@@ -49,7 +52,7 @@ Checkpoint layout:
     [n_owned, rows, cols] and `second_momentum_buffer` [n_owned, rows, 1] (tall) or
     [n_owned, 1, cols] (wide), n_owned possibly 0 (a stateful pre-polar conditioner's buffer,
     e.g. `zeta_buffer` [n_owned, rows, cols], likewise; its step counter is replicated); a
-    row-sharded adamw param has `exp_avg`/`exp_avg_sq` (and master32's fp32 `master`) of its
+    row-sharded adamw param has `exp_avg`/`exp_avg_sq` (and an fp32 `master`) of its
     rows only; `step` is replicated. It only loads back on the same rank of the same world size. With W = 1 it is exactly MuonAdamW.state_dict().
   - `full_state_dict()` (collective: every rank must call it): the shards gathered into
     exactly MuonAdamW.state_dict()'s layout ([N, ...] buffers, full-shape AdamW moments),
@@ -64,10 +67,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from muonlab.optim import prepolar as _prepolar
-from muonlab.optim import whitening as _whitening
-from muonlab.optim.muon_adamw import MuonAdamW, table_neumann_beta
-from muonlab.optim.table_update import moment_free_step
+from muonlab.optim import extensions
+from muonlab.optim.muon_adamw import MuonAdamW
 
 # nanochat's cut-off: below it one all_reduce beats reduce-scatter + all-gather, and the
 # replicated AdamW state costs nothing worth sharding
@@ -137,10 +138,11 @@ class DistMuonAdamW(MuonAdamW):
         for group, red in zip(self.param_groups, reductions):
             if group["kind"] == "adamw":
                 self._update_adamw(group, red, rank, world, gathers)
-            elif group["kind"] == "oe_mfree":
-                self._update_oe_mfree(group, red, world)
-            elif red is not None:
-                self._update_muon(group, red, rank, world, gathers)
+            elif group["kind"] == "muon":
+                if red is not None:
+                    self._update_muon(group, red, rank, world, gathers)
+            else:
+                self._update_kind(group, red, world)
         # phase 3: wait for the gathers, copy stacked matrices back
         for g in gathers:
             g["work"].wait()
@@ -165,26 +167,26 @@ class DistMuonAdamW(MuonAdamW):
 
     def _launch_reduce(self, group, stepped: set[int], world: int):
         """Start the asynchronous reductions of one group; returns what phase 2 needs."""
-        if group["kind"] == "oe_mfree":
-            # replicated tables: all-reduce the gradient and the visit counts (their sums are the
-            # global batch's), then every rank applies the same update (no sharding: no moments)
+        if group["kind"] not in ("muon", "adamw"):
+            # replicated: all-reduce the gradient and the kind's own tensors (their sums are the
+            # global batch's), then every rank applies the same update (no sharding)
+            handler = extensions.group_kinds()[group["kind"]]
             pending = []
             for p in group["params"]:
-                counts = self.visit_counts.get(p)
-                if counts is None:
-                    raise RuntimeError("oe_mfree group: no visit counts attached (MuonAdamW.attach_visit_counts)")
+                extra = handler.reduced_alongside(self, p)
                 grad = p.grad.clone() if p.grad is not None else torch.zeros_like(p)
-                works = [dist.all_reduce(grad, group=self.process_group, async_op=True),
-                         dist.all_reduce(counts, group=self.process_group, async_op=True)]
-                pending.append(dict(p=p, works=works, grad=grad, counts=counts))
+                works = [dist.all_reduce(t, group=self.process_group, async_op=True) for t in (grad, *extra)]
+                pending.append(dict(p=p, works=works, grad=grad, keep=extra))
             return pending
         if group["kind"] == "adamw":
+            transform = extensions.adamw_transform(group)
+            whole = transform is not None and transform.whole_tensor
             pending = []
             for p in group["params"]:
                 if id(p) not in stepped:
                     continue
                 grad = p.grad.contiguous() if p.grad is not None else torch.zeros_like(p)
-                if adamw_is_sharded(p, world) and group.get("whiten") is None:
+                if adamw_is_sharded(p, world) and not whole:
                     out = grad.new_empty(p.shape[0] // world, *p.shape[1:])
                     work = _reduce_scatter(out, grad, group=self.process_group, async_op=True)
                 else:
@@ -206,21 +208,23 @@ class DistMuonAdamW(MuonAdamW):
         return dict(work=work, out=out, stack=stack)
 
     def _update_adamw(self, group, pending, rank, world, gathers):
+        transform = extensions.adamw_transform(group)
         for item in pending:
             item["work"].wait()
             p, grad = item["p"], item["out"].div_(world)
             sharded = adamw_is_sharded(p, world)
             rows = p.shape[0] // world if sharded else None
             p_share = p[rank * rows:(rank + 1) * rows] if sharded else p
-            # moments (and master32's fp32 master) are made for this rank's rows: row-sharded
+            # moments (and a state precision's tensor, e.g. an fp32 master) are made for this
+            # rank's rows: row-sharded
             state = self._adamw_state(group, p, p_share)
             if state["exp_avg"].shape != p_share.shape:
                 raise RuntimeError("DistMuonAdamW: optimizer state was made for another world size; "
                                    "move it with full_state_dict() / load_full_state_dict()")
             state["step"] += 1
-            if group.get("whiten") is not None:  # on the whole averaged table (all-reduced), then this rank's rows
-                grad = _whitening.whiten_grad(grad, state["step"], group)
-                if sharded:
+            if transform is not None:  # on the averaged tensor it was reduced to, then this rank's rows
+                grad = transform.apply(grad, state["step"], group)
+                if sharded and transform.whole_tensor:
                     grad = grad[rank * rows:(rank + 1) * rows]
             self._adamw_update(group, p_share, grad, state)
             if sharded:
@@ -228,13 +232,12 @@ class DistMuonAdamW(MuonAdamW):
                 work = _all_gather(p, send, group=self.process_group, async_op=True)
                 gathers.append(dict(work=work, keep=send))
 
-    def _update_oe_mfree(self, group, pending, world):
+    def _update_kind(self, group, pending, world):
+        handler = extensions.group_kinds()[group["kind"]]
         for item in pending:
             for work in item["works"]:
                 work.wait()
-            p = item["p"]
-            moment_free_step(p, item["grad"].div_(world), item["counts"], group["lr"],
-                             neumann_beta=table_neumann_beta(group, self.state, p))
+            handler.update(self, group, item["p"], item["grad"].div_(world))
 
     def _update_muon(self, group, red, rank, world, gathers):
         red["work"].wait()
@@ -253,16 +256,15 @@ class DistMuonAdamW(MuonAdamW):
             raise RuntimeError("DistMuonAdamW: optimizer state was made for another world size; "
                                "move it with full_state_dict() / load_full_state_dict()")
         send = p0.new_empty(chunk, rows, cols)
-        # every rank advances the conditioner's step counter (and makes its state), owner or not
-        options = _prepolar.step_options(group, state, start, stop, p0.device)
+        # every rank advances the add-ons' step counter (and makes their state), owner or not
+        fn, extra = self._muon_call(group, state, start, stop, p0.device)
         if owned:
             grads = red["out"][:owned].div_(world)
             torch.stack(params[start:stop], out=send[:owned])
             self._fill_muon(group, rows, cols)
-            self._fn("muon", p0.device)(
-                grads, send[:owned], state["momentum_buffer"], state["second_momentum_buffer"],
-                self._muon_momentum_t, self._muon_lr_t, self._muon_wd_t, self._muon_beta2_t,
-                group["ns_steps"], -1 if rows >= cols else -2, **options)
+            fn(grads, send[:owned], state["momentum_buffer"], state["second_momentum_buffer"],
+               self._muon_momentum_t, self._muon_lr_t, self._muon_wd_t, self._muon_beta2_t,
+               group["ns_steps"], -1 if rows >= cols else -2, *extra)
         send[owned:].zero_()
         # the reduce-scatter has completed, so its input stack is free to receive the gather
         work = _all_gather(red["stack"], send, group=self.process_group, async_op=True)
@@ -303,6 +305,7 @@ class DistMuonAdamW(MuonAdamW):
         params = self._params()
         self._check_state_agrees(params)
         index = {id(p): i for i, p in enumerate(params)}
+        stacked = extensions.stacked_state_keys()
         full = {}
         for group in self.param_groups:
             for j, p in enumerate(group["params"]):
@@ -315,10 +318,10 @@ class DistMuonAdamW(MuonAdamW):
                     # per-matrix buffers (momentum, NorMuon, a conditioner's) gathered to [N, ...];
                     # scalars (the conditioner's step counter) are replicated
                     full[i] = {k: (self._gather_rows(v, -(-n // world), world, n)
-                                   if k in _prepolar.STACKED_STATE_KEYS else v) for k, v in s.items()}
+                                   if k in stacked else v) for k, v in s.items()}
                 elif group["kind"] == "adamw" and adamw_is_sharded(p, world):
                     rows = p.shape[0] // world
-                    # moments and (master32) the fp32 master are row-sharded; `step` is replicated
+                    # moments (and an fp32 master) are row-sharded; `step` is replicated
                     full[i] = {k: (self._gather_rows(v, rows, world, p.shape[0]) if torch.is_tensor(v) else v)
                                for k, v in s.items()}
                 else:
@@ -332,6 +335,7 @@ class DistMuonAdamW(MuonAdamW):
             return super().load_state_dict(state_dict)
         params = self._params()
         index = {id(p): i for i, p in enumerate(params)}
+        stacked = extensions.stacked_state_keys()
         shard = {}
         for group in self.param_groups:
             for j, p in enumerate(group["params"]):
@@ -345,7 +349,7 @@ class DistMuonAdamW(MuonAdamW):
                         raise ValueError(f"muon state of param {i} holds {s['momentum_buffer'].size(0)} "
                                          f"matrices, the group has {n}")
                     start, stop = owned_range(n, rank, world)
-                    shard[i] = {k: (v[start:stop].clone() if k in _prepolar.STACKED_STATE_KEYS else v)
+                    shard[i] = {k: (v[start:stop].clone() if k in stacked else v)
                                 for k, v in s.items()}
                 elif group["kind"] == "adamw" and adamw_is_sharded(p, world):
                     rows = p.shape[0] // world

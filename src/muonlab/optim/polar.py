@@ -5,23 +5,18 @@ per-step coefficients tuned so that the singular values of X approach 1. The inp
 normalised by its Frobenius norm times a 1.02 safety factor (so the spectral norm is
 safely below 1) and the iteration runs in bf16.
 
-Options (muonlab, off by default; the default call is bitwise upstream):
-  - `dtype=torch.float32`: the iteration in fp32 (seed 002 §"NS5 in FP32", spec-002 §1.4b).
-    On CUDA, fp32 matmuls follow torch's float32 matmul precision (TF32 under "high").
-  - `normalize="aol"`: Turbo-Muon's AOL diagonal Gram L1 scaling replaces the Frobenius
-    normalisation (seed 000 §3.3, Boissin et al. 2025): with A0 = X^T X (m > n) or X X^T
-    (m <= n), s_i = (sum_j |A0_ij|)^(-1/2) / 1.02, and X <- X diag(s) (tall, columns) or
-    diag(s) X (otherwise, rows). Unstated in the paper (spec-000-003 §5.7), chosen here: A0 is
-    formed in the iteration dtype (it replaces a line acting on the bf16 X); the first
-    iteration reuses it (`reuse_gram=True`, as Turbo-Muon does: the Gram of the scaled X is
-    diag(s) A0 diag(s), so AOL costs no extra matmul; seed 000's Turbo runs were also timed
-    faster than its unconditioned baseline, consistent with reuse), `reuse_gram=False` forms
-    that Gram again (same math, different bf16 rounding); the L1 row sum is clamped at the
-    dtype's smallest normal number, which only changes an all-zero row/column (kept zero
-    instead of 0 * inf = NaN).
+Options (muonlab's polar stage, off by default; the default call is bitwise upstream):
+  - `dtype`: the iteration dtype (addons/polar_precision.py: fp32, seed 002 §1.4b). On CUDA,
+    fp32 matmuls follow torch's float32 matmul precision (TF32 under "high").
+  - `normalize`: a registered normalisation replacing the Frobenius one (register_normalization;
+    addons/turbo_aol.py registers "aol"). A normalisation returns the scaled X and, when it
+    formed it anyway, the Gram matrix of the scaled X on the smaller side, which the first
+    iteration reuses when `reuse_gram` (else that Gram is formed again: same math, other rounding).
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 
@@ -34,23 +29,20 @@ POLAR_EXPRESS_COEFFS: tuple[tuple[float, float, float], ...] = (
 )
 FROBENIUS_SAFETY = 1.02
 FROBENIUS_EPS = 1e-6
-AOL_SAFETY = 1.02
-NORMALIZATIONS = ("frobenius", "aol")
+
+# name -> X -> (scaled X, its Gram matrix or None)
+_NORMALIZERS: dict[str, Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]] = {}
 
 
-def aol_scale(X: torch.Tensor, safety: float = AOL_SAFETY, return_gram: bool = False):
-    """Turbo-Muon's AOL scaling of each matrix of X [..., m, n] (see the module doc).
+def register_normalization(name: str, fn: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]) -> None:
+    """Make `polar_express(..., normalize=name)` use `fn` instead of the Frobenius normalisation."""
+    if name == "frobenius" or name in _NORMALIZERS:
+        raise ValueError(f"normalisation {name!r} is already registered")
+    _NORMALIZERS[name] = fn
 
-    With `return_gram`, also the Gram matrix of the scaled X on the smaller side,
-    diag(s) A0 diag(s), for the first Polar Express iteration.
-    """
-    tall = X.size(-2) > X.size(-1)
-    A0 = X.mT @ X if tall else X @ X.mT
-    s = A0.abs().sum(dim=-1).clamp_min(torch.finfo(X.dtype).tiny).rsqrt() / safety
-    scaled = X * s.unsqueeze(-2) if tall else X * s.unsqueeze(-1)
-    if not return_gram:
-        return scaled
-    return scaled, A0 * s.unsqueeze(-1) * s.unsqueeze(-2)
+
+def normalizations() -> tuple[str, ...]:
+    return ("frobenius", *_NORMALIZERS)
 
 
 def polar_express(g: torch.Tensor, steps: int = 5, dtype: torch.dtype = torch.bfloat16,
@@ -58,7 +50,6 @@ def polar_express(g: torch.Tensor, steps: int = 5, dtype: torch.dtype = torch.bf
     """Approximate the polar factor U V^T of each matrix in g [..., m, n].
 
     The Gram matrix is formed on the smaller side: X^T X for tall inputs, X X^T otherwise.
-    `reuse_gram` only matters for normalize="aol" (see the module doc).
     """
     if not 1 <= steps <= len(POLAR_EXPRESS_COEFFS):
         raise ValueError(f"ns_steps must be in 1..{len(POLAR_EXPRESS_COEFFS)}, got {steps}")
@@ -66,11 +57,11 @@ def polar_express(g: torch.Tensor, steps: int = 5, dtype: torch.dtype = torch.bf
     gram = None  # the first iteration's Gram matrix, when the normalisation already formed it
     if normalize == "frobenius":
         X = X / (X.norm(dim=(-2, -1), keepdim=True) * FROBENIUS_SAFETY + FROBENIUS_EPS)
-    elif normalize == "aol":
-        X, gram = aol_scale(X, return_gram=True)
+    elif normalize in _NORMALIZERS:
+        X, gram = _NORMALIZERS[normalize](X)
         gram = gram if reuse_gram else None
     else:
-        raise ValueError(f"normalize must be one of {NORMALIZATIONS}, got {normalize!r}")
+        raise ValueError(f"normalize must be one of {normalizations()}, got {normalize!r}")
     if g.size(-2) > g.size(-1):
         for a, b, c in POLAR_EXPRESS_COEFFS[:steps]:
             A = X.mT @ X if gram is None else gram

@@ -1,0 +1,124 @@
+"""Right-projected Neumann-Gram vocabulary whitening of AdamW table gradients (seed 002 §1.4d).
+
+Seed 002 (Family B, "Right-Projected Neumann-Gram Vocabulary Whitening (tau_Neu = 80)"; credited
+there to its ref [11]): inside fused AdamW, on the 2-D token/value tables (wte, lm_head, every
+value_embeds table), for a gradient G in R^{V x d} (rows = tokens):
+
+    g_bar  = (1/V) 1^T G                      (the mean row)
+    U_perp = G - 1 g_bar^T                    (mean-centred gradient)
+    C      = U_perp^T U_perp                  (d x d Gram)
+    U_w    = U_perp - 1/2 beta_t U_perp C / (||C||_F + 1e-30),   beta_t = min(t / 80, 1)^2
+
+a first-order Neumann (binomial) approximation of U_perp (I + beta_t C_hat)^{-1/2}, C_hat =
+C / (||C||_F + 1e-30). C_hat is PSD with ||C_hat||_2 <= 1, so the right factor's eigenvalues lie
+in [1 - beta_t/2, 1] (it shrinks the dominant, common-mode directions of the table's update most).
+Computed in fp32 (the paper: "executing Neumann-Gram in FP32 on the fly inside adamw_step_fused").
+
+Choices where the paper is silent (spec-002 §1.4d lists them as unspecified), all options:
+- where: the whitened tensor replaces the gradient *before* the moment updates
+  (grad <- U_w [+ 1 g_bar^T]; then the unchanged `adamw_step`). p.grad itself is not modified.
+- mean add-back (`whiten_mean_addback`, default False = the paper's formula read literally: the
+  update is U_w, the common-mode row is dropped); True adds 1 g_bar^T back.
+- step index: t = the parameter's AdamW step counter (`state["step"]`, 1 at the first update,
+  the same counter as Adam's bias correction, i.e. the only one a fused AdamW step has) plus
+  `whiten_t0` (default 0; -1 gives t = 0 at the first update, i.e. beta_0 = 0). No extra state:
+  the counter round-trips through state_dict with the Adam moments.
+- `whiten_tau` (80.0; 0 means beta = 1 from the first step, like prepolar.homotopy_alpha).
+- `whiten_terms` (1 = the paper): K > 1 keeps K terms of the binomial series
+  (I + beta C_hat)^{-1/2} = sum_k binom(-1/2, k) (beta C_hat)^k, converging to the exact inverse
+  square root as K grows (conditionally at beta ||C_hat||_2 = 1). An extension, not in the paper.
+- dtype: the result is cast back to the gradient's dtype (bf16 tables keep bf16 moments).
+- rows = dim 0: wte / value_embeds (nn.Embedding [V, d]) and lm_head (nn.Linear weight [V, d])
+  all have the vocabulary along dim 0. Every param of a whitened group must be 2-D.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from muonlab.optim.extensions import AdamWTransform, register_adamw_transform
+from muonlab.optim.homotopy import homotopy_alpha
+
+WHITENS = ("neumann",)
+
+# every option an adamw group may carry, with its default (read with .get: absent == default)
+WHITEN_DEFAULTS = dict(
+    whiten=None, whiten_tau=80.0, whiten_terms=1, whiten_mean_addback=False, whiten_t0=0, whiten_eps=1e-30,
+)
+
+
+def binomial_coefficients(terms: int) -> list[float]:
+    """binom(-1/2, k) for k = 0..terms: 1, -1/2, 3/8, -5/16, ..."""
+    coefs = [1.0]
+    for k in range(1, terms + 1):
+        coefs.append(coefs[-1] * (-0.5 - (k - 1)) / k)
+    return coefs
+
+
+def neumann_whiten(G: torch.Tensor, beta, terms: int = 1, mean_addback: bool = False,
+                   eps: float = 1e-30) -> torch.Tensor:
+    """Right-projected Neumann-Gram whitening of a 2-D table gradient G [V, d] (rows = tokens).
+
+    Returns a new fp32 tensor (G is not modified). `beta` is a float (beta_t = min(t/tau, 1)^2).
+    With terms = 1: U_perp - 1/2 beta U_perp C / (||C||_F + eps), C = U_perp^T U_perp.
+    """
+    if G.dim() != 2:
+        raise ValueError(f"neumann_whiten needs a 2-D table, got shape {tuple(G.shape)}")
+    X = G.float()
+    g_bar = X.mean(dim=0, keepdim=True)
+    U = X - g_bar
+    C = U.T @ U
+    scale = float(beta) / (torch.linalg.matrix_norm(C) + eps)  # 0-D fp32 tensor: no host sync
+    coefs = binomial_coefficients(terms)
+    if terms == 1:  # the paper's expression, in its order of operations
+        out = U - (scale * 0.5) * (U @ C)
+    else:
+        out, Y = U.clone(), U
+        for c in coefs[1:]:
+            Y = (Y @ C) * scale  # U (beta C_hat)^k
+            out.add_(Y, alpha=c)
+    if mean_addback:
+        out.add_(g_bar)
+    return out
+
+
+def options(group: dict) -> dict:
+    return {k: group.get(k, v) for k, v in WHITEN_DEFAULTS.items()}
+
+
+def validate_group(group: dict) -> None:
+    """Raise ValueError naming the first bad whitening option of an adamw group."""
+    opt = options(group)
+    if opt["whiten"] is None:
+        return
+    if opt["whiten_tau"] < 0 or int(opt["whiten_terms"]) < 1:
+        raise ValueError("whiten_tau must be >= 0 and whiten_terms >= 1")
+    bad = [tuple(p.shape) for p in group["params"] if p.dim() != 2]
+    if bad:
+        raise ValueError(f"whiten={opt['whiten']!r} acts on 2-D tables; the group has shapes {bad}")
+
+
+def whiten_grad(grad: torch.Tensor, step: int, group: dict) -> torch.Tensor:
+    """The gradient the AdamW step should use: `grad` itself when the group has no whitening,
+    else the whitened full-table gradient (cast to grad's dtype). `step` = state["step"] after
+    its increment (1 at the first update)."""
+    opt = options(group)
+    if opt["whiten"] is None:
+        return grad
+    return _whitened(grad, step, opt)
+
+
+def _whitened(grad: torch.Tensor, step: int, opt: dict) -> torch.Tensor:
+    beta = homotopy_alpha(max(step + opt["whiten_t0"], 0), float(opt["whiten_tau"]))
+    out = neumann_whiten(grad, beta, terms=int(opt["whiten_terms"]),
+                         mean_addback=bool(opt["whiten_mean_addback"]), eps=float(opt["whiten_eps"]))
+    return out.to(grad.dtype)
+
+
+# the whole averaged table: the Gram and the mean row are over every row
+register_adamw_transform("neumann", AdamWTransform(
+    key="whiten", options={k: v for k, v in WHITEN_DEFAULTS.items() if k != "whiten"},
+    apply=lambda grad, step, group: _whitened(grad, step, options(group)),
+    validate=validate_group, whole_tensor=True),
+    paper="seed 002 §1.4d", tests=("tests/test_whitening.py", "tests/test_prepolar_arms.py"),
+    summary="right-projected Neumann-Gram whitening of the vocabulary tables' AdamW gradients")

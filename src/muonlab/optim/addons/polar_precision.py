@@ -1,0 +1,37 @@
+"""Polar and post-polar precision of the Muon step (seed 002 §1.4b "NS5 in FP32"; spec-000-003 §0).
+
+Muon group keys: `polar_dtype` "bf16" (upstream) or "fp32" (the Polar Express iteration in
+fp32); `post_polar_dtype` None (default: whatever Polar Express returns, i.e. the polar dtype),
+"bf16" or "fp32" (`g = X.float()`: NorMuon, lr, wd, mask and update in fp32, which also drops
+the bf16 rounding of beta2 0.95 -> 0.94921875 and of lr; spec-000-003 §0).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from muonlab.optim.extensions import MuonStageAddon, register_muon_stage
+
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+OPTIONS = dict(polar_dtype="bf16", post_polar_dtype=None)
+
+
+def validate(o: dict) -> None:
+    if o["polar_dtype"] not in DTYPES:
+        raise ValueError(f"polar_dtype must be one of {tuple(DTYPES)}, got {o['polar_dtype']!r}")
+    if o["post_polar_dtype"] is not None and o["post_polar_dtype"] not in DTYPES:
+        raise ValueError(f"post_polar_dtype must be None or one of {tuple(DTYPES)}, got {o['post_polar_dtype']!r}")
+
+
+def configure(o: dict, stages):
+    post = o["post_polar_dtype"]
+    return replace(stages, polar=replace(stages.polar, dtype=DTYPES[o["polar_dtype"]]),
+                   post_polar_dtype=None if post is None else DTYPES[post])
+
+
+register_muon_stage("polar_precision", MuonStageAddon(OPTIONS, configure, validate),
+                    paper="seed 002 §1.4b (NS5 in FP32); seed 000 exp40 (post-polar fp32)",
+                    tests=("tests/test_prepolar.py", "tests/test_prepolar_arms.py"),
+                    summary="Polar Express and the post-polar update in bf16 or fp32")

@@ -1,0 +1,296 @@
+"""The extension points of MuonAdamW and their registry (public API: plug-ins use it too).
+
+MuonAdamW's step is upstream's; methods attach at named points instead of being written into
+it (DESIGN, "The baseline and its extension points"). Each add-on registers itself here by
+name, with the metadata `muonlab methods` lists (AddonInfo):
+
+  prepolar     a conditioner of a muon group's fp32 Nesterov tensor, picked by the group key
+               `prepolar` (subclass PrePolar; register_prepolar). Its `stages` hook may also set
+               the polar normalisation or turn the post-polar NorMuon off.
+  muon_stage   options that set a muon group's polar / post-polar stages (register_muon_stage)
+  adamw_grad   a transform of an adamw group's gradient before the AdamW step, picked by
+               `group[key] == name` (register_adamw_transform)
+  adamw_state  the precision of an adamw param's state, e.g. an fp32 master (register_adamw_state)
+  group_kind   a param-group kind besides "muon" and "adamw" (register_group_kind)
+
+A plug-in conditioner, in its own file (tests/test_extensions.py does exactly this):
+
+    @dataclass(frozen=True)
+    class Sign(PrePolar):
+        def condition(self, G, inputs, ctx):
+            return G.sign()
+    register_prepolar("sign", Sign, paper="...", tests=("tests/test_sign.py",))
+    MuonAdamW([dict(kind="muon", params=ps, lr=0.02, prepolar="sign")])
+
+A muon group with no add-on set runs upstream's `muon_step` itself; otherwise the variant step
+(muon_variant.py) is composed from the stages once per option set, so torch.compile sees a
+static function and nothing is looked up per element.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, NamedTuple
+
+import torch
+
+POINTS = ("prepolar", "muon_stage", "adamw_grad", "adamw_state", "group_kind")
+
+
+@dataclass(frozen=True)
+class AddonInfo:
+    """What `muonlab methods` shows for one registered add-on."""
+
+    name: str
+    point: str                     # one of POINTS
+    paper: str                     # seed paper and section, e.g. "seed 000 §3.3"
+    config_keys: tuple[str, ...]   # the param-group keys it reads
+    tests: tuple[str, ...]         # the test files that check it
+    module: str                    # where it lives
+    summary: str = ""
+
+
+_REGISTRY: dict[str, dict[str, Any]] = {point: {} for point in POINTS}
+_INFO: dict[tuple[str, str], AddonInfo] = {}
+
+
+def _register(point: str, name: str, obj: Any, *, paper: str, config_keys, tests, summary: str,
+              replace: bool) -> None:
+    if not replace and name in _REGISTRY[point]:
+        raise ValueError(f"{point} add-on {name!r} is already registered")
+    module = sys._getframe(2).f_globals.get("__name__", "?")  # the module calling register_*
+    _REGISTRY[point][name] = obj
+    _INFO[(point, name)] = AddonInfo(name, point, paper, tuple(config_keys), tuple(tests), module, summary)
+
+
+def unregister(point: str, name: str) -> None:
+    """Remove an add-on (for tests and interactive use)."""
+    _REGISTRY[point].pop(name)
+    _INFO.pop((point, name))
+
+
+def addons(point: str | None = None) -> list[AddonInfo]:
+    """Metadata of every registered add-on (of one point), in registration order."""
+    return [info for (p, _), info in _INFO.items() if point is None or p == point]
+
+
+def info(point: str, name: str) -> AddonInfo:
+    return _INFO[(point, name)]
+
+
+def options_of(group: dict, defaults: dict) -> dict:
+    """The group's values of `defaults`' keys (absent == default, so older groups load unchanged)."""
+    return {k: group.get(k, v) for k, v in defaults.items()}
+
+
+# ---------------------------------------------------------------- pre-polar conditioners
+
+class MuonContext(NamedTuple):
+    """What a conditioner may read besides its own inputs: NorMuon's buffer and hyperparameter."""
+
+    second_momentum_buffer: torch.Tensor
+    beta2_t: torch.Tensor
+    red_dim: int
+
+
+class PrePolar:
+    """Base of a pre-polar conditioner; a subclass is a frozen dataclass of its static options.
+
+    Class attributes:
+        OPTIONS: its param-group keys with their defaults (besides `prepolar` itself).
+        STACKED_STATE: state keys holding one slice per matrix [n, ...] (sliced by a name scope,
+            sharded with the matrices by DistMuonAdamW).
+        WHOLE_GROUPS_ONLY: refuse a `prepolar_scope` selecting a strict subset of a stack.
+    Hooks (None: the stage is skipped; all run inside the possibly compiled step):
+        before_momentum(raw_grads, inputs): reads the raw gradient, before the Nesterov update.
+        condition(G, inputs, ctx) -> G: G is the fp32 Nesterov tensor [n, m, k] of the selected
+            matrices (statistics per matrix only); may work in place.
+    """
+
+    OPTIONS: ClassVar[dict] = {}
+    STACKED_STATE: ClassVar[tuple[str, ...]] = ()
+    WHOLE_GROUPS_ONLY: ClassVar[bool] = False
+    before_momentum: ClassVar[Callable | None] = None
+    condition: ClassVar[Callable | None] = None
+
+    @classmethod
+    def from_options(cls, options: dict) -> "PrePolar":
+        """The conditioner for a group's option values (options_of(group, OPTIONS))."""
+        return cls()
+
+    @classmethod
+    def validate(cls, options: dict) -> None:
+        """Raise ValueError naming the first bad option value."""
+
+    def step_inputs(self, state: dict, t: int, stack_shape: tuple[int, int, int], device) -> dict:
+        """Host side, once per update on every rank: the tensors this step's hooks read, made
+        (with its state, lazily) for this rank's `stack_shape` = (n, rows, cols). `t` counts
+        the group's completed updates (0 at the first)."""
+        return {}
+
+    def stages(self, stages):
+        """The muon_variant.MuonStages with this conditioner's polar / post-polar changes."""
+        return stages
+
+
+def register_prepolar(name: str, cls: type[PrePolar], *, paper: str, tests=(), summary: str = "",
+                      replace: bool = False) -> type[PrePolar]:
+    """Make `cls` selectable with a muon group's `prepolar=name`."""
+    if not (isinstance(cls, type) and issubclass(cls, PrePolar)):
+        raise TypeError(f"a pre-polar conditioner subclasses PrePolar, got {cls!r}")
+    _register("prepolar", name, cls, paper=paper, config_keys=("prepolar", "prepolar_scope", *cls.OPTIONS),
+              tests=tests, summary=summary, replace=replace)
+    return cls
+
+
+def prepolars() -> dict[str, type[PrePolar]]:
+    return dict(_REGISTRY["prepolar"])
+
+
+# ---------------------------------------------------------------- muon stages
+
+@dataclass(frozen=True)
+class MuonStageAddon:
+    """Options of a muon group that set its polar / post-polar stages."""
+
+    options: dict
+    configure: Callable[[dict, Any], Any]      # (option values, MuonStages) -> MuonStages
+    validate: Callable[[dict], None] = lambda options: None
+
+
+def register_muon_stage(name: str, addon: MuonStageAddon, *, paper: str, tests=(), summary: str = "",
+                        replace: bool = False) -> MuonStageAddon:
+    _register("muon_stage", name, addon, paper=paper, config_keys=tuple(addon.options), tests=tests,
+              summary=summary, replace=replace)
+    return addon
+
+
+def muon_stage_addons() -> list[MuonStageAddon]:
+    return list(_REGISTRY["muon_stage"].values())
+
+
+# ---------------------------------------------------------------- adamw add-ons
+
+@dataclass(frozen=True)
+class AdamWTransform:
+    """A gradient transform of an adamw group, on when `group[key] == name`.
+
+    `apply(grad, step, group)` returns the gradient the AdamW step uses (never modifies grad);
+    `step` is the param's AdamW step counter after its increment (1 at the first update).
+    `whole_tensor`: it needs the whole averaged gradient (DistMuonAdamW all-reduces it instead
+    of reduce-scattering, applies it on every rank, then keeps this rank's rows).
+    """
+
+    key: str
+    options: dict
+    apply: Callable[[torch.Tensor, int, dict], torch.Tensor]
+    validate: Callable[[dict], None] = lambda group: None
+    whole_tensor: bool = False
+
+
+def register_adamw_transform(name: str, transform: AdamWTransform, *, paper: str, tests=(), summary: str = "",
+                             replace: bool = False) -> AdamWTransform:
+    _register("adamw_grad", name, transform, paper=paper, config_keys=(transform.key, *transform.options),
+              tests=tests, summary=summary, replace=replace)
+    return transform
+
+
+def adamw_transform(group: dict) -> AdamWTransform | None:
+    """The transform a group turns on (None: the plain AdamW gradient)."""
+    for name, t in _REGISTRY["adamw_grad"].items():
+        if group.get(t.key) == name:
+            return t
+    return None
+
+
+@dataclass(frozen=True)
+class AdamWPrecision:
+    """The precision of an adamw param's state: where the update runs and how the param is written.
+
+    `applies(group, p)`: whether a new state of p uses it; `create(state, share)` adds its state
+    and returns the tensor the AdamW step updates (its moments are made like it); `owns(state)`
+    tells an existing state (e.g. loaded) apart; `grad(g)`, `target(state)` and
+    `write_back(share, state)` wrap the update.
+    """
+
+    key: str
+    applies: Callable[[dict, torch.Tensor], bool]
+    create: Callable[[dict, torch.Tensor], torch.Tensor]
+    owns: Callable[[dict], bool]
+    target: Callable[[dict], torch.Tensor]
+    grad: Callable[[torch.Tensor], torch.Tensor]
+    write_back: Callable[[torch.Tensor, dict], None]
+
+
+def register_adamw_state(name: str, precision: AdamWPrecision, *, paper: str, tests=(), summary: str = "",
+                         replace: bool = False) -> AdamWPrecision:
+    _register("adamw_state", name, precision, paper=paper, config_keys=(precision.key,), tests=tests,
+              summary=summary, replace=replace)
+    return precision
+
+
+def adamw_precision_for(group: dict, p: torch.Tensor) -> AdamWPrecision | None:
+    return next((x for x in _REGISTRY["adamw_state"].values() if x.applies(group, p)), None)
+
+
+def adamw_precision_of(state: dict) -> AdamWPrecision | None:
+    return next((x for x in _REGISTRY["adamw_state"].values() if x.owns(state)), None)
+
+
+def validate_adamw_group(group: dict) -> None:
+    """Every registered adamw add-on's check of an adamw group."""
+    keys: dict[str, list[str]] = {}
+    for name, t in _REGISTRY["adamw_grad"].items():
+        keys.setdefault(t.key, []).append(name)
+    for key, names in keys.items():
+        if group.get(key) is not None and group[key] not in names:
+            raise ValueError(f"{key} must be None or one of {tuple(names)}, got {group[key]!r}")
+    transform = adamw_transform(group)
+    if transform is not None:
+        transform.validate(group)
+
+
+# ---------------------------------------------------------------- group kinds
+
+class GroupKind:
+    """A param-group kind besides muon/adamw. Its params are replicated under DistMuonAdamW:
+    every rank sums each gradient (zeros where it has none) and the tensors of
+    `reduced_alongside`, divides the gradient by the world size, and applies `update`."""
+
+    defaults: ClassVar[dict] = {}
+
+    def validate(self, group: dict) -> None:
+        """Raise ValueError naming the first bad option (defaults already filled in)."""
+
+    def reduced_alongside(self, optimizer, p) -> list[torch.Tensor]:
+        """Tensors summed across ranks in place with p's gradient (e.g. per-row counts)."""
+        return []
+
+    def update(self, optimizer, group: dict, p, grad: torch.Tensor | None) -> None:
+        raise NotImplementedError
+
+
+def register_group_kind(kind: str, handler: GroupKind, *, paper: str, tests=(), summary: str = "",
+                        replace: bool = False) -> GroupKind:
+    if kind in ("muon", "adamw"):
+        raise ValueError(f"kind {kind!r} is MuonAdamW's own")
+    _register("group_kind", kind, handler, paper=paper, config_keys=("kind", *handler.defaults),
+              tests=tests, summary=summary, replace=replace)
+    return handler
+
+
+def group_kinds() -> dict[str, GroupKind]:
+    return dict(_REGISTRY["group_kind"])
+
+
+def stacked_state_keys() -> tuple[str, ...]:
+    """State keys of a muon group holding one slice per matrix (sharded with the matrices)."""
+    extra = [k for cls in _REGISTRY["prepolar"].values() for k in cls.STACKED_STATE]
+    return ("momentum_buffer", "second_momentum_buffer", *dict.fromkeys(extra))
+
+
+__all__ = ["POINTS", "AddonInfo", "AdamWPrecision", "AdamWTransform", "GroupKind", "MuonContext",
+           "MuonStageAddon", "PrePolar", "addons", "info", "options_of", "register_adamw_state",
+           "register_adamw_transform", "register_group_kind", "register_muon_stage", "register_prepolar",
+           "unregister"]
