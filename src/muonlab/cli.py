@@ -310,6 +310,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_arms)
 
     p = sub.add_parser("methods", help="list the registered methods (paper, config key, module, arms, tests)")
+    p.add_argument("--plugin", default=None, help="comma-separated plug-in modules or .py files to list too")
     p.add_argument("--json", action="store_true", help="print the registry as JSON")
     p.set_defaults(func=cmd_methods)
 

@@ -25,7 +25,7 @@ def method_catalog() -> list[dict[str, Any]]:
         for prefix, section in sections(RunConfig.for_family(family)):
             found = []
             info = getattr(type(section), "METHOD", None)
-            if info is not None:
+            if info is not None and info.name != "prepolar":  # conditioners: from their registry
                 switch = f"{prefix}{info.selector}" if info.selector else prefix.rstrip(".")
                 found.append((info, switch, prefix.rstrip(".")))
             for field, finfo in getattr(type(section), "FIELD_METHODS", {}).items():
@@ -37,7 +37,21 @@ def method_catalog() -> list[dict[str, Any]]:
                     "tests": list(info.tests), "arms": []})
                 entry["arms"] = sorted(name for name, arm in ARMS.items()
                                        if _switched_on(arm.overrides, switch, info.selector, info.off))
-    return sorted(entries.values(), key=lambda e: (e["family"], e["config_key"]))
+    _add_conditioners(entries)
+    return sorted(entries.values(), key=lambda e: (e["family"], e["config_key"], e["name"]))
+
+
+def _add_conditioners(entries: dict[str, dict[str, Any]]) -> None:
+    """One entry per registered pre-polar conditioner (plug-ins included), from the optimizer's
+    registry: the `prepolar` section selects among them by name."""
+    from muonlab.optim.extensions import addons  # noqa: PLC0415
+
+    for info in addons("prepolar"):
+        entries[f"prepolar:{info.name}"] = {
+            "name": info.name, "paper": info.paper, "config_key": f"optim.prepolar.kind={info.name}",
+            "family": "autoresearch", "flag": f"--prepolar {info.name}", "module": info.module,
+            "tests": list(info.tests), "arms": sorted(n for n, a in ARMS.items()
+                                                      if a.overrides.get("optim.prepolar.kind") == info.name)}
 
 
 def format_methods(catalog: list[dict[str, Any]]) -> str:

@@ -116,7 +116,7 @@ class MemoryConfig(Section):
 class OverEncodingConfig(Section):
     """Seed 002 §1.1-1.3: hashed n-gram Over-Encoding tables with their moment-free update."""
 
-    METHOD: ClassVar[MethodInfo] = MethodInfo('over_encoding', 'seed 002 §1.1-1.3', 'muonlab.model.over_encoding; muonlab.optim.table_update', ('tests/test_over_encoding.py', 'tests/test_over_encoding_model.py', 'tests/test_table_update.py'), 'm', 0)
+    METHOD: ClassVar[MethodInfo] = MethodInfo('over_encoding', 'seed 002 §1.1-1.3', 'muonlab.model.over_encoding; muonlab.optim.addons.moment_free', ('tests/test_over_encoding.py', 'tests/test_over_encoding_model.py', 'tests/test_table_update.py'), 'm', 0)
 
     m: int = setting(0, "table size (0: off; the paper 150855)", flag="oe-m")
     n: int = setting(3, "largest n-gram order", flag="oe-n")
@@ -233,7 +233,7 @@ class PrepolarConfig(Section):
 class PolarConfig(Section):
     """Seed 002 §1.4b, seed 000: the precision of Polar Express and of its output."""
 
-    METHOD: ClassVar[MethodInfo] = MethodInfo('polar_precision', 'seed 002 §1.4b; seed 000 (post-polar fp32)', 'muonlab.optim.polar', ('tests/test_prepolar.py',), None, None)
+    METHOD: ClassVar[MethodInfo] = MethodInfo('polar_precision', 'seed 002 §1.4b; seed 000 (post-polar fp32)', 'muonlab.optim.addons.polar_precision', ('tests/test_prepolar.py', 'tests/test_extensions.py'), None, None)
 
     dtype: Literal["bf16", "fp32"] = setting("bf16", "Polar Express dtype (fp32: seed 002's NS5 in FP32)",
                                              flag="polar-dtype")
@@ -245,7 +245,7 @@ class PolarConfig(Section):
 class WhitenConfig(Section):
     """Seed 002 §1.4d: right-projected Neumann-Gram whitening of wte, lm_head and value-embedding updates."""
 
-    METHOD: ClassVar[MethodInfo] = MethodInfo('neumann_whitening', 'seed 002 §1.4d', 'muonlab.optim.whitening', ('tests/test_whitening.py',), 'kind', None)
+    METHOD: ClassVar[MethodInfo] = MethodInfo('neumann_whitening', 'seed 002 §1.4d', 'muonlab.optim.addons.neumann_whitening', ('tests/test_whitening.py',), 'kind', None)
 
     kind: Literal[None, "neumann"] = setting(None, "none | neumann", flag="whiten")
     tau: float = setting(80.0, "homotopy horizon of beta_t", flag="whiten-tau")
@@ -265,7 +265,7 @@ class WhitenConfig(Section):
 class TableWhitenConfig(Section):
     """Seed 002 §1.11: Neumann-Gram whitening of the Over-Encoding tables' visited rows."""
 
-    METHOD: ClassVar[MethodInfo] = MethodInfo('table_neumann', 'seed 002 §1.11', 'muonlab.optim.table_update', ('tests/test_table_update.py',), 'kind', None)
+    METHOD: ClassVar[MethodInfo] = MethodInfo('table_neumann', 'seed 002 §1.11', 'muonlab.optim.addons.moment_free', ('tests/test_table_update.py',), 'kind', None)
 
     kind: Literal[None, "neumann"] = setting(None, "none | neumann", flag="table-whiten")
     tau: float = setting(80.0, "homotopy horizon", flag="table-whiten-tau")
@@ -310,7 +310,7 @@ class MuonAdamWConfig(Section):
 
     # methods that are one setting of this section: (field, off value) -> what it is
     FIELD_METHODS: ClassVar[dict[str, MethodInfo]] = {
-        "embedding_state": MethodInfo("master32", "seed 002 §1.4e, §1.9", "muonlab.optim.muon_adamw",
+        "embedding_state": MethodInfo("master32", "seed 002 §1.4e, §1.9", "muonlab.optim.addons.master32",
                                       ("tests/test_embedding_state.py",), "embedding_state", "native"),
         "muon_momentum_cooldown": MethodInfo("momentum_cooldown", "seed 002 §1.4c", "muonlab.optim.schedules",
                                              ("tests/test_schedules.py",), "muon_momentum_cooldown", False),
