@@ -285,11 +285,11 @@ class TrainConfig:
             raise UsageError(f"embedding_state must be native or master32, got {self.embedding_state!r}")
         if self.matrix_optimizer not in ("muon", "adamw"):
             raise UsageError(f"matrix_optimizer must be muon or adamw, got {self.matrix_optimizer!r}")
-        from muonlab.model.gpt import GPTConfig
+        from muonlab.model import GPTConfig, variants_from_keys
 
         try:  # the model's own checks of the variant settings
             GPTConfig(n_layer=self.depth, n_head=self.n_head, n_kv_head=self.n_kv_head or self.n_head,
-                      n_embd=self.model_dim, **self.model_variants())
+                      n_embd=self.model_dim, variants=variants_from_keys(**self.model_variants()))
         except ValueError as e:
             raise UsageError(str(e)) from None
         self.trajectory_step_set()

@@ -6,15 +6,20 @@ import torch
 
 from muonlab.config import TrainConfig
 from muonlab.device import Runtime
-from muonlab.model import GPT, GPTConfig
+from muonlab.model import GPT, GPTConfig, variants_from_keys
+
+# settings of the variants' optimizer groups (each variant's config owns them; see its module)
+VARIANT_GROUP_KEYS = ("presub_lr_mult", "qk_lr_mult", "rope_lr_mult", "gate_lr_mult", "table_whiten",
+                      "table_whiten_tau")
 
 
 def model_config(cfg: TrainConfig, vocab_size: int) -> GPTConfig:
     n_head = cfg.n_head
+    variants = variants_from_keys(**cfg.model_variants(), **{k: getattr(cfg, k) for k in VARIANT_GROUP_KEYS})
     return GPTConfig(sequence_len=cfg.sequence_len, vocab_size=vocab_size, n_layer=cfg.depth,
                      n_head=n_head, n_kv_head=cfg.n_kv_head or n_head, n_embd=cfg.model_dim,
                      window_pattern=cfg.window_pattern.upper(), attn_backend=cfg.attn_backend,
-                     **cfg.model_variants())
+                     variants=variants)
 
 
 def build_model(cfg: TrainConfig, vocab_size: int, runtime: Runtime) -> GPT:
@@ -60,20 +65,21 @@ def build_optimizer(model, cfg: TrainConfig, compile_step: bool, distributed: bo
     muon_options = {k: getattr(cfg, k) for k in ("prepolar", "prepolar_scope", "prepolar_tau", "prepolar_passes",
                                                  "prepolar_sides", "polar_dtype", "post_polar_dtype")
                     if getattr(cfg, k) != PREPOLAR_DEFAULTS[k]}
-    whiten_options = {} if cfg.whiten is None else dict(
+    # Neumann-Gram vocabulary whitening on wte, lm_head and value embeddings (seed 002 §1.4d);
+    # fp32 master weights and moments for wte and value embeddings (seed 002 §1.4e)
+    table = {} if cfg.whiten is None else dict(
         whiten=cfg.whiten, whiten_tau=cfg.whiten_tau, whiten_terms=cfg.whiten_terms,
         whiten_mean_addback=cfg.whiten_mean_addback)
-
+    embed = dict(table, master32=True) if cfg.embedding_state == "master32" else table
+    group_options = dict(lm_head=table, wte=embed, value_embeds=embed, muon=muon_options)
+    # the adamw_only control: every block matrix on AdamW (lr not d-scaled)
+    matrix_adamw = None if cfg.matrix_optimizer == "muon" else dict(
+        lr=cfg.adamw_matrix_lr, weight_decay=cfg.adamw_matrix_weight_decay)
     return model.setup_optimizer(
-        optimizer_cls=DistMuonAdamW if distributed else MuonAdamW, unembedding_lr=cfg.unembedding_lr, embedding_lr=cfg.embedding_lr, matrix_lr=cfg.matrix_lr,
-        weight_decay=cfg.weight_decay, adam_betas=(cfg.adam_beta1, cfg.adam_beta2),
-        scalar_lr=cfg.scalar_lr, matrix_optimizer=cfg.matrix_optimizer,
-        adamw_matrix_lr=cfg.adamw_matrix_lr, adamw_matrix_weight_decay=cfg.adamw_matrix_weight_decay,
-        muon_options=muon_options, whiten_options=whiten_options,
-        master32=cfg.embedding_state == "master32", variant_lr_mult=cfg.variant_lr_mult(),
-        table_whiten_options=None if cfg.table_whiten is None else dict(
-            table_whiten=cfg.table_whiten, table_whiten_tau=cfg.table_whiten_tau),
-        compile=compile_step)
+        unembedding_lr=cfg.unembedding_lr, embedding_lr=cfg.embedding_lr, matrix_lr=cfg.matrix_lr,
+        weight_decay=cfg.weight_decay, adam_betas=(cfg.adam_beta1, cfg.adam_beta2), scalar_lr=cfg.scalar_lr,
+        optimizer_cls=DistMuonAdamW if distributed else MuonAdamW, group_options=group_options,
+        matrix_adamw=matrix_adamw, compile=compile_step)
 
 
 def _build_af_optimizer(model, cfg: TrainConfig, distributed: bool):
