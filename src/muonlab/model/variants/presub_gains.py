@@ -1,10 +1,20 @@
 """Pre-sublayer channel gains (seed 000 §3.1, spec-000-003 §1.A) at the sublayer-input point.
 
-Per layer a_attn, a_mlp in R^d scale x_hat = norm(x) on the inputs of W_Q, W_K, W_V and W_fc;
-the ResFormer value-embedding gate keeps reading the unscaled x_hat[..., :32] (except in the
-"gate_scaled" control). The implementations and parameterisations are documented with their
-math in muonlab.model.scalings. Parameters: `presub_gains` [L, 2, d] (2 L d scalars), own AdamW
-group with lr = scalar_lr x lr_mult (seed 000's "0.04" = 0.04 x scalar_lr).
+Per layer a_attn, a_mlp in R^d scale the pre-norm output x_hat = norm(x) on the inputs of W_Q,
+W_K, W_V and of W_fc; the ResFormer value-embedding gate keeps reading the UNSCALED
+x_hat[..., :32]. Implementations (`impl`), the first three exact (equal up to fp32 rounding):
+  - "unfused_slice":  xs = x_hat * a; q, k, v = c_q(xs), ...; gate reads the slice view
+    x_hat[..., :32] (its storage is the whole x_hat, which backward then keeps alive);
+  - "unfused_contig": the same, the gate reads x_hat[..., :32].contiguous() (a compact copy);
+  - "weight_fused":   q = F.linear(x_hat, W_Q * a[None, :]) etc. (scales W's input columns);
+  - "gate_scaled":    NOT equivalent: the gate reads the scaled slice (x_hat * a)[..., :32].
+    The paper does not describe it (spec §1.A [I]); this is one of the two readings it offers.
+Parameterisation (`param`): "linear" (a used directly, init 1) or "stopexp" (a = stop_exp(beta),
+init beta = 0); the paper does not state which the stop-exp arms used for their gains (spec §5):
+"linear" is the default.
+
+Parameters: `presub_gains` [L, 2, d] (2 L d scalars: 8,192 at depth 8), own AdamW group with
+lr = scalar_lr x lr_mult (seed 000's "0.04" = 0.04 x scalar_lr; exp07's "sub_lr 0.05" likewise).
 """
 
 from __future__ import annotations
@@ -16,7 +26,19 @@ import torch.nn.functional as F
 from torch import nn
 
 from muonlab.model.extensions import ModelVariant, register_variant
-from muonlab.model.scalings import PRESUB_GAINS, PRESUB_PARAMS, gain_init, gain_value
+from muonlab.model.variants.qk_scale import stop_exp
+
+PRESUB_GAINS = ("none", "unfused_slice", "unfused_contig", "weight_fused", "gate_scaled")
+PRESUB_PARAMS = ("linear", "stopexp")
+
+
+def gain_init(param: str) -> float:
+    """Initial raw value: 1 for linear, 0 for stopexp (both give a gain of exactly 1)."""
+    return 1.0 if param == "linear" else 0.0
+
+
+def gain_value(raw: torch.Tensor, param: str) -> torch.Tensor:
+    return raw if param == "linear" else stop_exp(raw)
 
 
 @dataclass(frozen=True)
