@@ -216,7 +216,8 @@ def variants_from_keys(**flat: Any) -> tuple:
         key, off = info.switch
         if given.get(key, off) == off:
             defaults = {f.name: f.default for f in fields(info.config)}
-            stray = [k for k, v in given.items() if k != key and k not in info.lenient and v != defaults[info.keys[k]]]
+            stray = [k for k, v in given.items()
+                     if k != key and k not in info.lenient and v != defaults[info.keys[k]]]
             if stray:
                 raise ValueError(f"{', '.join(stray)} need {key}")
             continue

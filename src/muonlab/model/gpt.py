@@ -255,8 +255,9 @@ class GPT(nn.Module):
         from muonlab.optim import MuonAdamW
 
         opts = {k: dict(v) for k, v in (group_options or {}).items()}
-        if set(opts) - {"lm_head", "wte", "value_embeds", "muon"}:
-            raise ValueError(f"group_options: unknown groups {sorted(set(opts) - {'lm_head', 'wte', 'value_embeds', 'muon'})}")
+        unknown = set(opts) - {"lm_head", "wte", "value_embeds", "muon"}
+        if unknown:
+            raise ValueError(f"group_options: unknown groups {sorted(unknown)}")
         matrix_params = list(self.transformer.h.parameters())
         lrs = extensions.LRs(unembedding_lr, embedding_lr, matrix_lr, scalar_lr, tuple(adam_betas),
                              (self.config.n_embd / 768) ** -0.5)

@@ -126,7 +126,8 @@ class QKScaleConfig:
             self.mask(config)
 
 
-@register_variant("qk_scale", QKScaleConfig, paper="seed 000", section="§3.2 (spec-000-003 §1.B; QMASK spec-002 §1.5)",
+@register_variant("qk_scale", QKScaleConfig, paper="seed 000",
+                  section="§3.2 (spec-000-003 §1.B; QMASK spec-002 §1.5)",
                   switch=("qk_scale", "none"),
                   keys={"qk_scale": "kind", "qk_freeze_layers": "freeze_layers", "qk_freeze_planes": "freeze_planes",
                         "qk_lr_mult": "lr_mult"},

@@ -118,7 +118,8 @@ def use_rule(model, rule: str):
     if rule not in RESIDUAL_RULES:
         raise ValueError(f"residual_rule must be one of {', '.join(RESIDUAL_RULES)}, got {rule!r}")
     points, previous = model.points, model.points.residual_add
-    points.residual_add = None if rule == "ordinary" else ResidualRule(ResidualRuleConfig(rule), model.config).residual_add
+    rule_hook = None if rule == "ordinary" else ResidualRule(ResidualRuleConfig(rule), model.config).residual_add
+    points.residual_add = rule_hook
     try:
         yield model
     finally:
