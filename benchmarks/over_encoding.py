@@ -71,7 +71,7 @@ def run(repeats: int = 7, warmup: int = 2, oe_m: int = 150_855) -> dict:
         e.float().sum().backward()
         group = next(g for g in oe_opt.param_groups if g["kind"] == "oe_mfree")
         t3 = time.perf_counter()
-        oe_opt._step_oe_mfree(group)
+        oe_opt._step_kind(group)
         t4 = time.perf_counter()
         oe.zero_grad(set_to_none=True)
         for k, v in zip(parts, (t1 - t0, t2 - t1, t4 - t3)):

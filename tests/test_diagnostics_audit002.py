@@ -8,14 +8,14 @@ import pytest
 import torch
 
 from muonlab.diagnostics import audit002 as A
-from muonlab.model import GPT, GPTConfig
+from muonlab.model import GPT, gpt_config
 from muonlab.model.over_encoding import OverEncoding
 
 
 def small(**kw):
     base = dict(sequence_len=32, vocab_size=64, n_layer=4, n_head=2, n_kv_head=2, n_embd=64,
                 window_pattern="SSSL", attn_backend="sdpa")
-    return GPTConfig(**{**base, **kw})
+    return gpt_config(**{**base, **kw})
 
 
 def model_of(**kw):

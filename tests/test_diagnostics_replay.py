@@ -47,7 +47,7 @@ def test_replay_leaves_weights_and_optimizer_state_bitwise_unchanged(run_dir):
         assert torch.equal(before[key], after[key]), key
     assert groups_before == [{k: v for k, v in g.items() if k != "params"} for g in loaded.optimizer.param_groups]
     assert all(p.grad is None for p in loaded.model.parameters())
-    assert loaded.model.config.residual_rule == "ordinary"
+    assert loaded.model.points.residual_add is None  # the ordinary rule is back (no rule hook wired)
     assert out["weights_unchanged"] and out["losses_bitwise_equal"]
 
 

@@ -43,7 +43,7 @@ def test_adamw_only_puts_matrices_on_adamw():
 
     model = GPT(GPTConfig(sequence_len=8, vocab_size=16, n_layer=2, n_head=1, n_kv_head=1, n_embd=32))
     model.init_weights()
-    opt = model.setup_optimizer(matrix_optimizer="adamw", adamw_matrix_lr=0.001)
+    opt = model.setup_optimizer(matrix_adamw=dict(lr=0.001))
     assert all(g["kind"] == "adamw" for g in opt.param_groups)
     matrix = {id(p) for p in model.transformer.h.parameters()}
     (group,) = [g for g in opt.param_groups if {id(p) for p in g["params"]} == matrix]

@@ -9,7 +9,7 @@ from test_optim_distributed import run_ranks
 
 from muonlab.arms import ARMS, resolve_config
 from muonlab.config import preset
-from muonlab.model import GPT
+from muonlab.model import GPT, find_variant
 from muonlab.optim import DistMuonAdamW, MuonAdamW
 from muonlab.train.build import model_config
 
@@ -57,7 +57,7 @@ def test_shared_denominator_cancels_w():
     w = model.transformer.wte(IDX).double()
     e = model.oe(IDX).double()
     x0 = torch.nn.functional.rms_norm((w + e).float(), (64,)).double()
-    a_w = model._routing_anchor(w.float(), e.float()).double()
+    a_w = find_variant(model, "routing").anchor(w.float(), e.float()).double()
     s = ((w + e).square().mean(-1, keepdim=True) + 2.0 ** -23).sqrt()
     a = 0.7
     torch.testing.assert_close(a * x0 - a * a_w, a * e / s, rtol=0, atol=1e-5)
@@ -65,7 +65,7 @@ def test_shared_denominator_cancels_w():
     with torch.no_grad():
         for t_sep, t in zip(sep.oe.tables, model.oe.tables):
             t_sep.weight.copy_(t.weight)
-    sep_a_w = sep._routing_anchor(w.float(), e.float()).double()
+    sep_a_w = find_variant(sep, "routing").anchor(w.float(), e.float()).double()
     assert (a * x0 - a * sep_a_w - a * e / s).abs().max() > 1e-2  # separate denominators cannot cancel w
 
 
@@ -181,7 +181,7 @@ def test_seed002_arm_trains_on_cpu_preset(arm, capsys):
     assert main(argv) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["status"] == "ok"
-    assert ("oe_params_M" in out["summary"]) == ("oe_m" in ARMS[arm].overrides)
+    assert ("oe_params_M" in out["summary"]) == ("model.oe.m" in ARMS[arm].overrides)
 
 
 def test_oe_run_resumes_bitwise_from_a_checkpoint(tmp_path, capsys):

@@ -59,7 +59,7 @@ from typing import Any
 import torch
 
 from muonlab.arms import resolve_config
-from muonlab.model import GPT
+from muonlab.model import GPT, find_variant
 from muonlab.optim.prepolar import selected_indices
 from muonlab.train.build import build_optimizer, model_config
 
@@ -141,11 +141,12 @@ def arm_accounting(arm: str, preset: str = "gpu-d8") -> dict[str, Any]:
     if tables:
         ng = sum(neumann_gram_flops(*p.shape) for p in tables)
         fl["neumann_gram"] = _component(ng / 1e9, f"(4Vd^2+14Vd+3d^2+3d) x {len(tables)} tables", "verified")
-    if "qk_scales" in model.variant_parameters():
+    if hasattr(model, "qk_scales"):
         fl["q_tau"] = _component(4 * n_tok * d * L / 1e9, "4 N_tok d L", "verified")
-    if c.routing != "none":
-        k, text = (30, "30 N_tok d") if c.routing == "shden" else (
-            (4 * L + 12, "(4L+12) N_tok d") if c.routing_out else (4 * L + 4, "(4L+4) N_tok d"))
+    routing = find_variant(model, "routing")
+    if routing is not None:
+        k, text = (30, "30 N_tok d") if routing.cfg.kind == "shden" else (
+            (4 * L + 12, "(4L+12) N_tok d") if routing.cfg.out else (4 * L + 4, "(4L+4) N_tok d"))
         fl["routing"] = _component(k * n_tok * d / 1e9, text, "inferred (§1.7 pattern)")
     tw = [p for g in groups if g["kind"] == "oe_mfree" and g.get("table_whiten") == "neumann" for p in g["params"]]
     if tw:
@@ -172,9 +173,9 @@ def arm_accounting(arm: str, preset: str = "gpu-d8") -> dict[str, Any]:
     if master:
         mem["master32"] = _component(8 * sum(p.numel() for p in master) / MIB, "8 B x (wte + value_embeds)",
                                      "verified", persistent=True)
-    if "qk_scales" in model.variant_parameters():
+    if hasattr(model, "qk_scales"):
         mem["q_tau"] = _component(16 * model.qk_scales.numel() / MIB, "16 B/param", "verified", persistent=True)
-    routing = sum(p.numel() for p in model.routing_parameters().values())
+    routing = 0 if routing is None else sum(p.numel() for p in routing.parameters().values())
     if routing:
         mem["routing_scalars"] = _component(16 * routing / MIB, "16 B/param", "as q_tau", persistent=True)
         mem["routing_activation_cache"] = _component(

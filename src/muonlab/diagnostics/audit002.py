@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from muonlab.diagnostics.runs import load_run
-from muonlab.model import scalings
+from muonlab.model import find_variant, scalings
 
 QTAU_KINDS = ("pair_tied_exp", "pair_tied_stopexp")
 
@@ -83,7 +83,8 @@ def qtau_bands(planes: int) -> dict[str, range]:
 
 def qtau_profile(model) -> dict[str, Any] | None:
     """Table 5a on the effective exp(q_tau) [L, H, P]; None when the model has no q_tau."""
-    kind = getattr(model.config, "qk_scale", "none")
+    qk = find_variant(model, "qk_scale")
+    kind = "none" if qk is None else qk.cfg.kind
     raw = getattr(model, "qk_scales", None)
     if raw is None or kind not in QTAU_KINDS:
         return None

@@ -23,7 +23,7 @@ import math
 
 import torch
 
-from muonlab.model import GPT, GPTConfig, scalings
+from muonlab.model import GPT, gpt_config, scalings
 from muonlab.model.lerope import lerope_grad_agreement
 
 PAPER = {"fused_output_rel_l2": 1.36e-7, "fused_grad_rel_l2_max": 4.14e-7,
@@ -37,8 +37,8 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def _gains_model(impl: str, n_layer: int, n_embd: int, head_dim: int, seq_len: int, seed: int) -> GPT:
     torch.manual_seed(seed)
-    cfg = GPTConfig(sequence_len=seq_len, vocab_size=256, n_layer=n_layer, n_head=n_embd // head_dim,
-                    n_kv_head=n_embd // head_dim, n_embd=n_embd, attn_backend="sdpa", presub_gains=impl)
+    cfg = gpt_config(sequence_len=seq_len, vocab_size=256, n_layer=n_layer, n_head=n_embd // head_dim,
+                     n_kv_head=n_embd // head_dim, n_embd=n_embd, attn_backend="sdpa", presub_gains=impl)
     model = GPT(cfg)
     model.init_weights()
     model.float()

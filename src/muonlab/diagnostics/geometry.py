@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from muonlab.diagnostics.runs import load_run
-from muonlab.model import scalings
+from muonlab.model import find_variant, scalings
 
 
 def effective_rank(w: torch.Tensor) -> float:
@@ -38,16 +38,18 @@ def model_geometry(model) -> dict:
                        "wq_row_norm_cv": row_norm_cv(wq), "wk_row_norm_cv": row_norm_cv(wk)})
     out = {"layers": layers, "x0_lambdas": model.x0_lambdas.detach().float().tolist(),
            "resid_lambdas": model.resid_lambdas.detach().float().tolist()}
-    cfg, variants = model.config, model.variant_parameters()
+    variants = {n: getattr(model, n) for n in ("presub_gains", "qk_scales", "rope_tau", "radius_gates")
+                if hasattr(model, n)}
     if "presub_gains" in variants:
-        g = scalings.gain_value(variants["presub_gains"].detach().float(), cfg.presub_param)
+        g = scalings.gain_value(variants["presub_gains"].detach().float(), find_variant(model, "presub_gains").cfg.param)
         out["presub_gains"] = [{"attn_mean": float(g[i, 0].mean()), "attn_std": float(g[i, 0].std()),
                                 "mlp_mean": float(g[i, 1].mean()), "mlp_std": float(g[i, 1].std())}
                                for i in range(g.size(0))]
     if "qk_scales" in variants:
         raw = variants["qk_scales"].detach().float()
         mask = getattr(model, "qk_mask", None)
-        mult = [scalings.qk_multiplier(raw[i], cfg.qk_scale, None if mask is None else mask[i])
+        kind = find_variant(model, "qk_scale").cfg.kind
+        mult = [scalings.qk_multiplier(raw[i], kind, None if mask is None else mask[i])
                 for i in range(raw.size(0))]
         out["qk_multiplier"] = [{"mean": float(m.mean()), "min": float(m.min()), "max": float(m.max())} for m in mult]
     if "rope_tau" in variants:

@@ -44,6 +44,7 @@ from torch import Tensor
 
 from muonlab.diagnostics.runs import LoadedRun, load_run
 from muonlab.errors import MuonlabError
+from muonlab.model.variants.residual_rules import use_rule
 from muonlab.optim import muon_variant
 from muonlab.optim.muon_adamw import muon_step
 
@@ -96,24 +97,22 @@ def capture_batches(loaded: LoadedRun, micro_batches: int | None = None) -> list
 def accumulate(loaded: LoadedRun, batches: list[tuple[Tensor, Tensor]], rule: str) -> tuple[Tensor, list[Tensor]]:
     """Forward losses [n] and the accumulated gradient stack of every Muon group under `rule`."""
     model, n = loaded.model, len(batches)
-    previous = model.config.residual_rule
-    model.config.residual_rule = rule
-    try:
-        model.zero_grad(set_to_none=True)
-        losses = []
-        for x, y in batches:
-            with loaded.runtime.autocast():
-                loss = model(x, y)
-            losses.append(loss.detach().clone())
-            (loss / n).backward()
-        grads = []
-        for group in muon_groups(loaded.optimizer):
-            if any(p.grad is None for p in group["params"]):
-                raise RuntimeError("a Muon-managed matrix received no gradient")
-            grads.append(torch.stack([p.grad for p in group["params"]]))
-    finally:
-        model.zero_grad(set_to_none=True)
-        model.config.residual_rule = previous
+    with use_rule(model, rule):
+        try:
+            model.zero_grad(set_to_none=True)
+            losses = []
+            for x, y in batches:
+                with loaded.runtime.autocast():
+                    loss = model(x, y)
+                losses.append(loss.detach().clone())
+                (loss / n).backward()
+            grads = []
+            for group in muon_groups(loaded.optimizer):
+                if any(p.grad is None for p in group["params"]):
+                    raise RuntimeError("a Muon-managed matrix received no gradient")
+                grads.append(torch.stack([p.grad for p in group["params"]]))
+        finally:
+            model.zero_grad(set_to_none=True)
     return torch.stack(losses), grads
 
 

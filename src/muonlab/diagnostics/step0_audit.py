@@ -12,7 +12,7 @@ Choices:
   embedding, pre-block, QK, final, sepden anchor) for F.rms_norm(..., eps=eps) and restores it on
   exit, exceptions included; the model's own forward runs unchanged (gpt.py is not edited).
 - float64 = a `.double()` deep copy (bf16 embedding values cast exactly) whose `_logits` skips the
-  model's `.float()` cast, so logits, soft-cap and CE stay float64; shden's `_routing_anchor` (fp32
+  model's `.float()` cast, so logits, soft-cap and CE stay float64; shden's routing anchor (fp32
   inside the model: alone ~1e-12 at eps = 0) likewise, keeping its own `routing_eps` (a per-token
   multiple of x0, so it cannot break the invariance). `dL_dalpha` re-evaluates §2.4's reduced
   loss CE(softcap(lm_head(N_eps(alpha x0)))) by autograd on alpha, an independent check.
@@ -36,7 +36,8 @@ import torch
 import torch.nn.functional as F
 
 from muonlab.model import gpt as gpt_module
-from muonlab.model.gpt import GPT, LOGIT_SOFTCAP, GPTConfig
+from muonlab.model import find_variant, gpt_config
+from muonlab.model.gpt import GPT, LOGIT_SOFTCAP
 
 FAMILIES = ("resid_lambdas", "x0_lambdas", "wte_lambdas", "out_lambdas")
 SCALAR_LR, ADAM_EPS = 0.5, 1e-10
@@ -66,7 +67,7 @@ def build_step0(n_layer: int = 6, n_embd: int = 128, head_dim: int = 32, seq_len
     if n_embd % head_dim:
         raise ValueError(f"n_embd={n_embd} is not a multiple of head_dim={head_dim}")
     n_head = n_embd // head_dim
-    cfg = GPTConfig(sequence_len=seq_len, vocab_size=vocab, n_layer=n_layer, n_head=n_head, n_kv_head=n_head,
+    cfg = gpt_config(sequence_len=seq_len, vocab_size=vocab, n_layer=n_layer, n_head=n_head, n_kv_head=n_head,
                     n_embd=n_embd, attn_backend="sdpa", oe_m=oe_m, routing=routing, routing_out=routing_out)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -80,9 +81,10 @@ def float64_model(model: GPT) -> GPT:
     """A float64 copy whose logits, soft-cap, loss (and shden anchor) also stay float64."""
     m64 = copy.deepcopy(model).double()
     m64._logits = lambda x: LOGIT_SOFTCAP * torch.tanh(m64.lm_head(x) / LOGIT_SOFTCAP)  # type: ignore[method-assign]
-    if m64.config.routing == "shden":  # the model's anchor computes inv_rms and w * inv_rms in fp32
-        eps = m64.config.routing_eps
-        m64._routing_anchor = lambda w, e: w * torch.rsqrt(  # type: ignore[method-assign]
+    routing = find_variant(m64, "routing")
+    if routing is not None and routing.cfg.kind == "shden":  # its anchor computes inv_rms and w * inv_rms in fp32
+        eps = routing.cfg.eps
+        routing.anchor = lambda w, e: w * torch.rsqrt(  # type: ignore[method-assign]
             (w if e is None else w + e).square().mean(-1, keepdim=True) + eps)
     return m64
 

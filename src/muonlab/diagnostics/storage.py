@@ -32,7 +32,7 @@ Choices (unstated or CPU-specific):
   runs under `torch.autocast("cpu", bfloat16)` (itemsize 2). Under autocast the fp32 gains promote
   x_hat * gain to fp32, so gate_scaled's slice of it is cast to a compact bf16 copy (+1 gate storage
   per ve layer, the paper's 93/4); in fp32 that slice aliases the saved x_hat * gain (+0).
-- Model: `GPTConfig(presub_gains=impl, attn_backend="sdpa", sequence_len=seq_len)`, vocab 64, seeded
+- Model: `gpt_config(presub_gains=impl, attn_backend="sdpa", sequence_len=seq_len)`, vocab 64, seeded
   init, then "trained-looking" values so nothing is neutral: gains 1 + 0.05 N(0,1) (raw 0.05 N for
   stopexp), c_proj weights N(0, 0.02), ve_gate weights N(0, 0.5). Tokens: seeded randint; loss = CE
   on the tokens rolled by one.
@@ -56,7 +56,7 @@ from typing import Any, Callable
 
 import torch
 
-from muonlab.model import GPT, GPTConfig
+from muonlab.model import GPT, GPTConfig, find_variant, gpt_config
 from muonlab.model.gpt import has_ve
 from muonlab.model.scalings import PRESUB_GAINS
 
@@ -76,8 +76,9 @@ def build_model(config: GPTConfig, dtype: torch.dtype = torch.float32, seed: int
     model.init_weights()
     model = model.float() if dtype == torch.float32 else model
     with torch.no_grad():
-        if hasattr(model, "presub_gains"):
-            base = 1.0 if config.presub_param == "linear" else 0.0
+        gains = find_variant(model, "presub_gains")
+        if gains is not None:
+            base = 1.0 if gains.cfg.param == "linear" else 0.0
             model.presub_gains.copy_(base + 0.05 * torch.randn_like(model.presub_gains))
         for block in model.transformer.h:
             block.attn.c_proj.weight.normal_(0, 0.02)
@@ -179,8 +180,8 @@ def audit_block(config: GPTConfig, layer: int, batch: int, seq_len: int, mode: s
     idx = torch.randint(0, config.vocab_size, (batch, seq_len), generator=gen)
     ve = model.value_embeds[str(layer)](idx) if str(layer) in model.value_embeds else None
     cos_sin = model.cos[:, :seq_len], model.sin[:, :seq_len]
-    block, window, lv = model.transformer.h[layer], model.window_sizes[layer], model._layer_variant(layer)
-    storages, recorded = _capture(lambda: block(x, ve, cos_sin, window, lv).float().sum(), mode, dtype)
+    block, window = model.transformer.h[layer], model.window_sizes[layer]
+    storages, recorded = _capture(lambda: block(x, ve, cos_sin, window).float().sum(), mode, dtype)
     return _summarise(storages, recorded, mode, batch, seq_len, config.n_embd, dtype)
 
 
@@ -195,8 +196,8 @@ def predicted_slice_delta(config: GPTConfig, batch: int, seq_len: int, itemsize:
 
 def audit_config(n_layer: int = 4, n_embd: int = 128, n_head: int = 4, seq_len: int = 48,
                  vocab_size: int = 64, impl: str = "none") -> GPTConfig:
-    return GPTConfig(sequence_len=seq_len, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head,
-                     n_kv_head=n_head, n_embd=n_embd, attn_backend="sdpa", presub_gains=impl)
+    return gpt_config(sequence_len=seq_len, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head,
+                      n_kv_head=n_head, n_embd=n_embd, attn_backend="sdpa", presub_gains=impl)
 
 
 def run_storage_audit(n_layer: int = 4, n_embd: int = 128, n_head: int = 4, batch: int = 2,

@@ -1,5 +1,13 @@
-"""The baseline GPT and its building blocks."""
+"""The baseline GPT, its extension points and the registered model variants."""
 
+from muonlab.model import scalings
+from muonlab.model.extensions import (REGISTRY, ModelVariant, describe, find_variant, gpt_config, register_variant,
+                                      variants_from_keys)
 from muonlab.model.gpt import GPT, GPTConfig
+from muonlab.model.over_encoding import OverEncoding
+from muonlab.model.residual import radius_gate_scale, residual_add
+from muonlab.model.scalings import stop_exp
+from muonlab.model import variants  # noqa: E402,F401  (registers the built-in variants)
 
-__all__ = ["GPT", "GPTConfig"]
+__all__ = ["GPT", "GPTConfig", "ModelVariant", "OverEncoding", "REGISTRY", "describe", "find_variant", "gpt_config",
+           "radius_gate_scale", "register_variant", "residual_add", "scalings", "stop_exp", "variants_from_keys"]

@@ -11,16 +11,20 @@ from muonlab.families.autoresearch.presets import PRESETS
 
 
 def gpt_config(cfg, vocab_size: int):
-    from muonlab.model import GPTConfig  # noqa: PLC0415
+    """The GPTConfig of a run: upstream's fields and the variants that are on."""
+    from muonlab.model import GPTConfig, variants_from_keys  # noqa: PLC0415
 
-    m = cfg.model
+    m, o = cfg.model, cfg.optim
+    variants = variants_from_keys(**model_variants(m), presub_lr_mult=m.gains.lr_mult, qk_lr_mult=m.qk.lr_mult,
+                                  rope_lr_mult=m.rope.lr_mult, gate_lr_mult=m.gate.lr_mult,
+                                  table_whiten=o.table_whiten.kind, table_whiten_tau=o.table_whiten.tau)
     return GPTConfig(sequence_len=cfg.train.sequence_len, vocab_size=vocab_size, n_layer=m.depth,
                      n_head=m.n_head, n_kv_head=m.n_kv_head or m.n_head, n_embd=m.model_dim,
-                     window_pattern=m.window_pattern.upper(), attn_backend=m.attn_backend, **model_variants(m))
+                     window_pattern=m.window_pattern.upper(), attn_backend=m.attn_backend, variants=variants)
 
 
 def model_variants(m: AutoresearchModelConfig) -> dict:
-    """The GPTConfig fields of the forward/backward variants."""
+    """The model sections as the variants' flat settings (muonlab.model.variants_from_keys)."""
     return dict(presub_gains=m.gains.impl, presub_param=m.gains.param, qk_scale=m.qk.kind,
                 qk_freeze_layers=m.qk.layers(), qk_freeze_planes=m.qk.freeze_planes, rope=m.rope.kind,
                 residual_rule=m.residual.rule, radius_gate=m.gate.kind,
@@ -49,32 +53,28 @@ def build_optimizer(model, cfg, compile_step: bool, distributed: bool = False):
     """MuonAdamW, or with several processes DistMuonAdamW (it averages gradients itself)."""
     from muonlab.optim import DistMuonAdamW, MuonAdamW  # noqa: PLC0415
 
-    o, m = cfg.optim, cfg.model
+    o = cfg.optim
     # only the add-ons that are on go on the groups, so baseline groups stay exactly upstream's
-    muon_options = {}
+    muon = {}
     if o.prepolar.kind is not None:
-        muon_options.update(prepolar=o.prepolar.kind, prepolar_scope=o.prepolar.scope)
+        muon.update(prepolar=o.prepolar.kind, prepolar_scope=o.prepolar.scope)
         if o.prepolar.kind == "hbieq":
-            muon_options.update(prepolar_tau=o.prepolar.tau, prepolar_passes=o.prepolar.passes,
-                                prepolar_sides=o.prepolar.sides)
-    if o.polar.dtype != "bf16":
-        muon_options["polar_dtype"] = o.polar.dtype
-    if o.polar.post_dtype is not None:
-        muon_options["post_polar_dtype"] = o.polar.post_dtype
-    muon_options = {k: v for k, v in muon_options.items() if v != _prepolar_default(k)}
-    whiten_options = {} if o.whiten.kind is None else dict(
-        whiten=o.whiten.kind, whiten_tau=o.whiten.tau, whiten_terms=o.whiten.terms,
-        whiten_mean_addback=o.whiten.mean_addback)
+            muon.update(prepolar_tau=o.prepolar.tau, prepolar_passes=o.prepolar.passes,
+                        prepolar_sides=o.prepolar.sides)
+    muon.update(polar_dtype=o.polar.dtype, post_polar_dtype=o.polar.post_dtype)
+    muon = {k: v for k, v in muon.items() if v != _prepolar_default(k)}
+    # Neumann-Gram vocabulary whitening on wte, lm_head and value embeddings (seed 002 §1.4d);
+    # fp32 master weights and moments for wte and value embeddings (seed 002 §1.4e)
+    table = {} if o.whiten.kind is None else dict(whiten=o.whiten.kind, whiten_tau=o.whiten.tau,
+                                                  whiten_terms=o.whiten.terms, whiten_mean_addback=o.whiten.mean_addback)
+    embed = dict(table, master32=True) if o.embedding_state == "master32" else table
+    matrix_adamw = None if o.matrix_optimizer == "muon" else dict(lr=o.adamw_matrix_lr,
+                                                                   weight_decay=o.adamw_matrix_weight_decay)
     return model.setup_optimizer(
-        optimizer_cls=DistMuonAdamW if distributed else MuonAdamW, unembedding_lr=o.unembedding_lr,
-        embedding_lr=o.embedding_lr, matrix_lr=o.matrix_lr, weight_decay=o.weight_decay,
-        adam_betas=(o.adam_beta1, o.adam_beta2), scalar_lr=o.scalar_lr, matrix_optimizer=o.matrix_optimizer,
-        adamw_matrix_lr=o.adamw_matrix_lr, adamw_matrix_weight_decay=o.adamw_matrix_weight_decay,
-        muon_options=muon_options, whiten_options=whiten_options, master32=o.embedding_state == "master32",
-        variant_lr_mult={"presub_gains": m.gains.lr_mult, "qk_scales": m.qk.lr_mult, "rope_tau": m.rope.lr_mult,
-                         "radius_gates": m.gate.lr_mult},
-        table_whiten_options=None if o.table_whiten.kind is None else dict(
-            table_whiten=o.table_whiten.kind, table_whiten_tau=o.table_whiten.tau),
+        unembedding_lr=o.unembedding_lr, embedding_lr=o.embedding_lr, matrix_lr=o.matrix_lr,
+        weight_decay=o.weight_decay, adam_betas=(o.adam_beta1, o.adam_beta2), scalar_lr=o.scalar_lr,
+        optimizer_cls=DistMuonAdamW if distributed else MuonAdamW,
+        group_options=dict(lm_head=table, wte=embed, value_embeds=embed, muon=muon), matrix_adamw=matrix_adamw,
         compile=compile_step)
 
 

@@ -1,0 +1,246 @@
+"""Model variants as plug-ins: the extension points of the GPT and the registry of variants.
+
+A variant is a `ModelVariant` subclass with its own frozen config dataclass, registered by
+name with `register_variant`. `GPTConfig.variants` holds the chosen configs; `GPT(config)`
+builds one variant object per config, lets each create its parameters (on the GPT itself,
+outside `transformer.h`, so none lands in a Muon group) and wires the hook methods it
+defines into one `ExtensionPoints` table shared by every block. The table is fixed at build
+time: a point no variant uses is None and costs the baseline one `is None` test, which
+torch.compile folds away.
+
+Extension points (hook methods a variant may define; each at most one variant):
+  token embedding  embed(idx) -> e                     added to wte(idx) before the first norm
+                   stream(w, e) -> s                   once per forward (e None without embed)
+                   block_input(i, x, s) -> x           before block i, after the x0 mix
+                   head_input(x, x0, s) -> x           before the final norm
+  sublayer input   attn_input(i, attn, x) -> (q, k, v, ve_gate_input)   x = norm(x)
+                   mlp_input(i, mlp, x) -> c_fc output
+  rotary           rotary(i, q, k, cos_sin) -> (q, k)
+  post-QK-norm     qk(i, q, k) -> (q, k)
+  residual         branch(i, slot, u, f) -> f          slot 0 attention, 1 MLP
+                   residual_add(u, f) -> u + f          (same forward; the backward may differ)
+  loss             loss(x, targets, reduction) -> loss  x = the final normed stream
+  block execution  run_block(block, x, ve, cos_sin, window) -> x
+Besides hooks, a variant contributes: `create()` (parameters, buffers), `init_weights()`
+(neutral: the baseline forward at init), `param_counts()`, `flop_excluded()` (parameters
+that are not matmul weights), `param_groups(lrs)` and `attach(optimizer)`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, fields
+from typing import Any, Callable, ClassVar
+
+import torch
+
+HOOKS = ("embed", "stream", "block_input", "head_input", "attn_input", "mlp_input", "rotary", "qk",
+         "branch", "residual_add", "loss", "run_block")
+STREAM_HOOKS = ("stream", "block_input", "head_input")  # one variant provides all three or none
+
+
+@dataclass
+class ExtensionPoints:
+    """The hooks wired at build time (None: the upstream computation)."""
+    embed: Callable | None = None
+    stream: Callable | None = None
+    block_input: Callable | None = None
+    head_input: Callable | None = None
+    attn_input: Callable | None = None
+    mlp_input: Callable | None = None
+    rotary: Callable | None = None
+    qk: Callable | None = None
+    branch: Callable | None = None
+    residual_add: Callable | None = None
+    loss: Callable | None = None
+    run_block: Callable | None = None
+
+
+@dataclass(frozen=True)
+class LRs:
+    """The learning rates `setup_optimizer` was given, handed to each variant's group rule."""
+    unembedding_lr: float
+    embedding_lr: float
+    matrix_lr: float
+    scalar_lr: float
+    adam_betas: tuple[float, float]
+    dim_scale: float  # (d / 768) ** -0.5, upstream's AdamW LR scaling
+
+    def adamw(self, params: list, lr: float, **extra: Any) -> dict:
+        """An AdamW group with upstream's scalar settings (eps 1e-10, no weight decay)."""
+        group = dict(kind="adamw", params=params, betas=tuple(self.adam_betas), eps=1e-10, weight_decay=0.0, lr=lr)
+        group.update(extra)  # e.g. x0_lambdas' betas (0.96, 0.95)
+        return group
+
+
+class ModelVariant:
+    """Base of every model variant. `self.cfg` is its config, `self.config` the GPTConfig.
+
+    The model is bound once (`self.model`); parameters live on it under the variant's own
+    names, so state-dict keys are plain (`qk_scales`, `oe.tables.0.weight`).
+    """
+    param_names: ClassVar[tuple[str, ...]] = ()  # GPT attributes this variant creates
+
+    def __init__(self, cfg: Any, config: Any):
+        self.cfg, self.config, self.model = cfg, config, None
+
+    def bind(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.create()
+
+    def create(self) -> None:
+        """Register parameters and buffers on `self.model` (called once, in GPT.__init__)."""
+
+    def init_weights(self) -> None:
+        """Neutral init under no_grad: the model's forward stays the baseline's."""
+
+    def parameters(self) -> dict[str, torch.nn.Parameter]:
+        return {n: getattr(self.model, n) for n in self.param_names}
+
+    def param_counts(self) -> dict[str, int]:
+        return {n: p.numel() for n, p in self.parameters().items()}
+
+    def flop_excluded(self) -> int:
+        """Parameters that are no matmul weight (left out of 6N in estimate_flops)."""
+        return sum(p.numel() for p in self.parameters().values())
+
+    def counts_apart(self, total: int) -> dict[str, int]:
+        """num_scaling_params entries reported beside `total` (seed 002 kept its tables apart)."""
+        return {}
+
+    def param_groups(self, lrs: LRs) -> list[dict]:
+        return []
+
+    def attach(self, optimizer: torch.optim.Optimizer) -> None:
+        """Wire optimizer-side state after construction (e.g. visit counts)."""
+
+    def hooks(self) -> dict[str, Callable]:
+        """The extension-point hooks this variant defines (methods named in HOOKS)."""
+        return {h: getattr(self, h) for h in HOOKS if callable(getattr(self, h, None))}
+
+
+@dataclass(frozen=True)
+class VariantInfo:
+    name: str
+    config: type
+    variant: type
+    paper: str
+    section: str
+    switch: tuple[str, Any]  # (flat config key, its "off" value); the key maps to the first field
+    keys: dict[str, str | None]  # flat config key -> config field (None: the switch alone)
+    tests: tuple[str, ...]
+    module: str
+    lenient: tuple[str, ...] = ()  # flat keys that may be set while the variant is off
+
+    def describe(self) -> dict[str, Any]:
+        return dict(name=self.name, paper=self.paper, section=self.section, keys=list(self.keys),
+                    module=self.module, tests=list(self.tests))
+
+
+REGISTRY: dict[str, VariantInfo] = {}
+
+
+def register_variant(name: str, config: type, *, paper: str, section: str, switch: tuple[str, Any] | None = None,
+                     keys: dict[str, str | None] | None = None, tests: tuple[str, ...] = (), lenient: tuple[str, ...] = ()):
+    """Class decorator: register a ModelVariant subclass under `name` with its config class.
+
+    `switch` and `keys` map flat settings (TrainConfig's) onto the config: the variant is on
+    when the switch key differs from its off value (see `variants_from_keys`).
+    """
+    def deco(cls: type) -> type:
+        if name in REGISTRY and REGISTRY[name].variant is not cls:
+            raise ValueError(f"model variant {name!r} is already registered ({REGISTRY[name].module})")
+        if not (dataclasses.is_dataclass(config) and config.__dataclass_params__.frozen):
+            raise TypeError(f"{name}: the config must be a frozen dataclass")
+        cls.name = name
+        REGISTRY[name] = VariantInfo(name, config, cls, paper, section, switch or ("", None), dict(keys or {}),
+                                     tuple(tests), cls.__module__, tuple(lenient))
+        return cls
+    return deco
+
+
+def info_for(cfg: Any) -> VariantInfo:
+    for info in REGISTRY.values():
+        if type(cfg) is info.config:
+            return info
+    raise ValueError(f"{type(cfg).__name__} is not the config of a registered model variant")
+
+
+def check_variants(config: Any) -> None:
+    """Each variant config validates itself against the model's shape; none twice."""
+    seen = set()
+    for cfg in config.variants:
+        info = info_for(cfg)
+        if info.name in seen:
+            raise ValueError(f"model variant {info.name!r} is given twice")
+        seen.add(info.name)
+        validate = getattr(cfg, "validate", None)
+        if validate is not None:
+            validate(config)
+
+
+def build_variants(config: Any) -> list[ModelVariant]:
+    """One variant object per config in `config.variants` (GPTConfig has checked them)."""
+    order = list(REGISTRY)  # registry order, whatever the config's: it fixes the optimizer groups' order
+    chosen = sorted(config.variants, key=lambda cfg: order.index(info_for(cfg).name))
+    return [info_for(cfg).variant(cfg, config) for cfg in chosen]
+
+
+def wire(variants: list[ModelVariant]) -> ExtensionPoints:
+    """The extension-point table; two variants on one hook is an error (no silent order)."""
+    points, owner = ExtensionPoints(), {}
+    for v in variants:
+        hooks = v.hooks()
+        if any(h in hooks for h in STREAM_HOOKS) and not all(h in hooks for h in STREAM_HOOKS):
+            raise TypeError(f"{v.name}: stream, block_input and head_input come together")
+        for hook, fn in hooks.items():
+            if hook in owner:
+                raise ValueError(f"model variants {owner[hook]!r} and {v.name!r} both attach to {hook!r}")
+            owner[hook] = v.name
+            setattr(points, hook, fn)
+    return points
+
+
+def variants_from_keys(**flat: Any) -> tuple:
+    """Variant configs from flat settings (`qk_scale="pair_tied_stopexp"`, `oe_m=101`, ...),
+    in registry order; a variant's other keys set while it is off raise ValueError."""
+    known = {k for info in REGISTRY.values() for k in info.keys}
+    unknown = set(flat) - known
+    if unknown:
+        raise ValueError(f"unknown model variant settings: {', '.join(sorted(unknown))}")
+    out = []
+    for info in REGISTRY.values():
+        given = {k: v for k, v in flat.items() if k in info.keys}
+        if not given:
+            continue
+        key, off = info.switch
+        if given.get(key, off) == off:
+            defaults = {f.name: f.default for f in fields(info.config)}
+            stray = [k for k, v in given.items()
+                     if k != key and k not in info.lenient and v != defaults[info.keys[k]]]
+            if stray:
+                raise ValueError(f"{', '.join(stray)} need {key}")
+            continue
+        out.append(info.config(**{info.keys[k]: v for k, v in given.items() if info.keys[k] is not None}))
+    return tuple(out)
+
+
+def gpt_config(**kw: Any):
+    """GPTConfig from upstream fields plus flat variant settings, e.g.
+    gpt_config(n_layer=4, qk_scale="pair_tied_stopexp"): a convenience for tests and scripts."""
+    from muonlab.model.gpt import GPTConfig
+
+    upstream = {f.name for f in fields(GPTConfig)}
+    base = {k: v for k, v in kw.items() if k in upstream}
+    extra = variants_from_keys(**{k: v for k, v in kw.items() if k not in upstream})
+    return GPTConfig(**{**base, "variants": tuple(base.get("variants", ())) + extra})
+
+
+def find_variant(model: torch.nn.Module, name: str) -> ModelVariant | None:
+    """The model's variant object registered as `name`, or None."""
+    return next((v for v in getattr(model, "variants", ()) if v.name == name), None)
+
+
+def describe() -> list[dict[str, Any]]:
+    """Registry rows: name, paper, section, config keys, module, tests."""
+    return [info.describe() for info in REGISTRY.values()]

@@ -1,0 +1,65 @@
+"""Seed 003's memory-safe paths (spec-000-003 §1.F "Memory-safe implementation"): non-reentrant
+per-block activation checkpointing at the block-execution point, and the loss in chunks of
+`chunk_tokens` tokens (lm_head + softcap + CE per chunk, recomputed in backward) at the loss
+point. Same numbers: the chunked mean sums in another order (fp32 rounding). No parameters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from muonlab.model.extensions import ModelVariant, register_variant
+
+
+@dataclass(frozen=True)
+class CheckpointBlocksConfig:
+    pass
+
+
+@register_variant("checkpoint_blocks", CheckpointBlocksConfig, paper="seed 003",
+                  section="memory-safe implementation (spec-000-003 §1.F)", switch=("checkpoint_blocks", False),
+                  keys={"checkpoint_blocks": None}, tests=("tests/test_model_variants.py",))
+class CheckpointBlocks(ModelVariant):
+    def run_block(self, block, x, ve, cos_sin, window):
+        if torch.is_grad_enabled():
+            return checkpoint(block, x, ve, cos_sin, window, use_reentrant=False)
+        return block(x, ve, cos_sin, window)
+
+
+@dataclass(frozen=True)
+class ChunkedLossConfig:
+    chunk_tokens: int = 4096  # seed 003's chunk
+
+    def __post_init__(self):
+        if self.chunk_tokens < 1:
+            raise ValueError(f"loss_chunk_tokens must be >= 0 (0: off), got {self.chunk_tokens}")
+
+
+@register_variant("chunked_loss", ChunkedLossConfig, paper="seed 003",
+                  section="memory-safe implementation (spec-000-003 §1.F)", switch=("loss_chunk_tokens", 0),
+                  keys={"loss_chunk_tokens": "chunk_tokens"}, tests=("tests/test_model_variants.py",))
+class ChunkedLoss(ModelVariant):
+    def _token_losses(self, x, targets):
+        return F.cross_entropy(self.model._logits(x), targets, ignore_index=-1, reduction="none")
+
+    def loss(self, x, targets, reduction):
+        """Per-chunk logits are recomputed in backward: no (B*T, vocab) fp32 tensor is kept."""
+        flat_x, flat_y = x.reshape(-1, x.size(-1)), targets.reshape(-1)
+        n = self.cfg.chunk_tokens
+        losses = []
+        for start in range(0, flat_y.numel(), n):
+            xs, ys = flat_x[start:start + n], flat_y[start:start + n]
+            if torch.is_grad_enabled():
+                losses.append(checkpoint(self._token_losses, xs, ys, use_reentrant=False))
+            else:
+                losses.append(self._token_losses(xs, ys))
+        per_token = torch.cat(losses)
+        if reduction == "none":
+            return per_token
+        if reduction == "sum":
+            return per_token.sum()
+        return per_token.sum() / (flat_y != -1).sum()

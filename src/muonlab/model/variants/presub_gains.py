@@ -1,0 +1,104 @@
+"""Pre-sublayer channel gains (seed 000 §3.1, spec-000-003 §1.A) at the sublayer-input point.
+
+Per layer a_attn, a_mlp in R^d scale the pre-norm output x_hat = norm(x) on the inputs of W_Q,
+W_K, W_V and of W_fc; the ResFormer value-embedding gate keeps reading the UNSCALED
+x_hat[..., :32]. Implementations (`impl`), the first three exact (equal up to fp32 rounding):
+  - "unfused_slice":  xs = x_hat * a; q, k, v = c_q(xs), ...; gate reads the slice view
+    x_hat[..., :32] (its storage is the whole x_hat, which backward then keeps alive);
+  - "unfused_contig": the same, the gate reads x_hat[..., :32].contiguous() (a compact copy);
+  - "weight_fused":   q = F.linear(x_hat, W_Q * a[None, :]) etc. (scales W's input columns);
+  - "gate_scaled":    NOT equivalent: the gate reads the scaled slice (x_hat * a)[..., :32].
+    The paper does not describe it (spec §1.A [I]); this is one of the two readings it offers.
+Parameterisation (`param`): "linear" (a used directly, init 1) or "stopexp" (a = stop_exp(beta),
+init beta = 0); the paper does not state which the stop-exp arms used for their gains (spec §5):
+"linear" is the default.
+
+Parameters: `presub_gains` [L, 2, d] (2 L d scalars: 8,192 at depth 8), own AdamW group with
+lr = scalar_lr x lr_mult (seed 000's "0.04" = 0.04 x scalar_lr; exp07's "sub_lr 0.05" likewise).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from muonlab.model.extensions import ModelVariant, register_variant
+from muonlab.model.variants.qk_scale import stop_exp
+
+PRESUB_GAINS = ("none", "unfused_slice", "unfused_contig", "weight_fused", "gate_scaled")
+PRESUB_PARAMS = ("linear", "stopexp")
+
+
+def gain_init(param: str) -> float:
+    """Initial raw value: 1 for linear, 0 for stopexp (both give a gain of exactly 1)."""
+    return 1.0 if param == "linear" else 0.0
+
+
+def gain_value(raw: torch.Tensor, param: str) -> torch.Tensor:
+    return raw if param == "linear" else stop_exp(raw)
+
+
+@dataclass(frozen=True)
+class PresubGainsConfig:
+    impl: str = "weight_fused"  # unfused_slice | unfused_contig | weight_fused | gate_scaled
+    param: str = "linear"  # linear | stopexp
+    lr_mult: float = 0.04
+
+    def __post_init__(self):
+        if self.impl not in PRESUB_GAINS[1:]:
+            raise ValueError(f"presub_gains must be one of {', '.join(PRESUB_GAINS)}, got {self.impl!r}")
+        if self.param not in PRESUB_PARAMS:
+            raise ValueError(f"presub_param must be one of {', '.join(PRESUB_PARAMS)}, got {self.param!r}")
+        if self.lr_mult < 0:
+            raise ValueError(f"presub_lr_mult must be >= 0, got {self.lr_mult}")
+
+
+@register_variant("presub_gains", PresubGainsConfig, paper="seed 000", section="§3.1 (spec-000-003 §1.A)",
+                  switch=("presub_gains", "none"),
+                  keys={"presub_gains": "impl", "presub_param": "param", "presub_lr_mult": "lr_mult"},
+                  lenient=("presub_lr_mult",),
+                  tests=("tests/test_model_variants.py", "tests/test_diagnostics_storage.py",
+                         "tests/test_diagnostics_forward.py"))
+class PresubGains(ModelVariant):
+    param_names = ("presub_gains",)
+
+    def __init__(self, cfg: PresubGainsConfig, config):
+        super().__init__(cfg, config)
+        fused = cfg.impl == "weight_fused"  # chosen once: no string test per step
+        self.attn_input = self._attn_fused if fused else self._attn_unfused
+        self.mlp_input = self._mlp_fused if fused else self._mlp_unfused
+        self._gate_input = {"unfused_slice": lambda x, xs, c: x[..., :c],
+                            "unfused_contig": lambda x, xs, c: x[..., :c].contiguous(),
+                            "gate_scaled": lambda x, xs, c: xs[..., :c]}.get(cfg.impl)
+
+    def create(self) -> None:
+        c = self.config
+        self.model.presub_gains = nn.Parameter(torch.empty(c.n_layer, 2, c.n_embd))
+
+    def init_weights(self) -> None:
+        self.model.presub_gains.fill_(gain_init(self.cfg.param))  # a gain of exactly 1
+
+    def param_groups(self, lrs):
+        return [lrs.adamw([self.model.presub_gains], lrs.scalar_lr * self.cfg.lr_mult)]
+
+    def gain(self, layer: int, which: int) -> torch.Tensor:
+        """The effective gain of layer `layer`, sublayer `which` (0 attention, 1 MLP): [d]."""
+        return gain_value(self.model.presub_gains[layer][which], self.cfg.param)
+
+    def _attn_fused(self, i, attn, x):
+        w = self.gain(i, 0)[None, :]  # scales W's input columns: (W * a) x == W (a * x)
+        return (F.linear(x, attn.c_q.weight * w), F.linear(x, attn.c_k.weight * w),
+                F.linear(x, attn.c_v.weight * w), x[..., :attn.ve_gate_channels])
+
+    def _attn_unfused(self, i, attn, x):
+        xs = x * self.gain(i, 0)
+        return attn.c_q(xs), attn.c_k(xs), attn.c_v(xs), self._gate_input(x, xs, attn.ve_gate_channels)
+
+    def _mlp_fused(self, i, mlp, x):
+        return F.linear(x, mlp.c_fc.weight * self.gain(i, 1)[None, :])
+
+    def _mlp_unfused(self, i, mlp, x):
+        return mlp.c_fc(x * self.gain(i, 1))
