@@ -31,6 +31,53 @@ CONDITIONER = textwrap.dedent('''
 ''')
 
 
+VARIANT = textwrap.dedent('''
+    """A plug-in model variant: a learnable scale on every residual branch, 1 at init
+    (y = u + (1 + beta) f), in its own AdamW group."""
+    from dataclasses import dataclass
+
+    import torch
+
+    from muonlab.model import ModelVariant, register_variant
+
+
+    @dataclass(frozen=True)
+    class BranchScaleConfig:
+        lr_mult: float = 0.5
+
+
+    @register_variant("plugin_branch_scale", BranchScaleConfig, paper="test plug-in", section="-",
+                      tests=("tests/test_plugins.py",))
+    class BranchScale(ModelVariant):
+        param_names = ("branch_beta",)
+
+        def create(self):
+            self.model.branch_beta = torch.nn.Parameter(torch.empty(self.config.n_layer, 2))
+
+        def init_weights(self):
+            self.model.branch_beta.zero_()
+
+        def param_groups(self, lrs):
+            return [lrs.adamw([self.model.branch_beta], lrs.scalar_lr * self.cfg.lr_mult)]
+
+        def branch(self, i, slot, u, f):
+            return (1 + self.model.branch_beta[i, slot]) * f
+''')
+
+
+def test_a_plugin_model_variant_trains_from_the_command_line(tmp_path, capsys):
+    plugin = tmp_path / "my_variant.py"
+    plugin.write_text(VARIANT)
+    out = _train(["--plugin", str(plugin), "--variant", "plugin_branch_scale"], capsys)
+    w = torch.load(Path(out["run_dir"]) / "model.pt", weights_only=True)
+    assert w["branch_beta"].shape == (2, 2) and w["branch_beta"].abs().sum() > 0  # it trained
+    assert main(["methods", "--plugin", str(plugin), "--json"]) == 0
+    listed = {m["name"]: m for m in json.loads(capsys.readouterr().out)["methods"]}
+    assert listed["plugin_branch_scale"]["flag"] == "--variant plugin_branch_scale"
+    assert main(["train", "--preset", "cpu-tiny", "--variant", "qk_scale", "--num-steps", "1"]) == 2
+    assert "built-in variants have their own flags" in capsys.readouterr().err
+
+
 def _train(argv, capsys) -> dict:
     assert main(["train", "--preset", "cpu-tiny", "--num-steps", "3", "--json", *argv]) == 0
     return json.loads(capsys.readouterr().out)

@@ -38,6 +38,7 @@ def method_catalog() -> list[dict[str, Any]]:
                 entry["arms"] = sorted(name for name, arm in ARMS.items()
                                        if _switched_on(arm.overrides, switch, info.selector, info.off))
     _add_conditioners(entries)
+    _add_plugin_variants(entries)
     return sorted(entries.values(), key=lambda e: (e["family"], e["config_key"], e["name"]))
 
 
@@ -63,3 +64,16 @@ def format_methods(catalog: list[dict[str, Any]]) -> str:
                      f"family {e['family']}, module {e['module']}")
         lines.append(f"{'':<22} arms: {arms or '-'}; tests: {', '.join(e['tests'])}")
     return "\n".join(lines)
+
+
+def _add_plugin_variants(entries: dict[str, dict[str, Any]]) -> None:
+    """Model variants registered by plug-ins (the built-in ones have their own sections above)."""
+    from muonlab.model import REGISTRY  # noqa: PLC0415
+
+    for name, info in REGISTRY.items():
+        if info.module.startswith("muonlab.model.variants"):
+            continue
+        entries[f"variant:{name}"] = {
+            "name": name, "paper": f"{info.paper} {info.section}".strip(), "config_key": f"model.extra_variants={name}",
+            "family": "autoresearch", "flag": f"--variant {name}", "module": info.module, "tests": list(info.tests),
+            "arms": sorted(n for n, a in ARMS.items() if name in str(a.overrides.get("model.extra_variants", "")))}

@@ -12,12 +12,13 @@ from muonlab.families.autoresearch.presets import PRESETS
 
 def gpt_config(cfg, vocab_size: int):
     """The GPTConfig of a run: upstream's fields and the variants that are on."""
-    from muonlab.model import GPTConfig, variants_from_keys  # noqa: PLC0415
+    from muonlab.model import REGISTRY, GPTConfig, variants_from_keys  # noqa: PLC0415
 
     m, o = cfg.model, cfg.optim
     variants = variants_from_keys(**model_variants(m), presub_lr_mult=m.gains.lr_mult, qk_lr_mult=m.qk.lr_mult,
                                   rope_lr_mult=m.rope.lr_mult, gate_lr_mult=m.gate.lr_mult,
                                   table_whiten=o.table_whiten.kind, table_whiten_tau=o.table_whiten.tau)
+    variants += tuple(REGISTRY[name].config() for name in m.extra_variant_names())  # plug-ins
     return GPTConfig(sequence_len=cfg.train.sequence_len, vocab_size=vocab_size, n_layer=m.depth,
                      n_head=m.n_head, n_kv_head=m.n_kv_head or m.n_head, n_embd=m.model_dim,
                      window_pattern=m.window_pattern.upper(), attn_backend=m.attn_backend, variants=variants)

@@ -165,6 +165,11 @@ class AutoresearchModelConfig(Section):
     memory: MemoryConfig = setting(factory=MemoryConfig)
     oe: OverEncodingConfig = setting(factory=OverEncodingConfig)
     routing: RoutingConfig = setting(factory=RoutingConfig)
+    extra_variants: str = setting("", "comma-separated registered model variants without a section of their own "
+                                  "(plug-ins), each with its config's defaults", flag="variant")
+
+    def extra_variant_names(self) -> tuple[str, ...]:
+        return tuple(v.strip() for v in self.extra_variants.split(",") if v.strip())
 
     @property
     def model_dim(self) -> int:
@@ -194,6 +199,13 @@ class AutoresearchModelConfig(Section):
             raise UsageError(f"n_head {self.n_head} is not a multiple of n_kv_head {self.n_kv_head}")
         if not self.window_pattern or any(c not in "SLsl" for c in self.window_pattern):
             raise UsageError(f"window_pattern must use only S and L, got {self.window_pattern!r}")
+        from muonlab.model import REGISTRY  # noqa: PLC0415 (the model's variant registry)
+
+        for name in self.extra_variant_names():
+            if name not in REGISTRY or REGISTRY[name].module.startswith("muonlab.model.variants"):
+                extra = sorted(n for n, i in REGISTRY.items() if not i.module.startswith("muonlab.model.variants"))
+                raise UsageError(f"--variant {name!r} is not a registered plug-in variant (registered: "
+                                 f"{', '.join(extra) or 'none'}; built-in variants have their own flags)")
 
 
 # ----------------------------------------------------------------------------- optimizer add-ons
