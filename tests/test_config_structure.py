@@ -167,3 +167,23 @@ def test_presets_are_dotted_and_resolve():
     for name, values in all_presets().items():
         assert all("." in k or k == "family" for k in values), name
         preset(name)
+
+
+def test_the_method_catalogue_points_at_real_modules_tests_and_arms(capsys):
+    import importlib
+    from pathlib import Path
+
+    assert main(["methods", "--json"]) == 0
+    catalog = json.loads(capsys.readouterr().out)["methods"]
+    names = {m["name"] for m in catalog}
+    assert {"presub_gains", "qk_scale", "lerope", "residual_rule", "radius_gate", "over_encoding", "routing",
+            "hbieq", "zeta", "turbo_aol", "muon2f", "polar_precision", "neumann_whitening", "master32",
+            "table_neumann", "af_muon"} <= names
+    root = Path(__file__).resolve().parents[1]
+    for m in catalog:
+        for module in m["module"].split("; "):
+            importlib.import_module(module)
+        assert m["tests"] and all((root / t).is_file() for t in m["tests"]), m["name"]
+        assert all(a in ARMS for a in m["arms"])
+    hbieq = next(m for m in catalog if m["name"] == "hbieq")
+    assert "exp44_hbieq_bf16" in hbieq["arms"] and "exp58_zeta_bf16" not in hbieq["arms"]

@@ -30,6 +30,7 @@ class Family:
     validate: Callable = lambda cfg: None  # checks across the family's sections
     metric: str = "bpb"  # the evaluation metric its summary reports
     embedding_key: str = "transformer.wte.weight"  # state-dict key of the token table (its rows: the vocabulary)
+    attention_backend: Callable = lambda model: "sdpa"  # the attention kernel the built model uses
     presets: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 

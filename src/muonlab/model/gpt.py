@@ -247,8 +247,8 @@ class GPT(nn.Module):
 
         muonlab additions: each variant adds its own groups (after x0_lambdas, in registry
         order) and wires its optimizer state (`attach`). `group_options` adds keys to the
-        "lm_head", "wte", "value_embeds" and "muon" groups (optimizer add-ons: pre-polar
-        conditioning, table whitening, fp32 master weights); empty keeps upstream's groups.
+        "lm_head", "wte", "value_embeds" and "muon" groups (the optimizer add-ons' keys, see
+        muonlab.optim.extensions); empty keeps upstream's groups.
         `matrix_adamw` (muonlab's adamw_only control: dict(lr=..., weight_decay=...)) puts every
         block matrix on one AdamW group (not d-scaled) instead of Muon.
         """

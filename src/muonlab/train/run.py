@@ -210,11 +210,6 @@ def _run(cfg, log, data, resume, ctx: Dist, device, t_start) -> RunResult:
             ledger.append_record(ledger_path(cfg), record)
 
 
-def _attention_backend(model) -> str:
-    blocks = getattr(getattr(model, "transformer", None), "h", None)
-    return blocks[0].attn.backend if blocks else "sdpa"
-
-
 def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx: Dist):
     torch.manual_seed(cfg.seed)
     if runtime.device.type == "cuda":
@@ -238,10 +233,11 @@ def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx: 
         state, pending = LoopState(**checkpoint["loop"]), tuple(checkpoint["pending"][ctx.rank])
         if ctx.is_main:
             run.truncate_metrics(state.step)  # steps after the checkpoint are redone
+    family = get_family(cfg.family)
     log(f"run {run.path.name}: {counts['total']:,} params, {cfg.describe_model()}, "
         f"{ctx.world_size} process(es) x {cfg.train.accum_steps_per_rank(ctx.world_size)} micro-steps x "
         f"{cfg.train.tokens_per_micro_step:,} tokens, device {runtime.device}, "
-        f"precision {runtime.precision}, attention {_attention_backend(model)}, compile {compile_on}")
+        f"precision {runtime.precision}, attention {family.attention_backend(model)}, compile {compile_on}")
     sinks = SinkGroup(parse_sinks(cfg.record.sinks) if ctx.is_main else [], run.path.name, run.path,
                       cfg.to_dict(), cfg.record.sink_project)
 

@@ -144,4 +144,5 @@ register_family(Family(
     build_optimizer=build_optimizer, schedule=schedule,
     describe=lambda cfg: f"width {cfg.model.model_dim}, depth {cfg.model.depth}", depth=lambda cfg: cfg.model.depth,
     step_hooks=step_hooks, trajectory=trajectory, validate=validate, presets=PRESETS,
+    attention_backend=lambda model: model.transformer.h[0].attn.backend,
 ))

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
+from muonlab.settings import flatten
+
 # Configs are compared over what can change a number (RunConfig.hashed_values: bookkeeping and
 # inert settings are out by construction), less the seed, which arms are paired over.
 IGNORED_KEYS = frozenset({"seed"})
@@ -28,17 +30,6 @@ def comparable(config: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
         return RunConfig.from_dict(dict(config)).hashed_values(), legacy
     except (MuonlabError, TypeError, ValueError):
         return flatten(config), legacy
-
-
-def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{'data': {'source': 'x'}} -> {'data.source': 'x'}."""
-    flat = {}
-    for key, value in config.items():
-        if isinstance(value, Mapping):
-            flat.update(flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 def _override_keys(overrides: Iterable[str] | Mapping[str, Any]) -> set[str]:
