@@ -241,3 +241,6 @@ class MethodInfo:
     tests: tuple[str, ...] = ()
     selector: str | None = None  # the field that switches it on (its other fields act only then)
     off: Any = None  # the selector's value when the method is off
+
+
+METHOD_OFF = "the method is off"  # why a method's own settings do not act while it is off

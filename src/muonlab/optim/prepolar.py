@@ -22,6 +22,10 @@ from __future__ import annotations
 import re
 
 from muonlab.optim import extensions
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+from muonlab.errors import UsageError
+from muonlab.settings import METHOD_OFF, MethodInfo, Section, setting
 
 SCOPES = ("all", "square_only", "rect_only")
 OPTIONS = dict(prepolar=None, prepolar_scope="all")  # this point's own keys
@@ -91,3 +95,36 @@ def __getattr__(name: str):
         from muonlab.optim.addons.polar_precision import DTYPES
         return DTYPES
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# run-config settings of this method: its flags, their help, which options act when
+@dataclass
+class PrepolarSettings(Section):
+    """Seed 000 §3.3, seed 002 §1.4a: a conditioner of the Nesterov tensor before Polar Express."""
+
+    METHOD: ClassVar[MethodInfo] = MethodInfo('prepolar', 'seed 000 §3.3; seed 002 §1.4a', __name__, ('tests/test_prepolar.py', 'tests/test_prepolar_arms.py'), 'kind', None)
+
+    kind: str | None = setting(None, "hbieq | zeta | turbo_aol | muon2f, or a plug-in's name; none: off",
+                               flag="prepolar")
+    scope: str = setting("all", "all | square_only | rect_only | a regex on block parameter names",
+                         flag="prepolar-scope")
+    tau: float = setting(80.0, "hbieq homotopy horizon (seed 000: 80, seed 002: 25; 0 = undamped)", flag="prepolar-tau")
+    passes: int = setting(2, "hbieq equilibration passes", flag="prepolar-passes")
+    sides: Literal["both", "row"] = setting("both", "hbieq sides (row with passes 1: seed 000 exp51's control)",
+                                            flag="prepolar-sides")
+
+    def inactive(self) -> dict[str, str]:
+        if self.kind is None:
+            return {"scope": METHOD_OFF, "tau": METHOD_OFF, "passes": METHOD_OFF, "sides": METHOD_OFF}
+        if self.kind != "hbieq":
+            why = f"only hbieq reads it (prepolar is {self.kind})"
+            return {"tau": why, "passes": why, "sides": why}
+        return {}
+
+    def validate(self) -> None:
+        from muonlab.optim.prepolar import PREPOLARS  # noqa: PLC0415 (the optimizer's registry)
+
+        if self.kind is not None and self.kind not in PREPOLARS:
+            raise UsageError(f"prepolar must be one of {', '.join(PREPOLARS)}, got {self.kind!r}")
+        if self.passes < 1 or self.tau < 0:
+            raise UsageError("need prepolar_passes >= 1 and prepolar_tau >= 0")

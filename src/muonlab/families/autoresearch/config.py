@@ -1,8 +1,8 @@
-"""Settings of the autoresearch family: the GPT's shape, its variants, MuonAdamW and its add-ons.
-
-Each method of the seed papers has its own small section; a section's settings act only when its
-method is switched on (`inactive()`), so setting one that does not act is a usage error and is
-never hashed. Flags keep the names the command line has always had (`--prepolar-tau`).
+"""Settings of the autoresearch family: the GPT's shape, MuonAdamW, and the sections of the
+seed papers' methods, each defined in its method's own module (model/variants/*, optim/addons/*,
+optim/prepolar) and composed here. A section's settings act only when its method is switched on
+(`inactive()`), so setting one that does not act is a usage error and is never hashed. Flags keep
+the names the command line has always had (`--prepolar-tau`).
 """
 
 from __future__ import annotations
@@ -12,138 +12,19 @@ from typing import ClassVar, Literal
 
 from muonlab.errors import UsageError
 from muonlab.settings import MethodInfo, Section, setting
+from muonlab.model.variants.presub_gains import PresubGainsSettings
+from muonlab.model.variants.qk_scale import QKScaleSettings
+from muonlab.model.variants.lerope import RopeSettings
+from muonlab.model.variants.residual_rules import ResidualRuleSettings
+from muonlab.model.variants.radius_gate import RadiusGateSettings
+from muonlab.model.variants.memory import MemorySettings
+from muonlab.model.variants.over_encoding import OverEncodingSettings
+from muonlab.model.variants.routing import RoutingSettings
+from muonlab.optim.prepolar import PrepolarSettings
+from muonlab.optim.addons.polar_precision import PolarSettings
+from muonlab.optim.addons.neumann_whitening import WhitenSettings
+from muonlab.optim.addons.moment_free import TableWhitenSettings
 
-OFF = "the method is off"
-
-
-# ----------------------------------------------------------------------------- model variants
-@dataclass
-class PresubGainsConfig(Section):
-    """Seed 000 §3.1: per-layer channel gains on the inputs of W_Q, W_K, W_V and W_fc."""
-
-    METHOD: ClassVar[MethodInfo] = MethodInfo('presub_gains', 'seed 000 §3.1', 'muonlab.model.scalings', ('tests/test_model_variants.py', 'tests/test_diagnostics_storage.py'), 'impl', 'none')
-
-    impl: Literal["none", "unfused_slice", "unfused_contig", "weight_fused", "gate_scaled"] = setting(
-        "none", "implementation (gate_scaled: the non-equivalent control)", flag="presub-gains")
-    param: Literal["linear", "stopexp"] = setting("linear", "gain parametrisation", flag="presub-param")
-    lr_mult: float = setting(0.04, "gains' AdamW lr as a multiple of scalar_lr (seed 000's 0.04)", flag="presub-lr-mult")
-
-    def inactive(self) -> dict[str, str]:
-        return {"param": OFF, "lr_mult": OFF} if self.impl == "none" else {}
-
-
-@dataclass
-class QKScaleConfig(Section):
-    """Seed 000 §3.2, seed 002 §1.5-1.6: post-QK-norm scaling, plane c = channels c and c + 64."""
-
-    METHOD: ClassVar[MethodInfo] = MethodInfo('qk_scale', 'seed 000 §3.2; seed 002 §1.5-1.6 (q_tau, QMASK)', 'muonlab.model.scalings', ('tests/test_model_variants.py',), 'kind', 'none')
-
-    kind: Literal["none", "pair_tied_linear", "pair_tied_stopexp", "pair_tied_exp", "untied_stopexp", "head_temp"] = \
-        setting("none", "scaling rule", flag="qk-scale")
-    freeze_layers: str = setting("", "comma-separated layers whose scales stay 1 (seed 002 QMASK: 0)",
-                                 flag="qk-freeze-layers")
-    freeze_planes: int = setting(0, "RoPE planes c < this stay 1 in every layer (QMASK: 16)", flag="qk-freeze-planes")
-    lr_mult: float = setting(0.04, "scales' AdamW lr as a multiple of scalar_lr", flag="qk-lr-mult")
-
-    def layers(self) -> tuple[int, ...]:
-        try:
-            return tuple(int(v) for v in self.freeze_layers.split(",") if v.strip())
-        except ValueError:
-            raise UsageError(f"qk_freeze_layers must be comma-separated integers, got {self.freeze_layers!r}") from None
-
-    def inactive(self) -> dict[str, str]:
-        return {"freeze_layers": OFF, "freeze_planes": OFF, "lr_mult": OFF} if self.kind == "none" else {}
-
-    def validate(self) -> None:
-        self.layers()
-
-
-@dataclass
-class RopeConfig(Section):
-    """Seed 000 Table 2: learnable RoPE log-frequencies (LeRoPE)."""
-
-    METHOD: ClassVar[MethodInfo] = MethodInfo('lerope', 'seed 000 Table 2', 'muonlab.model.lerope', ('tests/test_lerope.py',), 'kind', 'standard')
-
-    kind: Literal["standard", "lerope_shared", "lerope_adapted"] = setting(
-        "standard", "standard RoPE, LeRoPE shared (64, fp32 trig) or adapted (per layer and head, bf16 trig)", flag="rope")
-    lr_mult: float = setting(0.04, "LeRoPE's AdamW lr as a multiple of scalar_lr", flag="rope-lr-mult")
-
-    def inactive(self) -> dict[str, str]:
-        return {"lr_mult": OFF} if self.kind == "standard" else {}
-
-
-@dataclass
-class ResidualRuleConfig(Section):
-    """Seed 003: backward rules at every residual addition (the forward stays bit-identical)."""
-
-    METHOD: ClassVar[MethodInfo] = MethodInfo('residual_rule', 'seed 003 (backward rules)', 'muonlab.model.residual', ('tests/test_residual.py', 'tests/test_diagnostics_replay.py'), 'rule', 'ordinary')
-
-    rule: Literal["ordinary", "branch_tangent", "whole_state_tangent", "grad_mag_control"] = setting(
-        "ordinary", "backward rule", flag="residual-rule")
-
-
-@dataclass
-class RadiusGateConfig(Section):
-    """Seed 003: y = u + exp(a + b z_t) f with z_t the causal prefix-standardised log RMS."""
-
-    METHOD: ClassVar[MethodInfo] = MethodInfo('radius_gate', 'seed 003 (radius gates)', 'muonlab.model.residual', ('tests/test_residual.py',), 'kind', 'none')
-
-    kind: Literal["none", "state", "branch", "neutral"] = setting("none", "what the gate reads (neutral: frozen at 0)",
-                                                                 flag="radius-gate")
-    lr_mult: float = setting(0.04, "gates' AdamW lr as a multiple of scalar_lr (unstated in seed 003)",
-                             flag="gate-lr-mult")
-
-    def inactive(self) -> dict[str, str]:
-        return {"lr_mult": OFF if self.kind == "none" else "the neutral gate is frozen"} \
-            if self.kind in ("none", "neutral") else {}
-
-
-@dataclass
-class MemoryConfig(Section):
-    """Seed 003's memory-safe path (usable by any run)."""
-
-    METHOD: ClassVar[MethodInfo] = MethodInfo('memory_safe_path', 'seed 003 (block checkpointing, 4096-token loss chunks)', 'muonlab.model.gpt', ('tests/test_model_variants.py',), None, None)
-
-    checkpoint_blocks: bool = setting(False, "non-reentrant activation checkpointing per block")
-    loss_chunk_tokens: int = setting(0, "> 0: the loss in recomputed chunks of this many tokens (seed 003: 4096)")
-
-    def validate(self) -> None:
-        if self.loss_chunk_tokens < 0:
-            raise UsageError(f"loss_chunk_tokens must be >= 0, got {self.loss_chunk_tokens}")
-
-
-@dataclass
-class OverEncodingConfig(Section):
-    """Seed 002 §1.1-1.3: hashed n-gram Over-Encoding tables with their moment-free update."""
-
-    METHOD: ClassVar[MethodInfo] = MethodInfo('over_encoding', 'seed 002 §1.1-1.3', 'muonlab.model.over_encoding; muonlab.optim.addons.moment_free', ('tests/test_over_encoding.py', 'tests/test_over_encoding_model.py', 'tests/test_table_update.py'), 'm', 0)
-
-    m: int = setting(0, "table size (0: off; the paper 150855)", flag="oe-m")
-    n: int = setting(3, "largest n-gram order", flag="oe-n")
-    k: int = setting(2, "tables per order", flag="oe-k")
-
-    def inactive(self) -> dict[str, str]:
-        return {"n": OFF, "k": OFF} if self.m == 0 else {}
-
-    def validate(self) -> None:
-        if self.m < 0:
-            raise UsageError(f"oe_m must be >= 0 (0: no Over-Encoding), got {self.m}")
-
-
-@dataclass
-class RoutingConfig(Section):
-    """Seed 002 §1.7: decoupled residual routing of the token embedding."""
-
-    METHOD: ClassVar[MethodInfo] = MethodInfo('routing', 'seed 002 §1.7', 'muonlab.model.gpt', ('tests/test_over_encoding_model.py',), 'kind', 'none')
-
-    kind: Literal["none", "sepden", "shden"] = setting("none", "separate or shared denominator anchor", flag="routing")
-    out: bool = setting(False, "also out_lambdas before the final norm", flag="routing-out")
-    eps: float = setting(1e-6, "shden: the anchor's epsilon (1e-6, or 2**-23 as F.rms_norm)", flag="routing-eps")
-
-    def inactive(self) -> dict[str, str]:
-        if self.kind == "none":
-            return {"out": OFF, "eps": OFF}
-        return {"eps": "only the shared-denominator anchor has an epsilon"} if self.kind == "sepden" else {}
 
 
 @dataclass
@@ -157,14 +38,14 @@ class AutoresearchModelConfig(Section):
     n_kv_head: int | None = setting(None, "key/value heads (GQA); none: as many as query heads")
     window_pattern: str = setting("SSSL", "sliding-window pattern per layer: S = half context, L = full")
     attn_backend: Literal["auto", "fa3", "sdpa"] = setting("auto", "attention kernel (fa3: FlashAttention-3 on Hopper)")
-    gains: PresubGainsConfig = setting(factory=PresubGainsConfig)
-    qk: QKScaleConfig = setting(factory=QKScaleConfig)
-    rope: RopeConfig = setting(factory=RopeConfig)
-    residual: ResidualRuleConfig = setting(factory=ResidualRuleConfig)
-    gate: RadiusGateConfig = setting(factory=RadiusGateConfig)
-    memory: MemoryConfig = setting(factory=MemoryConfig)
-    oe: OverEncodingConfig = setting(factory=OverEncodingConfig)
-    routing: RoutingConfig = setting(factory=RoutingConfig)
+    gains: PresubGainsSettings = setting(factory=PresubGainsSettings)
+    qk: QKScaleSettings = setting(factory=QKScaleSettings)
+    rope: RopeSettings = setting(factory=RopeSettings)
+    residual: ResidualRuleSettings = setting(factory=ResidualRuleSettings)
+    gate: RadiusGateSettings = setting(factory=RadiusGateSettings)
+    memory: MemorySettings = setting(factory=MemorySettings)
+    oe: OverEncodingSettings = setting(factory=OverEncodingSettings)
+    routing: RoutingSettings = setting(factory=RoutingSettings)
     extra_variants: str = setting("", "comma-separated registered model variants without a section of their own "
                                   "(plug-ins), each with its config's defaults", flag="variant")
 
@@ -208,88 +89,6 @@ class AutoresearchModelConfig(Section):
                                  f"{', '.join(extra) or 'none'}; built-in variants have their own flags)")
 
 
-# ----------------------------------------------------------------------------- optimizer add-ons
-@dataclass
-class PrepolarConfig(Section):
-    """Seed 000 §3.3, seed 002 §1.4a: a conditioner of the Nesterov tensor before Polar Express."""
-
-    METHOD: ClassVar[MethodInfo] = MethodInfo('prepolar', 'seed 000 §3.3; seed 002 §1.4a', 'muonlab.optim.prepolar', ('tests/test_prepolar.py', 'tests/test_prepolar_arms.py'), 'kind', None)
-
-    kind: str | None = setting(None, "hbieq | zeta | turbo_aol | muon2f, or a plug-in's name; none: off",
-                               flag="prepolar")
-    scope: str = setting("all", "all | square_only | rect_only | a regex on block parameter names",
-                         flag="prepolar-scope")
-    tau: float = setting(80.0, "hbieq homotopy horizon (seed 000: 80, seed 002: 25; 0 = undamped)", flag="prepolar-tau")
-    passes: int = setting(2, "hbieq equilibration passes", flag="prepolar-passes")
-    sides: Literal["both", "row"] = setting("both", "hbieq sides (row with passes 1: seed 000 exp51's control)",
-                                            flag="prepolar-sides")
-
-    def inactive(self) -> dict[str, str]:
-        if self.kind is None:
-            return {"scope": OFF, "tau": OFF, "passes": OFF, "sides": OFF}
-        if self.kind != "hbieq":
-            why = f"only hbieq reads it (prepolar is {self.kind})"
-            return {"tau": why, "passes": why, "sides": why}
-        return {}
-
-    def validate(self) -> None:
-        from muonlab.optim.prepolar import PREPOLARS  # noqa: PLC0415 (the optimizer's registry)
-
-        if self.kind is not None and self.kind not in PREPOLARS:
-            raise UsageError(f"prepolar must be one of {', '.join(PREPOLARS)}, got {self.kind!r}")
-        if self.passes < 1 or self.tau < 0:
-            raise UsageError("need prepolar_passes >= 1 and prepolar_tau >= 0")
-
-
-@dataclass
-class PolarConfig(Section):
-    """Seed 002 §1.4b, seed 000: the precision of Polar Express and of its output."""
-
-    METHOD: ClassVar[MethodInfo] = MethodInfo('polar_precision', 'seed 002 §1.4b; seed 000 (post-polar fp32)', 'muonlab.optim.addons.polar_precision', ('tests/test_prepolar.py', 'tests/test_extensions.py'), None, None)
-
-    dtype: Literal["bf16", "fp32"] = setting("bf16", "Polar Express dtype (fp32: seed 002's NS5 in FP32)",
-                                             flag="polar-dtype")
-    post_dtype: Literal[None, "bf16", "fp32"] = setting(None, "dtype after Polar Express (fp32: g = X.float()); "
-                                                        "none keeps Polar Express's", flag="post-polar-dtype")
-
-
-@dataclass
-class WhitenConfig(Section):
-    """Seed 002 §1.4d: right-projected Neumann-Gram whitening of wte, lm_head and value-embedding updates."""
-
-    METHOD: ClassVar[MethodInfo] = MethodInfo('neumann_whitening', 'seed 002 §1.4d', 'muonlab.optim.addons.neumann_whitening', ('tests/test_whitening.py',), 'kind', None)
-
-    kind: Literal[None, "neumann"] = setting(None, "none | neumann", flag="whiten")
-    tau: float = setting(80.0, "homotopy horizon of beta_t", flag="whiten-tau")
-    terms: int = setting(1, "series terms (1 = the paper's first-order form)", flag="whiten-terms")
-    mean_addback: bool = setting(False, "add the mean row back (the paper is silent; off = its formula)",
-                                 flag="whiten-mean-addback")
-
-    def inactive(self) -> dict[str, str]:
-        return {"tau": OFF, "terms": OFF, "mean_addback": OFF} if self.kind is None else {}
-
-    def validate(self) -> None:
-        if self.terms < 1 or self.tau < 0:
-            raise UsageError("need whiten_terms >= 1 and whiten_tau >= 0")
-
-
-@dataclass
-class TableWhitenConfig(Section):
-    """Seed 002 §1.11: Neumann-Gram whitening of the Over-Encoding tables' visited rows."""
-
-    METHOD: ClassVar[MethodInfo] = MethodInfo('table_neumann', 'seed 002 §1.11', 'muonlab.optim.addons.moment_free', ('tests/test_table_update.py',), 'kind', None)
-
-    kind: Literal[None, "neumann"] = setting(None, "none | neumann", flag="table-whiten")
-    tau: float = setting(80.0, "homotopy horizon", flag="table-whiten-tau")
-
-    def inactive(self) -> dict[str, str]:
-        return {"tau": OFF} if self.kind is None else {}
-
-    def validate(self) -> None:
-        if self.tau < 0:
-            raise UsageError("need table_whiten_tau >= 0")
-
-
 STEP0_HELP = "seed 002 §1.8 step-0 controls on the routing scalars (none: off)"
 
 
@@ -317,8 +116,8 @@ class MuonAdamWConfig(Section):
     embedding_state: Literal["native", "master32"] = setting(
         "native", "wte/value-embedding state: native (upstream bf16) or master32 (fp32 master + moments, seed 002 §1.4e)")
     step0_mode: str = setting("none", STEP0_HELP)
-    prepolar: PrepolarConfig = setting(factory=PrepolarConfig)
-    polar: PolarConfig = setting(factory=PolarConfig)
+    prepolar: PrepolarSettings = setting(factory=PrepolarSettings)
+    polar: PolarSettings = setting(factory=PolarSettings)
 
     # methods that are one setting of this section: (field, off value) -> what it is
     FIELD_METHODS: ClassVar[dict[str, MethodInfo]] = {
@@ -335,8 +134,8 @@ class MuonAdamWConfig(Section):
         "matrix_optimizer": MethodInfo("adamw_only_control", "muonlab control (every block matrix on AdamW)",
                                        "muonlab.model.gpt", ("tests/test_lab_sweep.py",), "matrix_optimizer", "muon"),
     }
-    whiten: WhitenConfig = setting(factory=WhitenConfig)
-    table_whiten: TableWhitenConfig = setting(factory=TableWhitenConfig)
+    whiten: WhitenSettings = setting(factory=WhitenSettings)
+    table_whiten: TableWhitenSettings = setting(factory=TableWhitenSettings)
 
     def inactive(self) -> dict[str, str]:
         if self.matrix_optimizer == "muon":

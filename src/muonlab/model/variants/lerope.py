@@ -38,6 +38,8 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from muonlab.model.extensions import ModelVariant, register_variant
+from typing import ClassVar, Literal
+from muonlab.settings import METHOD_OFF, MethodInfo, Section, setting
 
 
 def inv_frequencies(head_dim: int, base: float = 10000.0,
@@ -204,3 +206,18 @@ class LeRoPE(ModelVariant):
         tau = self.model.rope_tau if self.shared else self.model.rope_tau[i]
         inv_freq = self.model.inv_freq
         return apply_lerope(q, tau, inv_freq, self.trig), apply_lerope(k, tau, inv_freq, self.trig)
+
+
+# run-config settings of this method: its flags, their help, which options act when
+@dataclass
+class RopeSettings(Section):
+    """Seed 000 Table 2: learnable RoPE log-frequencies (LeRoPE)."""
+
+    METHOD: ClassVar[MethodInfo] = MethodInfo('lerope', 'seed 000 Table 2', __name__, ('tests/test_lerope.py',), 'kind', 'standard')
+
+    kind: Literal["standard", "lerope_shared", "lerope_adapted"] = setting(
+        "standard", "standard RoPE, LeRoPE shared (64, fp32 trig) or adapted (per layer and head, bf16 trig)", flag="rope")
+    lr_mult: float = setting(0.04, "LeRoPE's AdamW lr as a multiple of scalar_lr", flag="rope-lr-mult")
+
+    def inactive(self) -> dict[str, str]:
+        return {"lr_mult": METHOD_OFF} if self.kind == "standard" else {}

@@ -13,6 +13,9 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from muonlab.model.extensions import ModelVariant, register_variant
+from typing import ClassVar
+from muonlab.errors import UsageError
+from muonlab.settings import MethodInfo, Section, setting
 
 
 @dataclass(frozen=True)
@@ -63,3 +66,18 @@ class ChunkedLoss(ModelVariant):
         if reduction == "sum":
             return per_token.sum()
         return per_token.sum() / (flat_y != -1).sum()
+
+
+# run-config settings of this method: its flags, their help, which options act when
+@dataclass
+class MemorySettings(Section):
+    """Seed 003's memory-safe path (usable by any run)."""
+
+    METHOD: ClassVar[MethodInfo] = MethodInfo('memory_safe_path', 'seed 003 (block checkpointing, 4096-token loss chunks)', __name__, ('tests/test_model_variants.py',), None, None)
+
+    checkpoint_blocks: bool = setting(False, "non-reentrant activation checkpointing per block")
+    loss_chunk_tokens: int = setting(0, "> 0: the loss in recomputed chunks of this many tokens (seed 003: 4096)")
+
+    def validate(self) -> None:
+        if self.loss_chunk_tokens < 0:
+            raise UsageError(f"loss_chunk_tokens must be >= 0, got {self.loss_chunk_tokens}")

@@ -41,6 +41,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from muonlab.model.extensions import ModelVariant, register_variant
+from typing import ClassVar
+from muonlab.errors import UsageError
+from muonlab.settings import METHOD_OFF, MethodInfo, Section, setting
 
 DEFAULT_M = 150_855
 
@@ -199,3 +202,22 @@ class OverEncodingVariant(ModelVariant):
 
     def embed(self, idx: torch.Tensor) -> torch.Tensor:
         return self.model.oe(idx)
+
+
+# run-config settings of this method: its flags, their help, which options act when
+@dataclass
+class OverEncodingSettings(Section):
+    """Seed 002 §1.1-1.3: hashed n-gram Over-Encoding tables with their moment-free update."""
+
+    METHOD: ClassVar[MethodInfo] = MethodInfo('over_encoding', 'seed 002 §1.1-1.3', __name__, ('tests/test_over_encoding.py', 'tests/test_over_encoding_model.py', 'tests/test_table_update.py'), 'm', 0)
+
+    m: int = setting(0, "table size (0: off; the paper 150855)", flag="oe-m")
+    n: int = setting(3, "largest n-gram order", flag="oe-n")
+    k: int = setting(2, "tables per order", flag="oe-k")
+
+    def inactive(self) -> dict[str, str]:
+        return {"n": METHOD_OFF, "k": METHOD_OFF} if self.m == 0 else {}
+
+    def validate(self) -> None:
+        if self.m < 0:
+            raise UsageError(f"oe_m must be >= 0 (0: no Over-Encoding), got {self.m}")

@@ -27,6 +27,8 @@ from torch import nn
 
 from muonlab.model.extensions import ModelVariant, register_variant
 from muonlab.model.variants.qk_scale import stop_exp
+from typing import ClassVar, Literal
+from muonlab.settings import METHOD_OFF, MethodInfo, Section, setting
 
 PRESUB_GAINS = ("none", "unfused_slice", "unfused_contig", "weight_fused", "gate_scaled")
 PRESUB_PARAMS = ("linear", "stopexp")
@@ -102,3 +104,19 @@ class PresubGains(ModelVariant):
 
     def _mlp_unfused(self, i, mlp, x):
         return mlp.c_fc(x * self.gain(i, 1))
+
+
+# run-config settings of this method: its flags, their help, which options act when
+@dataclass
+class PresubGainsSettings(Section):
+    """Seed 000 §3.1: per-layer channel gains on the inputs of W_Q, W_K, W_V and W_fc."""
+
+    METHOD: ClassVar[MethodInfo] = MethodInfo('presub_gains', 'seed 000 §3.1', __name__, ('tests/test_model_variants.py', 'tests/test_diagnostics_storage.py'), 'impl', 'none')
+
+    impl: Literal["none", "unfused_slice", "unfused_contig", "weight_fused", "gate_scaled"] = setting(
+        "none", "implementation (gate_scaled: the non-equivalent control)", flag="presub-gains")
+    param: Literal["linear", "stopexp"] = setting("linear", "gain parametrisation", flag="presub-param")
+    lr_mult: float = setting(0.04, "gains' AdamW lr as a multiple of scalar_lr (seed 000's 0.04)", flag="presub-lr-mult")
+
+    def inactive(self) -> dict[str, str]:
+        return {"param": METHOD_OFF, "lr_mult": METHOD_OFF} if self.impl == "none" else {}

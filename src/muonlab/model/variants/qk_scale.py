@@ -27,6 +27,9 @@ import torch
 from torch import nn
 
 from muonlab.model.extensions import ModelVariant, register_variant
+from typing import ClassVar, Literal
+from muonlab.errors import UsageError
+from muonlab.settings import METHOD_OFF, MethodInfo, Section, setting
 
 QK_SCALES = ("none", "pair_tied_linear", "pair_tied_stopexp", "pair_tied_exp", "untied_stopexp", "head_temp")
 
@@ -155,3 +158,30 @@ class QKScale(ModelVariant):
     def qk(self, i, q, k):
         mask = self.model.qk_mask[i] if self.masked else None
         return apply_qk_scale(q, k, self.model.qk_scales[i], self.cfg.kind, mask)
+
+
+# run-config settings of this method: its flags, their help, which options act when
+@dataclass
+class QKScaleSettings(Section):
+    """Seed 000 §3.2, seed 002 §1.5-1.6: post-QK-norm scaling, plane c = channels c and c + 64."""
+
+    METHOD: ClassVar[MethodInfo] = MethodInfo('qk_scale', 'seed 000 §3.2; seed 002 §1.5-1.6 (q_tau, QMASK)', __name__, ('tests/test_model_variants.py',), 'kind', 'none')
+
+    kind: Literal["none", "pair_tied_linear", "pair_tied_stopexp", "pair_tied_exp", "untied_stopexp", "head_temp"] = \
+        setting("none", "scaling rule", flag="qk-scale")
+    freeze_layers: str = setting("", "comma-separated layers whose scales stay 1 (seed 002 QMASK: 0)",
+                                 flag="qk-freeze-layers")
+    freeze_planes: int = setting(0, "RoPE planes c < this stay 1 in every layer (QMASK: 16)", flag="qk-freeze-planes")
+    lr_mult: float = setting(0.04, "scales' AdamW lr as a multiple of scalar_lr", flag="qk-lr-mult")
+
+    def layers(self) -> tuple[int, ...]:
+        try:
+            return tuple(int(v) for v in self.freeze_layers.split(",") if v.strip())
+        except ValueError:
+            raise UsageError(f"qk_freeze_layers must be comma-separated integers, got {self.freeze_layers!r}") from None
+
+    def inactive(self) -> dict[str, str]:
+        return {"freeze_layers": METHOD_OFF, "freeze_planes": METHOD_OFF, "lr_mult": METHOD_OFF} if self.kind == "none" else {}
+
+    def validate(self) -> None:
+        self.layers()

@@ -28,6 +28,8 @@ import torch
 from torch import nn
 
 from muonlab.model.extensions import ModelVariant, register_variant
+from typing import ClassVar, Literal
+from muonlab.settings import METHOD_OFF, MethodInfo, Section, setting
 
 RADIUS_GATES = ("none", "state", "branch", "neutral")
 
@@ -92,3 +94,20 @@ class RadiusGate(ModelVariant):
         gate = self.model.radius_gates[i]
         a, b = gate[slot, 0], gate[slot, 1]
         return radius_gate_scale(u if self.on_state else f, a, b) * f
+
+
+# run-config settings of this method: its flags, their help, which options act when
+@dataclass
+class RadiusGateSettings(Section):
+    """Seed 003: y = u + exp(a + b z_t) f with z_t the causal prefix-standardised log RMS."""
+
+    METHOD: ClassVar[MethodInfo] = MethodInfo('radius_gate', 'seed 003 (radius gates)', __name__, ('tests/test_residual.py',), 'kind', 'none')
+
+    kind: Literal["none", "state", "branch", "neutral"] = setting("none", "what the gate reads (neutral: frozen at 0)",
+                                                                 flag="radius-gate")
+    lr_mult: float = setting(0.04, "gates' AdamW lr as a multiple of scalar_lr (unstated in seed 003)",
+                             flag="gate-lr-mult")
+
+    def inactive(self) -> dict[str, str]:
+        return {"lr_mult": METHOD_OFF if self.kind == "none" else "the neutral gate is frozen"} \
+            if self.kind in ("none", "neutral") else {}

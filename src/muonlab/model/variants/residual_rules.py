@@ -28,6 +28,8 @@ from dataclasses import dataclass
 import torch
 
 from muonlab.model.extensions import ModelVariant, register_variant
+from typing import ClassVar, Literal
+from muonlab.settings import MethodInfo, Section, setting
 
 RESIDUAL_RULES = ("ordinary", "branch_tangent", "whole_state_tangent", "grad_mag_control")
 
@@ -124,3 +126,14 @@ def use_rule(model, rule: str):
         yield model
     finally:
         points.residual_add = previous
+
+
+# run-config settings of this method: its flags, their help, which options act when
+@dataclass
+class ResidualRuleSettings(Section):
+    """Seed 003: backward rules at every residual addition (the forward stays bit-identical)."""
+
+    METHOD: ClassVar[MethodInfo] = MethodInfo('residual_rule', 'seed 003 (backward rules)', __name__, ('tests/test_residual.py', 'tests/test_diagnostics_replay.py'), 'rule', 'ordinary')
+
+    rule: Literal["ordinary", "branch_tangent", "whole_state_tangent", "grad_mag_control"] = setting(
+        "ordinary", "backward rule", flag="residual-rule")

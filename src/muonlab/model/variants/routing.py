@@ -17,6 +17,8 @@ from torch import nn
 
 from muonlab.model import gpt
 from muonlab.model.extensions import ModelVariant, register_variant
+from typing import ClassVar, Literal
+from muonlab.settings import METHOD_OFF, MethodInfo, Section, setting
 
 KINDS = ("sepden", "shden")
 
@@ -71,3 +73,20 @@ class Routing(ModelVariant):
         if not self.cfg.out:
             return x
         return x + self.model.out_lambdas[0] * x0 + self.model.out_lambdas[1] * a_w
+
+
+# run-config settings of this method: its flags, their help, which options act when
+@dataclass
+class RoutingSettings(Section):
+    """Seed 002 §1.7: decoupled residual routing of the token embedding."""
+
+    METHOD: ClassVar[MethodInfo] = MethodInfo('routing', 'seed 002 §1.7', __name__, ('tests/test_over_encoding_model.py',), 'kind', 'none')
+
+    kind: Literal["none", "sepden", "shden"] = setting("none", "separate or shared denominator anchor", flag="routing")
+    out: bool = setting(False, "also out_lambdas before the final norm", flag="routing-out")
+    eps: float = setting(1e-6, "shden: the anchor's epsilon (1e-6, or 2**-23 as F.rms_norm)", flag="routing-eps")
+
+    def inactive(self) -> dict[str, str]:
+        if self.kind == "none":
+            return {"out": METHOD_OFF, "eps": METHOD_OFF}
+        return {"eps": "only the shared-denominator anchor has an epsilon"} if self.kind == "sepden" else {}

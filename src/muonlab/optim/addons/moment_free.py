@@ -47,6 +47,10 @@ import torch
 from muonlab.optim.addons.neumann_whitening import neumann_whiten
 from muonlab.optim.extensions import GroupKind, register_group_kind
 from muonlab.optim.homotopy import homotopy_alpha
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+from muonlab.errors import UsageError
+from muonlab.settings import METHOD_OFF, MethodInfo, Section, setting
 
 OE_TABLE_ROWS = (150855, 150857, 150859, 150861)  # spec-002 §1.1, m + 2j for m = 150,855
 
@@ -129,3 +133,21 @@ class MomentFreeKind(GroupKind):
 register_group_kind("oe_mfree", MomentFreeKind(), paper="seed 002 §1.3 (table-Neumann §1.11)",
                     tests=("tests/test_table_update.py", "tests/test_over_encoding_model.py"),
                     summary="moment-free, count-normalised update of the Over-Encoding tables")
+
+
+# run-config settings of this method: its flags, their help, which options act when
+@dataclass
+class TableWhitenSettings(Section):
+    """Seed 002 §1.11: Neumann-Gram whitening of the Over-Encoding tables' visited rows."""
+
+    METHOD: ClassVar[MethodInfo] = MethodInfo('table_neumann', 'seed 002 §1.11', __name__, ('tests/test_table_update.py',), 'kind', None)
+
+    kind: Literal[None, "neumann"] = setting(None, "none | neumann", flag="table-whiten")
+    tau: float = setting(80.0, "homotopy horizon", flag="table-whiten-tau")
+
+    def inactive(self) -> dict[str, str]:
+        return {"tau": METHOD_OFF} if self.kind is None else {}
+
+    def validate(self) -> None:
+        if self.tau < 0:
+            raise UsageError("need table_whiten_tau >= 0")

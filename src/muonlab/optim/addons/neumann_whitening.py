@@ -38,6 +38,10 @@ import torch
 
 from muonlab.optim.extensions import AdamWTransform, register_adamw_transform
 from muonlab.optim.homotopy import homotopy_alpha
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+from muonlab.errors import UsageError
+from muonlab.settings import METHOD_OFF, MethodInfo, Section, setting
 
 WHITENS = ("neumann",)
 
@@ -122,3 +126,24 @@ register_adamw_transform("neumann", AdamWTransform(
     validate=validate_group, whole_tensor=True),
     paper="seed 002 §1.4d", tests=("tests/test_whitening.py", "tests/test_prepolar_arms.py"),
     summary="right-projected Neumann-Gram whitening of the vocabulary tables' AdamW gradients")
+
+
+# run-config settings of this method: its flags, their help, which options act when
+@dataclass
+class WhitenSettings(Section):
+    """Seed 002 §1.4d: right-projected Neumann-Gram whitening of wte, lm_head and value-embedding updates."""
+
+    METHOD: ClassVar[MethodInfo] = MethodInfo('neumann_whitening', 'seed 002 §1.4d', __name__, ('tests/test_whitening.py',), 'kind', None)
+
+    kind: Literal[None, "neumann"] = setting(None, "none | neumann", flag="whiten")
+    tau: float = setting(80.0, "homotopy horizon of beta_t", flag="whiten-tau")
+    terms: int = setting(1, "series terms (1 = the paper's first-order form)", flag="whiten-terms")
+    mean_addback: bool = setting(False, "add the mean row back (the paper is silent; off = its formula)",
+                                 flag="whiten-mean-addback")
+
+    def inactive(self) -> dict[str, str]:
+        return {"tau": METHOD_OFF, "terms": METHOD_OFF, "mean_addback": METHOD_OFF} if self.kind is None else {}
+
+    def validate(self) -> None:
+        if self.terms < 1 or self.tau < 0:
+            raise UsageError("need whiten_terms >= 1 and whiten_tau >= 0")

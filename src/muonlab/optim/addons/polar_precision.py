@@ -13,6 +13,9 @@ from dataclasses import replace
 import torch
 
 from muonlab.optim.extensions import MuonStageAddon, register_muon_stage
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+from muonlab.settings import MethodInfo, Section, setting
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 OPTIONS = dict(polar_dtype="bf16", post_polar_dtype=None)
@@ -35,3 +38,16 @@ register_muon_stage("polar_precision", MuonStageAddon(OPTIONS, configure, valida
                     paper="seed 002 §1.4b (NS5 in FP32); seed 000 exp40 (post-polar fp32)",
                     tests=("tests/test_prepolar.py", "tests/test_prepolar_arms.py"),
                     summary="Polar Express and the post-polar update in bf16 or fp32")
+
+
+# run-config settings of this method: its flags, their help, which options act when
+@dataclass
+class PolarSettings(Section):
+    """Seed 002 §1.4b, seed 000: the precision of Polar Express and of its output."""
+
+    METHOD: ClassVar[MethodInfo] = MethodInfo('polar_precision', 'seed 002 §1.4b; seed 000 (post-polar fp32)', __name__, ('tests/test_prepolar.py', 'tests/test_extensions.py'), None, None)
+
+    dtype: Literal["bf16", "fp32"] = setting("bf16", "Polar Express dtype (fp32: seed 002's NS5 in FP32)",
+                                             flag="polar-dtype")
+    post_dtype: Literal[None, "bf16", "fp32"] = setting(None, "dtype after Polar Express (fp32: g = X.float()); "
+                                                        "none keeps Polar Express's", flag="post-polar-dtype")
