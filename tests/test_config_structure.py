@@ -187,3 +187,27 @@ def test_the_method_catalogue_points_at_real_modules_tests_and_arms(capsys):
         assert all(a in ARMS for a in m["arms"])
     hbieq = next(m for m in catalog if m["name"] == "hbieq")
     assert "exp44_hbieq_bf16" in hbieq["arms"] and "exp58_zeta_bf16" not in hbieq["arms"]
+
+
+def test_the_run_asks_its_family_for_data_and_evaluation(monkeypatch, capsys):
+    """Families behind one interface: the run prepares data and scores the model through the family."""
+    import dataclasses
+
+    from muonlab.eval import EvalResult
+    from muonlab.families import FAMILIES, get_family
+
+    family = get_family("autoresearch")
+    calls = []
+
+    def data(cfg, log=print):
+        calls.append("data")
+        return family.prepare_data(cfg, log=log)
+
+    def evaluate(model, data, cfg, runtime, dist):
+        calls.append("evaluate")
+        return {split: EvalResult(bpb=0.125, ce=1.0, ppl=2.718, nats=1.0, bytes=8, tokens=1) for split in ("val", "holdout")}
+
+    monkeypatch.setitem(FAMILIES, "autoresearch", dataclasses.replace(family, prepare_data=data, evaluate=evaluate))
+    assert main(["train", "--preset", "cpu-tiny", "--num-steps", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert calls == ["data", "evaluate"] and out["summary"]["val_bpb"] == out["summary"]["holdout_bpb"] == 0.125

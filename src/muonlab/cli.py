@@ -62,10 +62,10 @@ def _log_for(args) -> Callable[[str], None]:
 
 # ------------------------------------------------------------------------------ verbs
 def cmd_prepare(args) -> int:
-    from muonlab.data.prepare import prepare_data
+    from muonlab.families import get_family
 
     cfg = _resolve_config(args)
-    data = prepare_data(cfg.data, log=_log_for(args))
+    data = get_family(cfg.family).prepare_data(cfg, log=_log_for(args))
     payload = data.describe()
     text = "\n".join(f"{k}: {v}" for k, v in payload.items())
     _emit(args, payload, text)

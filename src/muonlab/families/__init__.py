@@ -2,7 +2,8 @@
 
 A family is everything the training loop needs to know about one kind of model: the sections
 of the run config it owns (`model` and `optim`), how to build the model and its optimizer, the
-schedule its optimizer follows, what it reports, and its presets. The loop, the builder and the
+schedule its optimizer follows, its data and its evaluation metric, what it reports, and its
+presets (its arms are the registered arms that set `family`). The loop, the builder and the
 config never branch on a family's name; they ask the family (`get_family(cfg.family)`).
 """
 
@@ -12,6 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from muonlab.errors import UsageError
+
+
+def text_data(cfg, log: Callable[[str], None] = print):
+    """The text pipeline (muonlab.data): the corpus of cfg.data, its BPE tokenizer, packed rows."""
+    from muonlab.data.prepare import prepare_data  # noqa: PLC0415
+
+    return prepare_data(cfg.data, log=log)
 
 
 @dataclass(frozen=True)
@@ -28,9 +36,12 @@ class Family:
     step_hooks: Callable = lambda cfg, model: []  # objects with before_step/after_step(step, optimizer)
     trajectory: Callable = lambda model: {}  # extra per-step record at the trajectory steps
     validate: Callable = lambda cfg: None  # checks across the family's sections
-    metric: str = "bpb"  # the evaluation metric its summary reports
     embedding_key: str = "transformer.wte.weight"  # state-dict key of the token table (its rows: the vocabulary)
     attention_backend: Callable = lambda model: "sdpa"  # the attention kernel the built model uses
+    prepare_data: Callable = text_data  # (cfg, log) -> the prepared data its loader and evaluation read
+    # (model, data, cfg, runtime, dist) -> {"val": EvalResult, "holdout": EvalResult}; None: bits per byte
+    # on val and holdout (muonlab.train.run.evaluate_splits), the metric of both families so far
+    evaluate: Callable | None = None
     presets: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 

@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 
 from muonlab.config import RunConfig, is_legacy, load_config_file
-from muonlab.data.prepare import PreparedData, prepare_data
+from muonlab.data.prepare import PreparedData
 from muonlab.device import Runtime, detect_device, peak_flops, peak_memory_mb, resolve_precision
 from muonlab.errors import UsageError
 from muonlab.eval import EvalResult, evaluate_bpb
@@ -170,7 +170,7 @@ def _run(cfg, log, data, resume, ctx: Dist, device, t_start) -> RunResult:
                              "loaders' positions are per rank)")
         log(f"resuming {run.path.name} from {ckpt_path.name} (step {checkpoint['step']})")
     if data is None:
-        data = prepare_data(cfg.data, log=log)
+        data = get_family(cfg.family).prepare_data(cfg, log=log)
     if resume is None:
         run_id = ctx.broadcast_object(new_run_id(cfg) if ctx.is_main else None)
         run = RunDir.create(cfg, run_id) if ctx.is_main else RunDir(runs_dir(cfg) / run_id)
@@ -264,7 +264,7 @@ def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx: 
         state = train_loop(cfg, train_model, optimizer, loader, runtime, flops_per_token, on_step=on_step,
                            state=state, pending=pending, checkpoint=save, stop_requested=lambda: stop.requested,
                            dist=ctx)
-    evals = evaluate_splits(model, data, cfg, runtime, ctx)
+    evals = (family.evaluate or evaluate_splits)(model, data, cfg, runtime, ctx)
     if ctx.is_main:
         run.save_weights(model)
     timed_steps = state.step - min(cfg.train.untimed_steps, state.step)
