@@ -191,8 +191,14 @@ def test_registration_errors():
         register_prepolar("hbieq", SignConditioner, paper="x")
     with pytest.raises(TypeError, match="PrePolar"):
         register_prepolar("test_not_a_class", lambda G: G, paper="x")
+    class NoOpKind(extensions.GroupKind):
+        def update(self, optimizer, group, p, grad):
+            pass
+
     with pytest.raises(ValueError, match="MuonAdamW's own"):
-        extensions.register_group_kind("adamw", extensions.GroupKind(), paper="x")
+        extensions.register_group_kind("adamw", NoOpKind(), paper="x")
+    with pytest.raises(TypeError, match="abstract"):  # a kind must say how it updates
+        extensions.GroupKind()
 
 
 BUILT_IN = {("prepolar", "hbieq"), ("prepolar", "zeta"), ("prepolar", "turbo_aol"), ("prepolar", "muon2f"),

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from muonlab.config import RunConfig, _flat_overrides, all_presets, build_config
+from muonlab.config import RunConfig, all_presets, build_config, canonical_overrides
 from muonlab.errors import UsageError
 
 
@@ -37,7 +37,7 @@ def register(arm: Arm) -> Arm:
     if an override names no setting or a setting that does not act."""
     if arm.name in ARMS:
         raise ValueError(f"arm {arm.name!r} is already registered")
-    arm = Arm(**{**arm.to_dict(), "overrides": _flat_overrides(arm.overrides)})
+    arm = Arm(**{**arm.to_dict(), "overrides": canonical_overrides(arm.overrides)})
     build_config([("arm", arm.overrides)])
     ARMS[arm.name] = arm
     return arm

@@ -7,7 +7,6 @@ Exit status: 0 success, 1 runtime failure (including a diverged run or a failed 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys

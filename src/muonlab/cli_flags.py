@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from muonlab.settings import base_type, field_choices, leaves
+from muonlab.settings import base_type, field_choices, get_dotted, leaves
 
 DEST = "cfg:"  # argparse dest prefix of a config flag; the rest is the dotted key
 
@@ -48,36 +48,26 @@ def add_config_flags(parser: argparse.ArgumentParser, base, families: dict, skip
 
     groups: dict[str, Any] = {}
     seen: set[str] = set()
-    defaults = {leaf.key: _value(base, leaf.key) for leaf in leaves(base)}
     ordered = [base.family] + [f for f in families if f != base.family]
     for family in ordered:
-        for leaf in leaves(RunConfig.for_family(family)):
+        shown = family == base.family  # another family's flags parse, hidden: resolution refuses them
+        for leaf in leaves(base if shown else RunConfig.for_family(family)):
             if leaf.flag in seen or leaf.key in skip:
                 continue
             seen.add(leaf.flag)
-            shown = family == base.family or leaf.key in defaults
-            title = _group_title(leaf.key, family)
-            if title not in groups:
-                groups[title] = parser.add_argument_group(title) if shown else parser
-            kwargs: dict[str, Any] = dict(dest=DEST + leaf.key, default=argparse.SUPPRESS)
+            kwargs: dict[str, Any] = dict(dest=DEST + leaf.key, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+            target = parser
             if shown:
+                title = _group_title(leaf.key, family)
+                target = groups[title] = groups.get(title) or parser.add_argument_group(title)
                 choices = field_choices(leaf.type)
                 extra = "" if not choices else " {" + "|".join("none" if c is None else str(c) for c in choices) + "}"
-                kwargs["help"] = f"{leaf.help}{extra} (default: {_show(defaults.get(leaf.key))}; {leaf.key})"
-            else:
-                kwargs["help"] = argparse.SUPPRESS
+                kwargs["help"] = f"{leaf.help}{extra} (default: {_show(get_dotted(base, leaf.key))}; {leaf.key})"
             scalar, _ = base_type(leaf.type)
             if scalar is bool:
-                groups[title].add_argument(f"--{leaf.flag}", action=_Bool, **kwargs)
+                target.add_argument(f"--{leaf.flag}", action=_Bool, **kwargs)
             else:
-                groups[title].add_argument(f"--{leaf.flag}", metavar=scalar.__name__.upper(), **kwargs)
-
-
-def _value(cfg, key: str):
-    obj = cfg
-    for part in key.split("."):
-        obj = getattr(obj, part)
-    return obj
+                target.add_argument(f"--{leaf.flag}", metavar=scalar.__name__.upper(), **kwargs)
 
 
 def _show(value) -> str:

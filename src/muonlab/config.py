@@ -56,8 +56,10 @@ class RunConfig(Section):
         return cls(family=name, model=family.model_config(), optim=family.optim_config())
 
     def validate(self) -> "RunConfig":
-        for name in ("model", "optim", "schedule", "train", "runtime", "data", "record"):
-            validate_tree(getattr(self, name))
+        for f in dataclasses.fields(self):  # each section validates its own tree
+            value = getattr(self, f.name)
+            if isinstance(value, Section):
+                validate_tree(value)
         get_family(self.family).validate(self)
         return self
 
@@ -105,12 +107,16 @@ def flag_table() -> dict[str, str]:
 
 
 def families_with(key: str) -> list[str]:
-    return [name for name in all_families() if any(l.key == key for l in leaves(RunConfig.for_family(name)))]
+    return sorted({name for name, dotted in _flags()[2] if dotted == key})
+
+
+# the run's own settings (family, seed, arm) are named by their field, like a dotted key
+TOP_LEVEL = tuple(f.name for f in dataclasses.fields(RunConfig) if f.default_factory is dataclasses.MISSING)
 
 
 def canonical_key(key: str) -> str:
     """A dotted key, or the dotted key of a flat flag name (underscores or dashes)."""
-    if "." in key or key in ("family", "seed", "arm"):
+    if "." in key or key in TOP_LEVEL:
         return key
     table = flag_table()
     flag = key.replace("_", "-")
@@ -128,7 +134,7 @@ def flag_of(key: str, family: str | None = None) -> str:
     return key
 
 
-def _flat_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
+def canonical_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
     """Canonical dotted keys; nested dicts ({'data': {...}}) are flattened first."""
     return {key: value for key, (value, _) in _with_flags(overrides).items()}
 
@@ -137,8 +143,7 @@ def _with_flags(overrides: dict[str, Any]) -> dict[str, tuple[Any, str | None]]:
     """{dotted key: (value, the flat name it was given by, or None)}."""
     out = {}
     for key, value in flatten(overrides).items():
-        out[canonical_key(key)] = (value, None if "." in key or key in ("family", "seed", "arm")
-                                   else key.replace("_", "-"))
+        out[canonical_key(key)] = (value, None if "." in key or key in TOP_LEVEL else key.replace("_", "-"))
     return out
 
 
@@ -200,19 +205,17 @@ def preset(name: str) -> RunConfig:
 
 def apply_overrides(cfg: RunConfig, overrides: dict[str, Any], origin: str = "override") -> RunConfig:
     """A new, validated config: cfg with `overrides` (dotted keys or flag names) applied on top."""
-    flat = _flat_overrides(overrides)
+    flat = canonical_overrides(overrides)
     base = flatten(to_dict(cfg))
     if flat.get("family", cfg.family) != cfg.family:  # another family: keep only what it shares
         keys = {l.key for l in leaves(RunConfig.for_family(flat["family"]))}
         base = {k: v for k, v in base.items() if k in keys}
     base.pop("family", None)
-    out = build_config([("saved", {"family": cfg.family, **base}), (origin, flat)])
-    out.arm = flat.get("arm", cfg.arm)
-    return out
+    return build_config([("saved", {"family": cfg.family, **base}), (origin, flat)])
 
 
-def load_config_file(path) -> RunConfig:
-    """A RunConfig from JSON: a run's config.json ({"config": {...}}) or a bare config dict."""
+def read_config_values(path) -> dict[str, Any]:
+    """The saved config dict of a JSON file: a run's config.json ({"config": {...}}) or a bare one."""
     path = Path(path)
     try:
         payload = json.loads(path.read_text())
@@ -223,6 +226,13 @@ def load_config_file(path) -> RunConfig:
     values = payload.get("config", payload) if isinstance(payload, dict) else None
     if not isinstance(values, dict):
         raise UsageError(f"{path} does not hold a config object")
+    return values
+
+
+def load_config_file(path, values: dict[str, Any] | None = None) -> RunConfig:
+    """A RunConfig from a JSON file (read_config_values; `values`: already read from it),
+    resolved and validated."""
+    values = read_config_values(path) if values is None else values
     try:
         return RunConfig.from_dict(values)
     except UsageError as exc:
@@ -254,19 +264,3 @@ def from_legacy(values: dict[str, Any]) -> RunConfig:
         if kind == "adamw":  # format 1 trained AdamW at af_matrix_lr
             layer["optim.adamw_lr"] = layer.get("optim.matrix_lr", 0.02)
     return build_config([("saved", layer)])
-
-
-def legacy_hash(values: dict[str, Any]) -> str:
-    """Format 1's hash (every field but its bookkeeping list), to recognise older ledger lines."""
-    values = copy.deepcopy(values)
-    for name in ("run_name", "runs_dir", "ledger", "log_every", "quiet", "arm", "sinks", "sink_project",
-                 "checkpoint_every", "checkpoint_keep", "trajectory_steps"):
-        values.pop(name, None)
-    for name in ("cache_dir", "download_workers", "download_retries", "download_backoff_s", "download_timeout_s"):
-        values.get("data", {}).pop(name, None)
-    blob = json.dumps(values, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def config_fields() -> list[str]:
-    return [f.name for f in dataclasses.fields(RunConfig)]

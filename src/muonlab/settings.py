@@ -122,9 +122,6 @@ class Leaf:
     flag: str  # flat flag name, without the leading dashes
     help: str
     type: Any
-    default: Any
-    hashed: bool
-    owner: type  # the section class that declares it
 
 
 def leaves(obj, prefix: str = "") -> Iterator[Leaf]:
@@ -139,10 +136,7 @@ def leaves(obj, prefix: str = "") -> Iterator[Leaf]:
         if _is_section_type(tp):
             yield from leaves(tp if isinstance(obj, type) else getattr(obj, f.name), key + ".")
             continue
-        default = f.default if f.default is not MISSING else (
-            f.default_factory() if f.default_factory is not MISSING else None)
-        yield Leaf(key, f.metadata.get("flag") or f.name.replace("_", "-"), f.metadata.get("help", ""), tp,
-                   default, bool(f.metadata.get("hashed", True)) and cls.HASHED, cls)
+        yield Leaf(key, f.metadata.get("flag") or f.name.replace("_", "-"), f.metadata.get("help", ""), tp)
 
 
 def sections(obj: Section, prefix: str = "") -> Iterator[tuple[str, Section]]:

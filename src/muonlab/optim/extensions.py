@@ -29,6 +29,7 @@ static function and nothing is looked up per element.
 
 from __future__ import annotations
 
+import abc
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, NamedTuple
@@ -253,7 +254,7 @@ def validate_adamw_group(group: dict) -> None:
 
 # ---------------------------------------------------------------- group kinds
 
-class GroupKind:
+class GroupKind(abc.ABC):
     """A param-group kind besides muon/adamw. Its params are replicated under DistMuonAdamW:
     every rank sums each gradient (zeros where it has none) and the tensors of
     `reduced_alongside`, divides the gradient by the world size, and applies `update`."""
@@ -267,8 +268,9 @@ class GroupKind:
         """Tensors summed across ranks in place with p's gradient (e.g. per-row counts)."""
         return []
 
+    @abc.abstractmethod
     def update(self, optimizer, group: dict, p, grad: torch.Tensor | None) -> None:
-        raise NotImplementedError
+        """One step of p (grad None where it has none)."""
 
 
 def register_group_kind(kind: str, handler: GroupKind, *, paper: str, tests=(), summary: str = "",

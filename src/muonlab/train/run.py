@@ -11,7 +11,6 @@ its own directory from its newest checkpoint, with the same result as an uninter
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import os
 import signal
@@ -24,7 +23,7 @@ from typing import Callable
 
 import torch
 
-from muonlab.config import RunConfig, is_legacy, load_config_file
+from muonlab.config import RunConfig, is_legacy, load_config_file, read_config_values
 from muonlab.data.prepare import PreparedData
 from muonlab.device import Runtime, detect_device, peak_flops, peak_memory_mb, resolve_precision
 from muonlab.errors import UsageError
@@ -122,25 +121,17 @@ def resume_training(run_dir: str | Path, log: Callable[[str], None] = print, fal
     run_dir = Path(run_dir)
     if not (run_dir / "config.json").is_file():
         raise UsageError(f"{run_dir} is not a run directory (no config.json)")
-    saved = _saved_config(run_dir / "config.json")
+    saved = read_config_values(run_dir / "config.json")
     if is_legacy(saved):
         raise UsageError(f"{run_dir} was written by an older muonlab (config format 1): `muonlab report` reads "
                          "it, but it cannot be resumed")
-    load_plugins(saved.get("record", {}).get("plugins", ""))
-    cfg = load_config_file(run_dir / "config.json")
+    load_plugins(saved.get("record", {}).get("plugins", ""))  # before resolving: they register methods
+    cfg = load_config_file(run_dir / "config.json", values=saved)
     if quiet is not None:
         cfg.record.quiet = quiet
     # the run lives where it is, whatever runs_dir said where it was created
     cfg.record.runs_dir, cfg.record.run_name = str(run_dir.parent), run_dir.name
     return run_training(cfg, log=log, resume=(run_dir, fallback))
-
-
-def _saved_config(path: Path) -> dict:
-    try:
-        payload = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise UsageError(f"{path} is not a JSON config ({exc.__class__.__name__})") from exc
-    return payload.get("config", {}) if isinstance(payload, dict) else {}
 
 
 def run_training(cfg: RunConfig, log: Callable[[str], None] = print, data: PreparedData | None = None,

@@ -53,6 +53,7 @@ def build_model(cfg, vocab_size: int, runtime):
 def build_optimizer(model, cfg, compile_step: bool, distributed: bool = False):
     """MuonAdamW, or with several processes DistMuonAdamW (it averages gradients itself)."""
     from muonlab.optim import DistMuonAdamW, MuonAdamW  # noqa: PLC0415
+    from muonlab.optim.prepolar import PREPOLAR_DEFAULTS  # noqa: PLC0415
 
     o = cfg.optim
     # only the add-ons that are on go on the groups, so baseline groups stay exactly upstream's
@@ -63,7 +64,7 @@ def build_optimizer(model, cfg, compile_step: bool, distributed: bool = False):
             muon.update(prepolar_tau=o.prepolar.tau, prepolar_passes=o.prepolar.passes,
                         prepolar_sides=o.prepolar.sides)
     muon.update(polar_dtype=o.polar.dtype, post_polar_dtype=o.polar.post_dtype)
-    muon = {k: v for k, v in muon.items() if v != _prepolar_default(k)}
+    muon = {k: v for k, v in muon.items() if v != PREPOLAR_DEFAULTS[k]}
     # Neumann-Gram vocabulary whitening on wte, lm_head and value embeddings (seed 002 §1.4d);
     # fp32 master weights and moments for wte and value embeddings (seed 002 §1.4e)
     table = {} if o.whiten.kind is None else dict(whiten=o.whiten.kind, whiten_tau=o.whiten.tau,
@@ -77,12 +78,6 @@ def build_optimizer(model, cfg, compile_step: bool, distributed: bool = False):
         optimizer_cls=DistMuonAdamW if distributed else MuonAdamW,
         group_options=dict(lm_head=table, wte=embed, value_embeds=embed, muon=muon), matrix_adamw=matrix_adamw,
         compile=compile_step)
-
-
-def _prepolar_default(key: str):
-    from muonlab.optim.prepolar import PREPOLAR_DEFAULTS  # noqa: PLC0415
-
-    return PREPOLAR_DEFAULTS[key]
 
 
 def schedule(cfg):
