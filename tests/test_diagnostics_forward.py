@@ -2,12 +2,14 @@
 
 import contextlib
 import io
+import importlib
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
-from muonlab.cli import main
+from muonlab.cli import DIAGNOSTICS, main
 from muonlab.diagnostics import equivalence, geometry, trajectory
 from muonlab.errors import UsageError
 from muonlab.model import scalings
@@ -73,14 +75,72 @@ def test_geometry_reports_variant_scalars(exp17_run):
     assert all(0 < r["wq_effective_rank"] <= 64 for r in geo["layers"])
 
 
-@pytest.mark.parametrize("tool", ["trajectory", "geometry", "replay", "audit", "equivalence", "gauge", "storage",
-                                  "step0"])
+def _metrics_rows(run_dir) -> dict[int, dict]:
+    lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+    return {row["step"]: row for row in map(json.loads, lines)}
+
+
+def _check_trajectory(res, run_dir):  # the recorded steps, their losses as the run logged them
+    assert res["steps"] == [0, 5, 11]
+    logged = _metrics_rows(run_dir)
+    for row in res["rows"]:
+        assert row["loss"] == pytest.approx(logged[row["step"]]["loss"], rel=1e-6)
+        assert len(row["x0_lambdas"]) == len(row["resid_lambdas"]) == 2
+
+
+def _check_geometry(res, run_dir):  # effective ranks of the checkpoint's W_Q, recomputed here
+    ckpt = torch.load(sorted((Path(run_dir) / "checkpoints").glob("step-*.pt"))[-1], weights_only=True)
+    state = ckpt["model"]
+    for row in res["layers"]:
+        s = torch.linalg.svdvals(state[f"transformer.h.{row['layer']}.attn.c_q.weight"].double())
+        p = s / s.sum()
+        assert row["wq_effective_rank"] == pytest.approx(float(torch.exp(-(p * p.log()).sum())), rel=1e-9)
+    assert res["step"] == 12 and res["arm"] == "exp17_pair_tied_stopexp"
+
+
+def _check_replay(res, run_dir):  # replaying the same step twice is exact; the batch is the run's
+    assert res["repeat_gradient_rel_change"] == 0.0 and res["repeat_direction_rel_change"] == 0.0
+    assert res["tokens"] == 4 * 64 * 2 and res["micro_batches"] == 2  # cpu-tiny's total batch
+    assert res["gradient_rel_change"] > 0 and res["reset_both"] > res["reset_variance"] >= 0
+
+
+def _check_audit(res, run_dir):  # stable ranks within their bounds, at the model's width
+    assert res["d"] == 64 and res["n_layer"] == 2 and res["step"] == 12
+    for family in res["families"].values():
+        assert all(0 < s <= family["srank_bound"] + 1e-9 for s in family["srank_each"])
+
+
+def _check_equivalence(res, run_dir):  # exact, rounding-close and non-equivalent rows as stated
+    gains = res["gains"]
+    assert gains["unfused_contig"]["output_rel_l2"] == 0.0
+    assert gains["weight_fused"]["output_rel_l2"] < 1e-5 < gains["gate_scaled"]["output_rel_l2"]
+    assert res["proposition1"]["passed"]
+
+
+def _check_gauge(res, run_dir):  # float64 identities hold to rounding
+    assert res["checks"] == res["passed"] > 0
+    assert max(res["max_identity_error"], res["max_covariance_error"], res["max_invariance_error"]) < 1e-12
+
+
+def _check_step0(res, run_dir):  # the eps of the step-0 guard moves the float64 loss by rounding only
+    losses = list(res["loss"]["float64"].values())
+    assert max(losses) - min(losses) < 1e-9
+    assert res["loss"]["fp32"] == pytest.approx(losses[0], rel=1e-6)
+
+
+DIAGNOSE_CHECKS = {"trajectory": _check_trajectory, "geometry": _check_geometry, "replay": _check_replay,
+                   "audit": _check_audit, "equivalence": _check_equivalence, "gauge": _check_gauge,
+                   "step0": _check_step0}  # storage: through the CLI in test_diagnostics_storage.py
+
+
+@pytest.mark.parametrize("tool", list(DIAGNOSE_CHECKS))
 def test_diagnose_cli(tool, exp17_run, capsys):
     run = ["--run", exp17_run] if tool in ("trajectory", "geometry", "replay", "audit") else []
     assert main(["diagnose", tool, "--json", *run]) == 0
-    assert json.loads(capsys.readouterr().out)
-    assert main(["diagnose", tool, *run]) == 0
-    assert capsys.readouterr().out.strip()
+    result = json.loads(capsys.readouterr().out)
+    DIAGNOSE_CHECKS[tool](result, exp17_run)
+    module_name, _, formatter, _, _ = DIAGNOSTICS[tool]  # the text view of the same numbers
+    assert getattr(importlib.import_module(f"muonlab.diagnostics.{module_name}"), formatter)(result).strip()
 
 
 def test_diagnose_accounting_cli(capsys):

@@ -5,11 +5,15 @@ unfused_slice, none for weight_fused and unfused_contig beyond one compact (B,T,
 and its Delta formula); absolute counts are torch-version specific and are not hard-coded.
 """
 
+import contextlib
+import io
+import json
 import warnings
 
 import pytest
 import torch
 
+from muonlab.cli import main
 from muonlab.diagnostics import storage
 from muonlab.model import GPTConfig
 from muonlab.model.gpt import has_ve
@@ -20,9 +24,14 @@ L = 4  # layers 1 and 3 have value embeddings
 
 @pytest.fixture(scope="module")
 def result():
-    with warnings.catch_warnings():
+    """The audit as `muonlab diagnose storage --json` reports it (its default shapes are these)."""
+    out = io.StringIO()
+    with warnings.catch_warnings(), contextlib.redirect_stdout(out):
         warnings.simplefilter("ignore")  # dynamo's lru_cache notice about window_mask
-        return storage.run_storage_audit(n_layer=L, n_embd=128, n_head=4, batch=2, seq_len=48, impls=IMPLS)
+        assert main(["diagnose", "storage", "--json"]) == 0
+    res = json.loads(out.getvalue())
+    assert res["setup"]["n_layer"] == L and set(IMPLS) <= set(res["models"])
+    return res
 
 
 def _n(result, impl, mode, key="full"):

@@ -103,16 +103,46 @@ def test_fused_equals_unfused_with_trained_gains():
         assert (models["gate_scaled"](IDX) - models["unfused_slice"](IDX)).abs().max() > 1e-5
 
 
-def test_gains_reach_only_their_inputs():
-    """The value-embedding gate reads the unscaled norm output: a gain on channels >= 32 only
-    leaves the gate's input unchanged, so zeroing the gains of attention changes q, k, v alone."""
+def _sublayer_inputs(model, layer: int) -> dict[str, torch.Tensor]:
+    """The inputs W_Q, W_K, W_V, the value-embedding gate and W_fc of one block receive on IDX."""
+    block, seen, handles = model.transformer.h[layer], {}, []
+    for name, module in (("q", block.attn.c_q), ("k", block.attn.c_k), ("v", block.attn.c_v),
+                         ("gate", block.attn.ve_gate), ("fc", block.mlp.c_fc)):
+        def keep(module, args, out, name=name):  # returns None: the output is left alone
+            seen.setdefault(name, args[0].detach().clone())
+        handles.append(module.register_forward_hook(keep))
+    model(IDX)
+    for handle in handles:
+        handle.remove()
+    return seen
+
+
+@pytest.mark.parametrize("impl", ["unfused_slice", "unfused_contig", "gate_scaled"])
+def test_gains_reach_only_their_inputs(impl):
+    """Seed 000 §3.1: a_attn scales the inputs of W_Q, W_K, W_V; the ResFormer gate reads the
+    UNSCALED norm output (the gate_scaled control reads the scaled one); a_mlp scales W_fc's input
+    and nothing of the attention before it. Gains are random, so a missing or misplaced gain shows."""
     base = _live_baseline()
-    model = _variant_like(base, presub_gains="unfused_slice")
+    model = _variant_like(base, presub_gains=impl)
+    layer = next(i for i, b in enumerate(model.transformer.h) if b.attn.ve_gate is not None)
     with torch.no_grad():
-        model.presub_gains[:, 1].zero_()  # MLP input scaled to zero: the MLP branch output is 0
-    for block in model.transformer.h:
-        assert torch.count_nonzero(block.mlp(torch.randn(1, 1, 64))) == 0
-    assert torch.count_nonzero(base.transformer.h[0].mlp(torch.randn(1, 1, 64))) > 0  # the gain did it
+        model.presub_gains.copy_(0.5 + torch.rand(model.presub_gains.shape, generator=torch.Generator().manual_seed(3)))
+    seen = _sublayer_inputs(model, layer)
+    a_attn = model.presub_gains[layer, 0].detach()
+    assert torch.equal(seen["q"], seen["k"]) and torch.equal(seen["q"], seen["v"])
+    x_hat = seen["q"] / a_attn  # the norm output the gains scaled
+    rms = x_hat.pow(2).mean(-1).sqrt()
+    torch.testing.assert_close(rms, torch.ones_like(rms), rtol=1e-4, atol=0)  # it is a norm output
+    c = model.transformer.h[layer].attn.ve_gate_channels
+    expected_gate = seen["q"][..., :c] if impl == "gate_scaled" else x_hat[..., :c]
+    torch.testing.assert_close(seen["gate"], expected_gate, rtol=1e-5, atol=1e-6)
+    assert (seen["gate"] - (x_hat if impl == "gate_scaled" else seen["q"])[..., :c]).abs().max() > 1e-2
+    # doubling this layer's MLP gain doubles W_fc's input and leaves the attention inputs alone
+    with torch.no_grad():
+        model.presub_gains[layer, 1] *= 2
+    doubled = _sublayer_inputs(model, layer)
+    torch.testing.assert_close(doubled["fc"], 2 * seen["fc"], rtol=1e-6, atol=1e-6)
+    assert all(torch.equal(doubled[k], seen[k]) for k in ("q", "k", "v", "gate"))
 
 
 def test_stop_exp_value_and_unit_jacobian():

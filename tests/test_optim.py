@@ -101,12 +101,28 @@ def test_muon_step_matches_equations(shape):
 
 
 def test_cautious_weight_decay_only_where_signs_agree():
-    p = torch.nn.Parameter(torch.tensor([[1.0, -1.0], [1.0, -1.0], [2.0, 2.0]]))
-    opt = MuonAdamW([dict(kind="muon", params=[p], lr=0.0, weight_decay=0.5)])
-    p.grad = torch.ones(3, 2)
-    before = p.detach().clone()
-    opt.step()
-    torch.testing.assert_close(p.detach(), before)  # lr = 0: neither update nor decay
+    """Decay acts only where the update and the parameter agree in sign (upstream's cautious
+    rule: p -= lr * u + lr * wd * p * [u * p >= 0]). The update u is read off a run without
+    decay from the same state; a square matrix keeps the shape factor at 1."""
+    torch.manual_seed(0)
+    start, grad = torch.randn(8, 8), torch.randn(8, 8)
+    lr, wd = 0.1, 0.5
+    after = {}
+    for decay in (0.0, wd):
+        p = torch.nn.Parameter(start.clone())
+        opt = MuonAdamW([dict(kind="muon", params=[p], lr=lr, weight_decay=decay)], compile=False)
+        p.grad = grad.clone()
+        opt.step()
+        after[decay] = p.detach().clone()
+    step = start - after[0.0]  # lr * u, as the decay-free step applied it
+    agree = step * start >= 0
+    assert 0 < int(agree.sum()) < agree.numel()  # both cases occur
+    # upstream casts lr and wd to the update's dtype (bf16 out of Polar Express) before use
+    lr_b, wd_b = (torch.tensor(v).to(torch.bfloat16).float() for v in (lr, wd))
+    expected = start - (step + lr_b * wd_b * start * agree)
+    torch.testing.assert_close(after[wd], expected, rtol=0, atol=1e-6)
+    # where signs disagree, decay leaves the parameter exactly as the decay-free step did
+    assert torch.equal(after[wd][~agree], after[0.0][~agree])
 
 
 def test_adamw_matches_torch_adamw():

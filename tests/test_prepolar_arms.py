@@ -62,7 +62,14 @@ def test_arm_trains_on_cpu_preset(arm, capsys):
 def test_diagnose_conditioning_cli(capsys):
     assert main(["diagnose", "conditioning", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert result  # the ordering itself is tested in test_diagnostics_conditioning.py
+    assert result["setup"]["polar_steps"] == 5 and result["setup"]["polar_dtype"] == "bf16"
+    assert len(result["shapes"]) >= 2
+    for shape, rows in result["shapes"].items():
+        raw = rows.pop("raw")
+        assert raw["kappa"] >= raw["kappa_median"] >= 1
+        for name, row in rows.items():  # a pre-polar conditioner exists to lower the condition number
+            assert 1 <= row["kappa"] < raw["kappa"], (shape, name)
+            assert 0 < row["cosine"] <= 1 + 1e-12 and 0 <= row["defect"] < 1, (shape, name)
 
 
 def test_whitening_reaches_only_the_vocabulary_tables():

@@ -70,10 +70,16 @@ def test_runtime_failure_is_recorded_once(tmp_path, capsys, monkeypatch):
         raise RuntimeError("simulated failure")
 
     monkeypatch.setattr(run_module, "evaluate_splits", boom)
-    with pytest.raises(RuntimeError):
-        main(TINY)
+    monkeypatch.delenv("MUONLAB_DEBUG", raising=False)
+    assert main(TINY) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: RuntimeError: simulated failure") and "\n" not in err
     (record,) = _ledger(tmp_path)
     assert record["status"] == "failed" and "simulated failure" in record["error"]
+    assert "Traceback" in record["traceback"] and "boom" in record["traceback"]  # kept for the post-mortem
+    monkeypatch.setenv("MUONLAB_DEBUG", "1")  # a developer can ask for the traceback itself
+    with pytest.raises(RuntimeError, match="simulated failure"):
+        main(TINY)
 
 
 @pytest.mark.parametrize("argv,needle", [

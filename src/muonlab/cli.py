@@ -387,6 +387,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # a bug or an unforeseen failure: one line; a run keeps its traceback
+        if os.environ.get("MUONLAB_DEBUG"):
+            raise
+        print(f"error: {exc.__class__.__name__}: {exc} (a run records the traceback in its ledger line; "
+              "MUONLAB_DEBUG=1 shows it here)", file=sys.stderr)
+        return 1
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

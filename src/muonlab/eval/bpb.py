@@ -48,7 +48,7 @@ def evaluate_bpb(model, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], to
             loss = model(x, y, reduction="none").view(-1)
         nbytes = token_bytes[y.view(-1)]
         mask = nbytes > 0
-        total_nats += (loss.double() * mask).sum()
+        total_nats += torch.where(mask, loss.double(), 0.0).sum()  # not loss * mask: inf * 0 is NaN
         total_bytes += nbytes.sum()
         total_tokens += mask.sum()
     if reduce is not None:
