@@ -17,11 +17,33 @@ def _isolated_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("MUONLAB_CACHE", str(tmp_path / "cache"))
 
 
-def reference_bundle(precision: str) -> Path:
-    path = SHARED_REFERENCE / f"autoresearch_d2_{precision}.pt"
-    if not path.exists():
-        pytest.skip(f"shared reference bundle not found at {path}")
-    return path
+# Upstream reference bundles. The small ones in tests/golden ship with the project (recorded by
+# tests/golden/record_upstream_bundles.py from upstream's own train.py) and are always tested, so a
+# missing one fails instead of skipping; the larger shared ones are added where ../shared exists.
+PRECISIONS = ("fp32", "bf16")
+SHIPPED_BUNDLES = {p: REPO / "tests" / "golden" / f"upstream_d2e32_{p}.pt" for p in PRECISIONS}
+SHARED_BUNDLES = {p: SHARED_REFERENCE / f"autoresearch_d2_{p}.pt" for p in PRECISIONS}
+
+
+def reference_bundles(precision: str) -> list[Path]:
+    shared = SHARED_BUNDLES[precision]
+    return [SHIPPED_BUNDLES[precision]] + ([shared] if shared.exists() else [])
+
+
+def _bundle_id(path: Path) -> str:
+    return ("shipped-" if path.parent.name == "golden" else "shared-") + path.stem
+
+
+@pytest.fixture(params=[b for p in PRECISIONS for b in reference_bundles(p)], ids=_bundle_id)
+def reference_bundle(request) -> Path:
+    """Every upstream bundle, either precision."""
+    return request.param
+
+
+@pytest.fixture(params=reference_bundles("fp32"), ids=_bundle_id)
+def fp32_reference_bundle(request) -> Path:
+    """Every fp32 upstream bundle (the tight tolerances the mutation tests rely on)."""
+    return request.param
 
 
 def pytest_collection_modifyitems(config, items):
