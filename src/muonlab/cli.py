@@ -35,9 +35,9 @@ def _resolve_config(args: argparse.Namespace):
 
     overrides = collect_overrides(args)
     implied = {}  # giving one duration switches the other off
-    if overrides.get("train.time_budget") not in (None, "none") and "train.num_steps" not in overrides:
+    if overrides.get("time_budget") not in (None, "none") and "num_steps" not in overrides:
         implied["train.num_steps"] = None
-    if overrides.get("train.num_steps") not in (None, "none") and "train.time_budget" not in overrides:
+    if overrides.get("num_steps") not in (None, "none") and "time_budget" not in overrides:
         implied["train.time_budget"] = None
     if getattr(args, "config", None):
         cfg = apply_overrides(load_config_file(args.config), implied, origin="implied")
@@ -134,7 +134,7 @@ def cmd_sweep(args) -> int:
         get_arm(arm)
     seeds = parse_seeds(args.seeds) if args.seeds is not None else default_seeds(arms)
     overrides = collect_overrides(args)
-    overrides.setdefault("record.quiet", True)
+    overrides.setdefault("quiet", True)
     outcomes = run_sweep(arms, seeds, args.preset, overrides, executor=args.executor, parallel=args.parallel,
                          retry_failed=args.retry_failed, slurm=_parse_slurm_options(args.slurm),
                          log=_log_for(args))

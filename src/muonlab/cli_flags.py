@@ -14,7 +14,7 @@ from typing import Any
 
 from muonlab.settings import base_type, field_choices, get_dotted, leaves
 
-DEST = "cfg:"  # argparse dest prefix of a config flag; the rest is the dotted key
+DEST = "cfg:"  # argparse dest prefix of a config flag; the rest is the flag
 
 
 class _Bool(argparse.Action):
@@ -55,7 +55,7 @@ def add_config_flags(parser: argparse.ArgumentParser, base, families: dict, skip
             if leaf.flag in seen or leaf.key in skip:
                 continue
             seen.add(leaf.flag)
-            kwargs: dict[str, Any] = dict(dest=DEST + leaf.key, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+            kwargs: dict[str, Any] = dict(dest=DEST + leaf.flag, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
             target = parser
             if shown:
                 title = _group_title(leaf.key, family)
@@ -75,5 +75,7 @@ def _show(value) -> str:
 
 
 def collect_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    """{dotted key: raw value} of the config flags given on the command line."""
-    return {k[len(DEST):]: v for k, v in vars(args).items() if k.startswith(DEST)}
+    """{flag name (underscores): raw value} of the config flags given on the command line. Flag
+    names, not dotted keys: two families may share a key under different flags (--matrix-lr is
+    MuonAdamW's, --af-matrix-lr AF-Muon's), and resolution refuses a flag of another family."""
+    return {k[len(DEST):].replace("-", "_"): v for k, v in vars(args).items() if k.startswith(DEST)}

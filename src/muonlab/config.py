@@ -34,6 +34,8 @@ from muonlab.settings import (Section, flatten, hashed_values, inactive_keys, le
 from muonlab.train.config import RuntimeConfig, ScheduleConfig, TrainingConfig
 
 CONFIG_FORMAT = 2  # 1: the flat TrainConfig of muonlab <= 0.1 (see from_legacy)
+_FORMAT2_SECTIONS = ("model", "optim", "schedule", "train", "runtime", "record")  # format 1 nested only data
+_FORMAT1_BOOKKEEPING = frozenset({"format"})
 CHECKED_ORIGINS = ("arm", "command line", "override")  # whose settings must act
 
 
@@ -68,7 +70,7 @@ class RunConfig(Section):
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "RunConfig":
-        if "family" not in values:
+        if is_legacy(values):
             return from_legacy(values)
         values = {k: v for k, v in values.items() if k != "format"}
         return build_config([("saved", values)])
@@ -234,19 +236,25 @@ def load_config_file(path, values: dict[str, Any] | None = None) -> RunConfig:
     resolved and validated."""
     values = read_config_values(path) if values is None else values
     try:
-        return RunConfig.from_dict(values)
+        if is_legacy(values):
+            return from_legacy(values, strict=True)
+        return build_config([("saved", {"family": "autoresearch", **{k: v for k, v in values.items() if k != "format"}})])
     except UsageError as exc:
         raise UsageError(f"{path}: {exc}") from exc
 
 
 # ----------------------------------------------------------------------------- the older format
 def is_legacy(values: dict[str, Any]) -> bool:
-    return isinstance(values, dict) and "family" not in values
+    """A format-1 config: flat names, no family and no section other than `data` (format 1 nested
+    only the data settings). A hand-written config of today's sections may leave family out."""
+    return (isinstance(values, dict) and "family" not in values
+            and not any(isinstance(values.get(name), dict) for name in _FORMAT2_SECTIONS))
 
 
-def from_legacy(values: dict[str, Any]) -> RunConfig:
+def from_legacy(values: dict[str, Any], strict: bool = False) -> RunConfig:
     """A format-1 (flat TrainConfig) dict as a RunConfig. Its field names are today's flags;
-    settings that could not act on its family are dropped (they never changed a number)."""
+    settings that could not act on its family are dropped (they never changed a number). With
+    `strict` (a file the user hands in), a name that is no setting of any family is refused."""
     values = copy.deepcopy(values)
     family = values.pop("model_family", "autoresearch")
     data = values.pop("data", {}) or {}
@@ -257,6 +265,8 @@ def from_legacy(values: dict[str, Any]) -> RunConfig:
         key = name if "." in name else table.get(name.replace("_", "-"))
         if key in keys:
             layer[key] = value
+        elif strict and key is None and name not in _FORMAT1_BOOKKEEPING:
+            raise UsageError(f"{name!r} is not a setting")
     if family == "tied":
         kind = layer.get("optim.kind", "afmuon")
         if kind == "sign":  # format 1 fixed c = s = 1 for Sign whatever af_cap / af_scale said

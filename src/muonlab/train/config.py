@@ -46,6 +46,8 @@ class TrainingConfig(Section):
         for name in ("sequence_len", "device_batch_size", "total_batch_size", "eval_tokens"):
             if getattr(self, name) < 1:
                 raise UsageError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.eval_tokens < self.sequence_len:  # evaluation scores whole sequences
+            raise UsageError(f"eval_tokens ({self.eval_tokens}) must be at least sequence_len ({self.sequence_len})")
         if self.total_batch_size % self.tokens_per_micro_step != 0:
             raise UsageError(
                 f"total_batch_size {self.total_batch_size} is not divisible by device_batch_size x "
