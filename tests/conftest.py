@@ -17,6 +17,17 @@ def _isolated_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("MUONLAB_CACHE", str(tmp_path / "cache"))
 
 
+@pytest.fixture
+def one_thread(monkeypatch):
+    """Train on one thread, here and in child processes (OMP_NUM_THREADS): tiny models run
+    fastest so on a shared machine, and runs in and out of process compare bit for bit."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 # Upstream reference bundles. The small ones in tests/golden ship with the project (recorded by
 # tests/golden/record_upstream_bundles.py from upstream's own train.py) and are always tested, so a
 # missing one fails instead of skipping; the larger shared ones are added where ../shared exists.

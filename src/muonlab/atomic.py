@@ -1,34 +1,65 @@
-"""Atomic file writes: temp file in the same directory, fsync, rename.
+"""Atomic file writes: temp file in the same directory, fsync, rename; whole-line appends.
 
 A reader never sees a half-written file, and a crash mid-write leaves the previous
-version (if any) intact.
+version (if any) intact. `append_whole` appends all of a line or nothing of it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import tempfile
 from pathlib import Path
 from typing import IO, Iterator
 
+# Appends go out in writes of at most this many bytes. A write may be partial anyway (a full disk,
+# a signal), so a long line is never one system call: what keeps concurrent writers' lines whole
+# is their lock, not O_APPEND.
+WRITE_CHUNK = 1 << 16
+
+
+class _WriteErrorKept:
+    """A file that remembers the first OSError its `write` raised: torch.save turns a failed write
+    (a full disk) into a RuntimeError that no longer says what happened."""
+
+    def __init__(self, f: IO):
+        self._f, self.error = f, None
+
+    def write(self, data):
+        try:
+            return self._f.write(data)
+        except OSError as exc:
+            self.error = self.error or exc
+            raise
+
+    def __getattr__(self, name):
+        return getattr(self._f, name)
+
 
 @contextlib.contextmanager
 def atomic_open(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO]:
-    """Open a temp file beside `path`; on clean exit fsync it and rename it over `path`."""
+    """Open a temp file beside `path`; on clean exit fsync it and rename it over `path`.
+
+    A failed write is raised as an OSError naming `path`, whatever the writer made of it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    kept = None
     try:
         with os.fdopen(fd, mode) as f:
-            yield f
+            kept = _WriteErrorKept(f)
+            yield kept
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        cause = kept.error if kept is not None and kept.error is not None else exc
+        if isinstance(exc, Exception) and isinstance(cause, OSError) and cause.errno and not cause.filename:
+            raise OSError(cause.errno, cause.strerror, str(path)) from exc
         raise
     _fsync_dir(path.parent)
 
@@ -51,3 +82,22 @@ def write_json(path: str | os.PathLike, obj, indent: int | None = 2) -> None:
 def write_text(path: str | os.PathLike, text: str) -> None:
     with atomic_open(path, "w") as f:
         f.write(text)
+
+
+def append_whole(fd: int, data: bytes, sync: bool = False) -> None:
+    """Append all of `data` to `fd` (opened with O_APPEND), or nothing: if any write (or, with
+    `sync`, the fsync) fails or is interrupted, the file is cut back to its size before.
+    Concurrent writers must hold a lock."""
+    size = os.fstat(fd).st_size
+    view = memoryview(data)
+    try:
+        while view:
+            written = os.write(fd, view[:WRITE_CHUNK])
+            if written <= 0:  # not an error, yet no progress: a write that accepts nothing
+                raise OSError(errno.ENOSPC, f"write accepted no bytes ({len(data) - len(view)} of {len(data)} written)")
+            view = view[written:]
+        if sync:
+            os.fsync(fd)
+    except BaseException:
+        os.ftruncate(fd, size)  # never leave a torn line behind
+        raise

@@ -5,7 +5,8 @@ an out-of-memory kills one run, not the sweep. With GPUs, one run per GPU at a t
 (`CUDA_VISIBLE_DEVICES` set per run): throughput-sensitive runs never share a GPU. On CPU,
 `parallel` runs at a time (default 1), the cores split between them.
 SLURM: one job array, one task per run, through submitit (`cluster="local"` runs the same
-array as local processes, which is how it is tested).
+array as local processes); a task requeued after a preemption continues its run. The batch
+script the options make is tested as submitit renders it, without a cluster.
 """
 
 from __future__ import annotations
@@ -77,38 +78,110 @@ class LocalExecutor:
                         log(f"done  {job.name}: exit {proc.returncode}")
                 time.sleep(0.2)
         except KeyboardInterrupt:
-            # children record themselves as interrupted; give them time to write their ledger line
-            for proc, job, logfile in running.values():
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGINT)
-            deadline = time.time() + 60
-            for proc, job, logfile in running.values():
-                try:
-                    proc.wait(timeout=max(0.1, deadline - time.time()))
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+            stop_runs([proc for proc, _job, _logfile in running.values()], log)
+            for _proc, _job, logfile in running.values():
                 logfile.close()
             raise
 
 
-def _run_config(config: dict, resume_dir: str | None = None) -> str:
-    """Body of one SLURM array task (runs on the compute node)."""
-    from muonlab.config import RunConfig
-    from muonlab.train import run_training
-    from muonlab.train.run import resume_training
+STOP_GRACE_S = 20  # a run asked to stop finishes its step and checkpoints within this
+STOP_LIMIT_S = 60  # then it is killed (its last periodic checkpoint still resumes it)
 
-    from muonlab.plugins import load_plugins
 
-    if resume_dir:
-        return resume_training(resume_dir).status
-    load_plugins(config.get("record", {}).get("plugins", ""))
-    return run_training(RunConfig.from_dict(config)).status
+def stop_runs(procs: list[subprocess.Popen], log: Callable[[str], None]) -> None:
+    """Stop interrupted runs so that each records itself as interrupted, with a checkpoint.
+
+    A terminal's Ctrl-C reaches the whole process group, runs included: each stops after its
+    step. A second SIGINT from here would make that an immediate stop (the first signal asks, the
+    second interrupts), so runs get one only if they are still going after a grace period (the
+    sweep alone was signalled)."""
+    live = [p for p in procs if p.poll() is None]
+    if live:
+        log(f"interrupted: waiting for {len(live)} run(s) to checkpoint and record themselves")
+    deadline = time.time() + STOP_GRACE_S
+    for proc in live:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGINT)
+    deadline = time.time() + STOP_LIMIT_S
+    for proc in live:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+class ArrayTask:
+    """One SLURM array task: one run, in a run directory named before submission.
+
+    submitit calls it again after a requeue (a preemption, or the time limit with `checkpoint`
+    below) with the same arguments: it then continues its run from the newest complete checkpoint
+    instead of starting over. Runs on the compute node."""
+
+    def __call__(self, config: dict, run_dir: str) -> str:
+        import json
+
+        from muonlab.config import RunConfig
+        from muonlab.plugins import load_plugins
+        from muonlab.train import run_training
+        from muonlab.train.checkpoint import newest_complete_checkpoint
+        from muonlab.train.run import resume_training
+
+        path = Path(run_dir)
+        summary = path / "summary.json"
+        if summary.is_file() and json.loads(summary.read_text()).get("status") == "ok":
+            return "ok"  # requeued after it finished
+        if newest_complete_checkpoint(path) is not None:
+            return resume_training(path).status
+        if path.exists():  # requeued before its first checkpoint: a fresh attempt beside it
+            path = path.with_name(f"{path.name}-{os.urandom(2).hex()}")
+        self.run_dir = str(path)  # what `checkpoint` resubmits
+        load_plugins(config.get("record", {}).get("plugins", ""))
+        cfg = RunConfig.from_dict(config)
+        cfg.record.runs_dir, cfg.record.run_name = str(path.parent), path.name
+        return run_training(cfg).status
+
+    def checkpoint(self, config: dict, run_dir: str):
+        """submitit, on a preemption or the time limit: requeue this task, to continue its run."""
+        from submitit.helpers import DelayedSubmission
+
+        return DelayedSubmission(self, config, getattr(self, "run_dir", run_dir))
+
+
+# The sweep's --slurm options are submitit's parameter names: its generic ones (timeout_min,
+# gpus_per_node, cpus_per_task, mem_gb, nodes, tasks_per_node, name) and `slurm_<sbatch option>`
+# (slurm_partition, slurm_array_parallelism, slurm_account, ...); and two of muonlab's: `cluster`
+# (submitit's backend: slurm, or local/debug to run the array here) and `requeue` (default true:
+# sbatch --requeue, so a preempted task is requeued and continues from its checkpoint).
+SLURM_DEFAULTS = {"timeout_min": 24 * 60, "gpus_per_node": 1, "name": "muonlab-sweep"}
+
+
+def slurm_parameters(options: dict[str, Any], n_tasks: int) -> tuple[str, dict[str, Any]]:
+    """(cluster, submitit AutoExecutor parameters) for an array of `n_tasks` runs."""
+    from submitit import AutoExecutor, SlurmExecutor
+
+    options = dict(options)
+    cluster = options.pop("cluster", "slurm")
+    requeue = options.pop("requeue", True)
+    if not isinstance(requeue, bool):
+        raise UsageError(f"--slurm requeue must be true or false, got {requeue!r}")
+    generic, sbatch = set(AutoExecutor._typed_parameters()), SlurmExecutor._valid_parameters()
+    for key in options:
+        if key not in generic and not (key.startswith("slurm_") and key[len("slurm_"):] in sbatch):
+            raise UsageError(f"unknown --slurm option {key!r}: use cluster, requeue, one of {', '.join(sorted(generic))}, "
+                             "or slurm_<option> for an option of submitit's SlurmExecutor (e.g. slurm_partition)")
+    if cluster != "slurm":  # run here (local/debug): the cluster's defaults do not apply, its options are ignored
+        return cluster, options
+    params = {**SLURM_DEFAULTS, "slurm_array_parallelism": n_tasks, **options}
+    if requeue:
+        params["slurm_additional_parameters"] = {"requeue": True, **params.get("slurm_additional_parameters", {})}
+    return cluster, params
 
 
 class SlurmExecutor:
-    """submitit job arrays. `slurm` options: any submitit parameter (e.g. `slurm_partition`,
-    `timeout_min`, `gpus_per_node`, `slurm_array_parallelism`); `cluster` picks submitit's
-    backend ("slurm", or "local"/"debug" for testing without a cluster)."""
+    """submitit job arrays, one task per run (see `slurm_parameters` for the options)."""
 
     def __init__(self, slurm: dict[str, Any]):
         try:
@@ -116,19 +189,23 @@ class SlurmExecutor:
         except ImportError as exc:  # pragma: no cover - submitit is a pinned dependency
             raise UsageError("the slurm executor needs the `submitit` package") from exc
         self.options = dict(slurm)
-        self.cluster = self.options.pop("cluster", "slurm")
+        self.cluster, _ = slurm_parameters(self.options, 1)  # validate before any work
 
-    def run(self, jobs, workdir: Path, log: Callable[[str], None]) -> None:
+    def submit(self, jobs, workdir: Path) -> list:
+        """Submit the array; its handles, one per job."""
         import submitit
 
-        executor = submitit.AutoExecutor(folder=workdir / "submitit", cluster=self.cluster)
-        params = {"timeout_min": 24 * 60, "gpus_per_node": 1, "slurm_array_parallelism": len(jobs)}
-        params.update(self.options)
-        if self.cluster != "slurm":
-            params = {k: v for k, v in params.items() if not k.startswith("slurm_") and k != "gpus_per_node"}
+        from muonlab.record.rundir import new_run_id, runs_dir
+
+        cluster, params = slurm_parameters(self.options, len(jobs))
+        executor = submitit.AutoExecutor(folder=workdir / "submitit", cluster=cluster)
         executor.update_parameters(**params)
-        handles = executor.map_array(_run_config, [job.config.to_dict() for job in jobs],
-                                     [job.resume_dir for job in jobs])
+        # each task's run directory is named now, so a requeued task finds its run again
+        run_dirs = [job.resume_dir or str(runs_dir(job.config) / new_run_id(job.config)) for job in jobs]
+        return executor.map_array(ArrayTask(), [job.config.to_dict() for job in jobs], run_dirs)
+
+    def run(self, jobs, workdir: Path, log: Callable[[str], None]) -> None:
+        handles = self.submit(jobs, workdir)
         log(f"submitted {len(handles)} task(s) as job array {handles[0].job_id.split('_')[0]} ({self.cluster})")
         for job, handle in zip(jobs, handles):
             try:

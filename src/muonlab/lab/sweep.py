@@ -2,9 +2,9 @@
 
 A job is identified by (arm, seed, config hash). Before running, the ledger is read: a job
 whose latest record is `ok` is skipped; one that `failed` or `diverged` is skipped too unless
-`retry_failed` is set (its failure stays on record); one that was interrupted (Ctrl-C,
-SIGTERM, preemption) is run again. Every run writes exactly one ledger line itself, so an
-interrupted sweep leaves a consistent ledger.
+`retry_failed` is set (its failure stays on record); one that was `interrupted` (Ctrl-C,
+SIGTERM, preemption) is run again, continued from its checkpoint when it has one. Every run
+writes exactly one ledger line itself, so an interrupted sweep leaves a consistent ledger.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def select(jobs: list[SweepJob], latest: dict[tuple, dict], retry_failed: bool):
         rec = latest.get(job.key)
         if rec is None:
             to_run.append(job)
-        elif rec.get("interrupted"):
+        elif rec.get("status") == "interrupted" or rec.get("interrupted"):  # the flag: older ledgers
             if rec.get("resumable") and rec.get("run_dir") and Path(rec["run_dir"]).is_dir():
                 job.resume_dir = rec["run_dir"]
             to_run.append(job)
@@ -145,11 +145,11 @@ def run_sweep(arms: list[str], seeds: list[int], preset_name: str, overrides: di
 
 
 def format_outcomes(outcomes: list[SweepOutcome]) -> str:
-    lines = [f"{'arm':<20} {'seed':>5}  {'action':<15} {'status':<9} {'val_bpb':>9} {'holdout_bpb':>11}"]
+    lines = [f"{'arm':<20} {'seed':>5}  {'action':<15} {'status':<11} {'val_bpb':>9} {'holdout_bpb':>11}"]
     for o in outcomes:
         val, hold = o.metrics.get("val_bpb"), o.metrics.get("holdout_bpb")
         val_text = "-" if val is None else f"{val:.6f}"
         hold_text = "-" if hold is None else f"{hold:.6f}"
-        lines.append(f"{o.job.arm:<20} {o.job.seed:>5}  {o.action:<15} {str(o.status):<9} "
+        lines.append(f"{o.job.arm:<20} {o.job.seed:>5}  {o.action:<15} {str(o.status):<11} "
                      f"{val_text:>9} {hold_text:>11}")
     return "\n".join(lines)

@@ -1,8 +1,11 @@
-"""The run ledger: append-only JSON Lines, one object per finished or failed run.
+"""The run ledger: append-only JSON Lines, one object per finished, failed or interrupted run.
 
-Appends take an exclusive file lock and write the whole line with one `write` followed by
-fsync, so concurrent writers never interleave or tear lines, and a reader never sees a
-partial record.
+An append takes an exclusive file lock, writes the whole line (in as many writes as it takes:
+see atomic.WRITE_CHUNK) and fsyncs, so concurrent writers never interleave or tear lines, and
+a failed write (a full disk) is cut back under the lock, leaving no partial record.
+
+Statuses: `ok`; `failed`; `diverged`; `interrupted` (Ctrl-C, SIGTERM, a preemption: not ok,
+and continued by the next sweep from its checkpoint when the record says `resumable`).
 """
 
 from __future__ import annotations
@@ -14,9 +17,10 @@ from typing import Any, Iterator
 
 from filelock import FileLock
 
+from muonlab.atomic import append_whole
 from muonlab.errors import MuonlabError
 
-STATUSES = ("ok", "failed", "diverged")
+STATUSES = ("ok", "failed", "diverged", "interrupted")
 
 
 def append_record(path: str | os.PathLike, record: dict[str, Any]) -> None:
@@ -26,18 +30,13 @@ def append_record(path: str | os.PathLike, record: dict[str, Any]) -> None:
     line = json.dumps(record, sort_keys=True, separators=(",", ":"), allow_nan=True) + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     data = line.encode()
+    # the lock also guards the cut-back of a failed write: the size it returns to is still the end
     with FileLock(str(path) + ".lock"):
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            size = os.fstat(fd).st_size
-            try:
-                written = os.write(fd, data)
-                if written != len(data):  # a full disk can accept part of a line
-                    raise OSError(f"short write ({written} of {len(data)} bytes)")
-                os.fsync(fd)
-            except OSError as exc:
-                os.ftruncate(fd, size)  # never leave a torn line behind
-                raise MuonlabError(f"could not append to the ledger {path}: {exc}") from exc
+            append_whole(fd, data, sync=True)
+        except OSError as exc:
+            raise MuonlabError(f"could not append to the ledger {path}: {exc}") from exc
         finally:
             os.close(fd)
 
@@ -51,7 +50,7 @@ def read_records(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
             if line.strip():
                 try:
                     yield json.loads(line)
-                except json.JSONDecodeError as exc:
+                except ValueError as exc:  # JSONDecodeError, or a number too long to convert
                     raise ValueError(f"{path}:{lineno}: not a JSON ledger line") from exc
 
 
@@ -73,6 +72,9 @@ def read_records_tolerant(path: str | os.PathLike, validate=None) -> tuple[list[
                 rec = json.loads(line)
             except json.JSONDecodeError as exc:
                 problems.append(f"line {lineno}: not valid JSON ({exc.msg} at column {exc.colno})")
+                continue
+            except ValueError as exc:  # e.g. a torn line that leaves a number too long to convert
+                problems.append(f"line {lineno}: not valid JSON ({exc})")
                 continue
             issue = (f"not a JSON object (got {type(rec).__name__})" if not isinstance(rec, dict)
                      else validate(rec) if validate else None)

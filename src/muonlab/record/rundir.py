@@ -9,15 +9,16 @@ Layout (DESIGN.md contract):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import torch
 
-from muonlab.atomic import atomic_open, write_json, write_text
+from muonlab.atomic import append_whole, atomic_open, write_json, write_text
 from muonlab.paths import cache_root
 
 if TYPE_CHECKING:  # the record sits below the config layer: it reads a config, never builds one
@@ -79,5 +80,19 @@ class RunDir:
         return target
 
 
-def append_metrics(handle, record: dict) -> None:
-    handle.write(json.dumps(record, separators=(",", ":")) + "\n")
+@contextlib.contextmanager
+def metrics_writer(path: Path) -> Iterator[Callable[[dict], None]]:
+    """A function that appends one JSON line per step, each whole or not at all (a full disk
+    leaves no partial line behind)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def write(record: dict) -> None:
+        try:
+            append_whole(fd, (json.dumps(record, separators=(",", ":")) + "\n").encode())
+        except OSError as exc:  # os.write's errors do not name the file
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
+
+    try:
+        yield write
+    finally:
+        os.close(fd)

@@ -2,10 +2,11 @@
 
 Layout: `<run_dir>/checkpoints/step-NNNNNN.pt` (written atomically: temp file, fsync, rename)
 and beside it `step-NNNNNN.json`, written after the data, holding the format, step, size and
-sha256 of the .pt file. A checkpoint without its sidecar, or whose bytes do not match it
-(truncated, corrupted), is refused; `fallback=True` resumes from the newest valid one instead.
-The `keep` newest checkpoints are kept, so a crash or a full disk mid-write never loses the
-previous one.
+sha256 of the .pt file. A checkpoint without its sidecar is a write that did not finish (a kill
+between the two files): resuming passes over it to the newest valid one, and says so. One whose
+bytes do not match its sidecar (truncated, corrupted) is refused; `fallback=True` resumes from
+the newest valid one instead. The `keep` newest checkpoints are kept, so a crash or a full disk
+mid-write never loses the previous one.
 
 Contents (read with torch.load(..., weights_only=True)): format, step (completed optimizer
 steps), model and optimizer state dicts, the data loader's position, the batch already
@@ -19,7 +20,7 @@ import hashlib
 import json
 import random
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -77,6 +78,11 @@ def save_checkpoint(run_dir: Path, step: int, state: dict[str, Any], keep: int =
         torch.save(payload, writer)
     write_json(path.with_suffix(".json"), {"format": CHECKPOINT_FORMAT, "step": step,
                                            "bytes": writer.size, "sha256": writer.sha.hexdigest()})
+    # what a killed writer left (one writer per run): temp files, and checkpoints without a sidecar,
+    # which must not count among the `keep` newest
+    for stale in [*directory.glob(".step-*.tmp"), *(p for p in list_checkpoints(run_dir)
+                                                    if not p.with_suffix(".json").exists())]:
+        stale.unlink(missing_ok=True)
     for old in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
         old.unlink(missing_ok=True)
         old.with_suffix(".json").unlink(missing_ok=True)
@@ -89,15 +95,36 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     return sorted(directory.glob("step-*.pt")) if directory.is_dir() else []
 
 
-def verify_checkpoint(path: Path) -> str | None:
-    """None if the file matches its sidecar, else the reason it does not."""
+NO_SIDECAR = "no checksum sidecar (the write did not finish)"
+
+
+def _sidecar(path: Path) -> dict | str:
+    """The sidecar's contents, or why there are none."""
     sidecar = path.with_suffix(".json")
     if not sidecar.is_file():
-        return "no checksum sidecar (the write did not finish)"
+        return NO_SIDECAR
     try:
         meta = json.loads(sidecar.read_text())
     except (OSError, json.JSONDecodeError):
         return "unreadable checksum sidecar"
+    return meta if isinstance(meta, dict) else "unreadable checksum sidecar"
+
+
+def newest_complete_checkpoint(run_dir: Path) -> Path | None:
+    """The newest checkpoint whose write finished (sidecar present, size as recorded): a cheap
+    check for the ledger's `resumable`; resuming verifies the checksum."""
+    for path in reversed(list_checkpoints(run_dir)):
+        meta = _sidecar(path)
+        if isinstance(meta, dict) and path.stat().st_size == meta.get("bytes"):
+            return path
+    return None
+
+
+def verify_checkpoint(path: Path) -> str | None:
+    """None if the file matches its sidecar, else the reason it does not."""
+    meta = _sidecar(path)
+    if isinstance(meta, str):
+        return meta
     if meta.get("format") != CHECKPOINT_FORMAT:
         return f"unknown checkpoint format {meta.get('format')!r}"
     size = path.stat().st_size
@@ -122,18 +149,24 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     return state
 
 
-def latest_checkpoint(run_dir: Path, fallback: bool = False) -> tuple[Path, dict[str, Any]]:
-    """The newest checkpoint; if it is invalid, an error, or with `fallback` the newest valid one."""
+def latest_checkpoint(run_dir: Path, fallback: bool = False,
+                      log: Callable[[str], None] | None = None) -> tuple[Path, dict[str, Any]]:
+    """The newest valid checkpoint, passing over unfinished ones (no sidecar); a damaged one is an
+    error, or with `fallback` passed over too."""
     candidates = list_checkpoints(run_dir)
+    start_over = (f"nothing to resume: start the run again with `muonlab train --config "
+                  f"{Path(run_dir) / 'config.json'}` (and a new --run-name if it was named)")
     if not candidates:
-        raise MuonlabError(f"no checkpoint in {checkpoint_dir(run_dir)}: nothing to resume")
+        raise MuonlabError(f"no checkpoint in {checkpoint_dir(run_dir)}; {start_over}")
     refused = []
     for path in reversed(candidates):
         problem = verify_checkpoint(path)
         if problem is None:
+            if refused and log is not None:
+                log(f"passed over {'; '.join(refused)}")
             return path, load_checkpoint(path)
         refused.append(f"{path.name}: {problem}")
-        if not fallback:
+        if not fallback and problem != NO_SIDECAR:
             raise MuonlabError(f"checkpoint {path} refused: {problem}; pass --fallback to resume "
                                "from the previous valid checkpoint")
-    raise MuonlabError(f"no valid checkpoint in {checkpoint_dir(run_dir)} ({'; '.join(refused)})")
+    raise MuonlabError(f"no valid checkpoint in {checkpoint_dir(run_dir)} ({'; '.join(refused)}); {start_over}")

@@ -2,14 +2,16 @@
 
 Bad configuration fails before anything is written. Once the run directory exists, every
 outcome is recorded as exactly one ledger line: `ok`; `diverged` (NaN/Inf or exploding loss,
-with the step; earlier checkpoints are kept); or `failed` (any other error), where an
-interruption (Ctrl-C, SIGTERM, a SLURM preemption) is marked `interrupted` and, when a
-checkpoint was written, `resumable`. `muonlab train --resume RUN_DIR` continues such a run in
-its own directory from its newest checkpoint, with the same result as an uninterrupted run.
+with the step; earlier checkpoints are kept); `interrupted` (Ctrl-C, SIGTERM, a SLURM
+preemption), `resumable` when a complete checkpoint exists; or `failed` (any other error).
+`muonlab train --resume RUN_DIR` continues such a run in its own directory from its newest
+checkpoint, with the same result as an uninterrupted run. Signals wait while the outcome is
+written, and a summary that cannot be written never stops the ledger line.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import os
@@ -26,15 +28,16 @@ import torch
 from muonlab.config import RunConfig, is_legacy, load_config_file, read_config_values
 from muonlab.data.prepare import PreparedData
 from muonlab.device import Runtime, detect_device, peak_flops, peak_memory_mb, resolve_precision
-from muonlab.errors import UsageError
+from muonlab.errors import MuonlabError, UsageError
 from muonlab.eval import EvalResult, evaluate_bpb
 from muonlab.families import get_family
 from muonlab.plugins import load_plugins
 from muonlab.record import ledger, provenance
-from muonlab.record.rundir import RunDir, append_metrics, ledger_path, new_run_id, runs_dir
+from muonlab.record.rundir import RunDir, ledger_path, metrics_writer, new_run_id, runs_dir
 from muonlab.record.sinks import SinkGroup, parse_sinks
 from muonlab.train.build import build_model, build_optimizer
-from muonlab.train.checkpoint import latest_checkpoint, rng_state, save_checkpoint, set_rng_state
+from muonlab.train.checkpoint import (latest_checkpoint, newest_complete_checkpoint, rng_state, save_checkpoint,
+                                      set_rng_state)
 from muonlab.train.distributed import Dist, init_from_env, shutdown
 from muonlab.train.loop import Diverged, LoopState, OutOfMemory, train_loop
 
@@ -95,6 +98,25 @@ class StopSignals:
         return False
 
 
+@contextlib.contextmanager
+def signals_deferred():
+    """SIGINT/SIGTERM wait until the block is done (a record cut short is a record lost), then
+    are delivered as usual."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: received.append(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if received:
+            signal.raise_signal(received[0])
+
+
 def evaluate_splits(model, data: PreparedData, cfg: RunConfig, runtime: Runtime,
                     ctx: Dist = Dist()) -> dict[str, EvalResult]:
     """val_bpb and holdout_bpb, each over at most cfg.train.eval_tokens tokens of its split.
@@ -152,7 +174,7 @@ def _run(cfg, log, data, resume, ctx: Dist, device, t_start) -> RunResult:
     checkpoint = None
     if resume is not None:
         run = RunDir(Path(resume[0]))
-        ckpt_path, checkpoint = latest_checkpoint(run.path, fallback=resume[1])
+        ckpt_path, checkpoint = latest_checkpoint(run.path, fallback=resume[1], log=log)
         if checkpoint.get("config_hash") != cfg.config_hash():
             raise UsageError(f"checkpoint {ckpt_path} belongs to another configuration")
         if checkpoint.get("world_size", 1) != ctx.world_size:
@@ -183,22 +205,40 @@ def _run(cfg, log, data, resume, ctx: Dist, device, t_start) -> RunResult:
                       error=str(exc))
         raise
     except BaseException as exc:
-        interrupted = isinstance(exc, KeyboardInterrupt)  # Ctrl-C, SIGTERM, preemption
+        # Ctrl-C, SIGTERM (a preemption), or submitit's exit before it requeues a task
+        interrupted = isinstance(exc, (KeyboardInterrupt, SystemExit))
+        status = "interrupted" if interrupted else "failed"
         message = (str(exc) or "interrupted") if interrupted else (str(exc) or exc.__class__.__name__)
-        ckpt = getattr(exc, "checkpoint", None)
-        summary = {"status": "failed", "run_id": run_id, "error": message, "interrupted": interrupted,
-                   "checkpoint": ckpt}
-        record.update(status="failed", metrics={}, error=message, interrupted=interrupted,
-                      resumable=ckpt is not None, checkpoint=ckpt,
+        # the checkpoint the loop wrote on the way out, else (a second signal) the newest complete one
+        ckpt = getattr(exc, "checkpoint", None) or (newest_complete_checkpoint(run.path) if interrupted else None)
+        ckpt = None if ckpt is None else str(ckpt)
+        summary = {"status": status, "run_id": run_id, "error": message, "checkpoint": ckpt}
+        record.update(status=status, metrics={}, error=message, resumable=ckpt is not None, checkpoint=ckpt,
                       error_kind="oom" if isinstance(exc, OutOfMemory) else exc.__class__.__name__,
                       traceback=None if interrupted else traceback.format_exc(limit=8))
         raise
     finally:
         if ctx.is_main:  # one run, one record, whatever the number of processes
             record["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-            if summary.get("status") != "ok":
-                run.write_summary(summary)
-            ledger.append_record(ledger_path(cfg), record)
+            with signals_deferred():
+                _record_outcome(run, summary, record, ledger_path(cfg), log)
+
+
+def _record_outcome(run: RunDir, summary: dict, record: dict, ledger_file: Path, log) -> None:
+    """The failure summary (an ok run wrote its own) and the ledger line: the line is the record
+    of truth, so a summary that cannot be written (a full disk) is a warning, and a line that
+    cannot be appended leaves a summary that says failed."""
+    if summary.get("status") != "ok":
+        try:
+            run.write_summary(summary)
+        except OSError as exc:
+            log(f"warning: the failure summary was not written: {exc}")
+    try:
+        ledger.append_record(ledger_file, record)
+    except MuonlabError as exc:
+        with contextlib.suppress(OSError):
+            run.write_summary({**summary, "status": "failed", "error": str(exc)})
+        raise
 
 
 def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx: Dist):
@@ -246,12 +286,12 @@ def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx: 
         return str(save_checkpoint(run.path, loop_state.step, payload, keep=cfg.record.checkpoint_keep))
 
     def on_step(rec: dict) -> None:
-        append_metrics(metrics_file, rec)
+        write_metrics(rec)
         sinks.log_step(rec)
 
     t_train = time.time()
     metrics_path = run.path / "metrics.jsonl" if ctx.is_main else Path(os.devnull)
-    with open(metrics_path, "a", buffering=1) as metrics_file, StopSignals() as stop:
+    with metrics_writer(metrics_path) as write_metrics, StopSignals() as stop:
         state = train_loop(cfg, train_model, optimizer, loader, runtime, flops_per_token, on_step=on_step,
                            state=state, pending=pending, checkpoint=save, stop_requested=lambda: stop.requested,
                            dist=ctx)

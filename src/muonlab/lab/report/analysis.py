@@ -5,7 +5,8 @@ preregistered decision (spec-002 §3.4, spec-000-003 §3, computed by `muonlab.l
 threshold is seed 003's preregistered 0.0005 BPB), failed runs, protocol warnings.
 
 Rules that decide what goes into the numbers:
-- only `ok` runs enter the statistics; `failed` and `diverged` runs are listed, every one;
+- only `ok` runs enter the statistics; `failed`, `diverged` and `interrupted` runs are listed,
+  every one, except an interrupted run that was resumed to `ok` (same run_id);
 - an (arm, seed) with several `ok` runs uses the latest (by `finished_at`, else ledger
   order), and the report says so;
 - a malformed ledger line is skipped and reported with its line number;
@@ -46,7 +47,9 @@ def analyse(ledger: Path, baseline: str, metric: str, threshold: float, rule_kin
 
     arms = list(dict.fromkeys(r["arm"] for r in records))  # ledger order of first appearance
     ok = [r for r in records if r["status"] == "ok"]
-    failed = [r for r in records if r["status"] != "ok"]
+    resumed = {r.get("run_id") for r in ok}
+    failed = [r for r in records if r["status"] != "ok"
+              and not (r["status"] == "interrupted" and r.get("run_id") in resumed)]
     _require_reportable(ledger, arms, ok, failed, problems, baseline, metric)
 
     chosen, duplicates = _one_run_per_seed(ok)
@@ -104,6 +107,7 @@ def analyse(ledger: Path, baseline: str, metric: str, threshold: float, rule_kin
         "counts": {"records": len(records), "ok": len(ok),
                    "failed": sum(r["status"] == "failed" for r in records),
                    "diverged": sum(r["status"] == "diverged" for r in records),
+                   "interrupted": sum(r["status"] == "interrupted" for r in records),
                    "malformed_lines": len(problems), "ok_used": len(chosen)},
         "arms": {arm: {**primary["arms"][arm].to_dict(),
                        "run_ids": [str(r.get("run_id")) for r in runs_by_arm[arm]
