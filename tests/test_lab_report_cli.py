@@ -85,7 +85,7 @@ def test_dod_from_the_command_line_is_seed002s_table3_row(capsys, d6_ledger):
     (study,) = out["studies"]
     oe_opt, lr = study["dods"]
     # Table 3, DoD OE×Opt, d6 val: +0.000726 ± 0.001301 [−0.002506, +0.003958]
-    assert oe_opt["name"] == f"(11_oe_opt - 10_oe_native) - (01_dense_opt - 00_dense_native)"
+    assert oe_opt["name"] == "(11_oe_opt - 10_oe_native) - (01_dense_opt - 00_dense_native)"
     assert within(oe_opt["mean_delta"], "0.000726") and within(oe_opt["sd_delta"], "0.001301")
     assert abs(oe_opt["ci95"][0] - -0.002506) <= 2.5e-6 and abs(oe_opt["ci95"][1] - 0.003958) <= 2.5e-6
     contrasts = [[value(6, a, s) - value(6, b, s) for s in SEEDS] for a, b in
@@ -141,7 +141,7 @@ def test_the_same_contrast_across_depth_6_and_8(capsys, seed002_ledger):
                                                   for s in SEEDS]) / np.mean(
         [value(8, "11_oe_opt", s) - value(8, "10_oe_native", s) for s in SEEDS]), rel=1e-12)
     reverse = report(capsys, seed002_ledger, "--dod", OPT_OE, "--across", "depth=8,6")["across"][0]
-    assert reverse["values"] == ["8", "6"] and reverse["mean_delta"] == pytest.approx(-dod["mean_delta"], abs=1e-15)
+    assert reverse["values"] == [8, 6] and reverse["mean_delta"] == pytest.approx(-dod["mean_delta"], abs=1e-15)
 
 
 # ---------------------------------------------------------------------------- one seed

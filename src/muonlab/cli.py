@@ -250,11 +250,12 @@ Runs of two protocols are never pooled: each protocol is reported as its own stu
 settings that differ from the others; --where or --protocol selects one. Within a protocol the
 latest ok run of each (arm, seed) is used. Paired contrasts print mean ± SD, the 95%
 t-interval, the two-sided paired t-test's p and a decision under --rule and --threshold."""
-REPORT_EPILOG = """examples:
-  muonlab report --where depth=6
-  muonlab report --dod 11_oe_opt:10_oe_native,01_dense_opt:00_dense_native     # seed 002 DoD(OE x Opt)
-  muonlab report --retention 11_oe_opt:10_oe_native,01_dense_opt:00_dense_native  # 48.6 %
-  muonlab report --dod 11_oe_opt:10_oe_native --across depth=6,8          # the same contrast, d6 minus d8
+REPORT_EPILOG = """examples (seed 002's factorial arms, reference arm 00_dense_native):
+  muonlab report --baseline 00_dense_native --where depth=6
+  muonlab report --baseline 00_dense_native --dod 11_oe_opt:10_oe_native,01_dense_opt:00_dense_native
+  muonlab report --baseline 00_dense_native --retention 11_oe_opt:10_oe_native,01_dense_opt:00_dense_native
+  muonlab report --baseline 00_dense_native --dod 11_oe_opt:10_oe_native --across depth=6,8
+seed 003's gate study (one seed, judged by the preregistered 0.0005 BPB alone):
   muonlab report --baseline p003_ordinary --single-seed p003_state_gate:p003_ordinary@246"""
 
 
@@ -364,7 +365,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                    help="retention ratio mean(A - B) / mean(C - D) (descriptive); with --across, A:B in the "
                         "first protocol over A:B in the second; repeatable")
     p.add_argument("--single-seed", action="append", default=[], metavar="A:B[@SEED]",
-                   help="seed 003's preregistered gate rule: one seed's A - B against --threshold; repeatable")
+                   help="seed 003's preregistered gate rule: one seed's A - B against --threshold alone (no "
+                        "interval); @SEED names the seed when the arms share several; repeatable")
     p.add_argument("--across", default=None, metavar="KEY[=V1,V2]",
                    help="compare a --dod/--retention A:B between two protocols that differ only in KEY "
                         "(V1 minus V2; default: the two values present, ascending)")

@@ -80,7 +80,8 @@ class RunConfig(Section):
 
     def protocol_id(self) -> str | None:
         """The id of the protocol this run belongs to (protocol_values), or None where it is not
-        known: a config read from a file without one, or changed in place since it was resolved."""
+        known: a config read from a file without one, or changed in place since it was resolved.
+        (`_protocol`, set where the config is resolved, is an attribute, not a setting.)"""
         source: _Protocol | None = self.__dict__.get("_protocol")
         return source.id(self) if source is not None and source.guard == _guard(self) else None
 
@@ -225,11 +226,11 @@ def _guard(cfg: RunConfig) -> str:
 
 def protocol_values(layers: list[tuple[str, dict[str, Any]]], resolved: RunConfig) -> dict[str, Any] | None:
     """The settings a run shares with every arm of its study: its layers resolved without the
-    arm's (its `family` kept: it says what the other keys mean), the seed left out. A setting
-    the command line gives that acts only under the arm still tells two protocols apart, so it
-    is kept at its resolved value. None when the layers do not resolve without the arm."""
-    kept = [("protocol", {k: v for k, v in values.items() if k != "seed" and (origin != ARM_ORIGIN or k == "family")})
-            for origin, values in layers]
+    arm's, the seed left out. A setting the command line gives that acts only under the arm
+    still tells two protocols apart, so it is kept at its resolved value. None when the layers
+    do not resolve without the arm."""
+    kept = [("protocol", {k: v for k, v in values.items() if k != "seed"}) for origin, values in layers
+            if origin != ARM_ORIGIN]
     try:
         values = build_config(kept).hashed_values()
     except UsageError:
@@ -268,10 +269,9 @@ def apply_overrides(cfg: RunConfig, overrides: dict[str, Any], origin: str = "ov
     out = build_config([("saved", {"family": cfg.family, **base}), (origin, flat)])
     source: _Protocol | None = cfg.__dict__.get("_protocol")
     if source is not None and source.guard == _guard(cfg):  # the protocol follows the overrides
-        if source.layers is not None:
-            out._protocol = _Protocol(_guard(out), source.layers + [(origin, flat)])
-        elif _guard(out) == source.guard:
-            out._protocol = _Protocol(source.guard, known=source.known)
+        # from layers: recomputed with these on top; as saved: kept while no setting changed
+        out._protocol = (_Protocol(_guard(out), source.layers + [(origin, flat)]) if source.layers is not None
+                         else _Protocol(source.guard, known=source.known))
     return out
 
 

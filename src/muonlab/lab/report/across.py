@@ -34,7 +34,7 @@ def _conditions(studies: list[Study], spec: Across) -> tuple[list[Study], list[S
         def at(coerced: dict[str, Any]) -> list[Study]:
             return [s for s, v in located if s.protocol.shared.get("family", "autoresearch") in coerced
                     and _token(v) == _token(coerced[s.protocol.shared.get("family", "autoresearch")])]
-        return at(spec.coerced[0]), at(spec.coerced[1]), (spec.raw[0], spec.raw[1])
+        return at(spec.coerced[0]), at(spec.coerced[1]), tuple(next(iter(c.values())) for c in spec.coerced)
     distinct = sorted({_token(v): v for _, v in located}.values(), key=lambda v: (v is None, str(type(v)), v))
     if len(distinct) != 2:
         shown = ", ".join("none" if v is None else str(v) for v in distinct) or "none"

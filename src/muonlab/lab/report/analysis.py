@@ -24,7 +24,7 @@ from muonlab.lab.report.loading import Curve, load_ledger, metric_value
 from muonlab.lab.report.protocol import recorded_settings
 from muonlab.lab.report.requests import Requests
 from muonlab.lab.report.selection import parse_where, select_records
-from muonlab.lab.report.study import HIGHER_IS_BETTER, Study, analyse_study, failed_dict
+from muonlab.lab.report.study import HIGHER_IS_BETTER, analyse_study, failed_dict
 from muonlab.lab.stats import SINGLE_SEED_RULE, DecisionRule, t_quantile
 from muonlab.settings import flatten
 

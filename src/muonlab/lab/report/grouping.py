@@ -19,9 +19,6 @@ from typing import Any, Iterable, Mapping
 from muonlab.lab.report.protocol import is_overridden, recorded_settings
 from muonlab.record.protocol import protocol_hash, recorded_protocol
 
-KEPT_BY_ARMS = frozenset({"family"})  # an arm's family stays part of the protocol: it picks the model
-
-
 @dataclass
 class Protocol:
     """One protocol's lines (ok and failed, ledger order) and the settings they agree on."""
@@ -35,12 +32,15 @@ class Protocol:
 
 
 def known_settings(record: dict, overrides: Mapping[str, set[str]]) -> dict[str, Any]:
-    """What a line says about its protocol: countable settings less the seed and its arm's own."""
-    settings = recorded_settings(record)
-    if settings is None:
-        return {}
-    own = overrides.get(record["arm"], set()) - KEPT_BY_ARMS
-    return {k: v for k, v in settings.countable.items() if k != "seed" and not is_overridden(k, own)}
+    """What a line says about its protocol: countable settings less the seed and its arm's own
+    (cached on the record per overrides mapping: grouping asks for it many times)."""
+    cache = record.setdefault("_known", {})
+    if id(overrides) not in cache:
+        settings = recorded_settings(record)
+        own = overrides.get(record["arm"], set())
+        cache[id(overrides)] = {} if settings is None else {
+            k: v for k, v in settings.countable.items() if k != "seed" and not is_overridden(k, own)}
+    return cache[id(overrides)]
 
 
 def _token(value: Any) -> str:
@@ -77,7 +77,7 @@ def _split(members: list[dict], keys: list[str], overrides: Mapping[str, set[str
 
 
 def _derived(lines: list[dict], overrides: Mapping[str, set[str]]) -> list[Protocol]:
-    arm_keys = set().union(*(overrides.get(r["arm"], set()) - KEPT_BY_ARMS for r in lines))
+    arm_keys = set().union(*(overrides.get(r["arm"], set()) for r in lines))
     coarse: dict[str, list[dict]] = {}
     for r in lines:
         base = {k: v for k, v in known_settings(r, overrides).items() if not is_overridden(k, arm_keys)}

@@ -129,7 +129,7 @@ def _study(report: Mapping[str, Any], study: Mapping[str, Any], index: int, tota
     lines = [f"## Study {index} of {total}: {study_title(study)}", ""]
     if study["settings"]:
         lines.append(f"- Settings that tell it from the other protocols: {settings_text(study['settings'])}.")
-    lines += [f"- Settings: {settings_text(study['baseline_settings'])}.",
+    lines += [f"- Settings: {settings_text(study['protocol_settings'])}.",
               f"- Runs: {c['records']} records, {c['ok']} ok ({c['ok_used']} used after de-duplication), "
               f"{c['failed']} failed, {c['diverged']} diverged; seeds {', '.join(map(str, study['seeds'])) or '—'}.",
               ""]

@@ -91,7 +91,7 @@ def analyse_study(protocol: Protocol, baseline: str, metric: str, threshold: flo
         "ambiguous": protocol.ambiguous,
         "unchecked_settings": list(protocol.unchecked),
         "settings": dict(settings),
-        "baseline_settings": {k: protocol.shared.get(k) for k in PROTOCOL_KEYS},
+        "protocol_settings": {k: protocol.shared[k] for k in PROTOCOL_KEYS if k in protocol.shared},
         "seeds": sorted({r["seed"] for r in chosen.values()}),
         "metrics": metrics,
         "has_baseline": has_baseline,
