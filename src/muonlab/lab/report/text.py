@@ -63,7 +63,7 @@ def _study(report: Mapping[str, Any], study: Mapping[str, Any], index: int, tota
     else:
         out += _contrast_lines(list(study["contrasts"].values()), w)
     if requested:
-        out += ["", *_contrast_lines(requested, w)]
+        out += ["", "requested contrasts:", *_contrast_lines(requested, w)]
     if study["retentions"]:
         out += ["", *_retention_lines(study["retentions"], w)]
     if study["single_seed"]:
