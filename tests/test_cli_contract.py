@@ -174,6 +174,10 @@ CASES = [
      USAGE, "ray"),
     ("sweep-slurm-option", ["sweep", "--arms", "baseline", "--seeds", "1", "--preset", "cpu-tiny",
                             "--executor", "slurm", "--slurm", "partition"], USAGE, "KEY=VALUE"),
+    ("sweep-slurm-requeue", ["sweep", "--arms", "baseline", "--seeds", "1", "--preset", "cpu-tiny",
+                             "--executor", "slurm", "--slurm", "requeue=maybe"], USAGE, "requeue must be true or false"),
+    ("sweep-slurm-unknown", ["sweep", "--arms", "baseline", "--seeds", "1", "--preset", "cpu-tiny",
+                             "--executor", "slurm", "--slurm", "colour=red"], USAGE, "unknown --slurm option"),
     ("unknown-device", TINY + ["--device", "tpu"], USAGE, "unknown device"),
     ("device-unavailable", TINY + ["--device", "mps"], USAGE, "MPS is not available"),
     # --- plug-ins
@@ -191,10 +195,10 @@ CASES = [
     ("report-no-ok-run", lambda t: ["report", "--ledger", str(_ledger_line(
         t, {"arm": "baseline", "seed": 1, "status": "failed"}))], RUNTIME, "no runs with status 'ok'"),
     ("report-unknown-baseline", lambda t: ["report", "--ledger", str(_ledger_line(
-        t, {"arm": "a", "seed": 1, "status": "ok", "metrics": {"val_bpb": 1.0}})), "--baseline", "zzz"],
+        t, {"arm": "a", "seed": 1, "status": "ok", "protocol": "0123456789abcdef", "metrics": {"val_bpb": 1.0}})), "--baseline", "zzz"],
      USAGE, "zzz"),
     ("report-unknown-metric", lambda t: ["report", "--ledger", str(_ledger_line(
-        t, {"arm": "baseline", "seed": 1, "status": "ok", "metrics": {"val_bpb": 1.0}})), "--metric", "speed"],
+        t, {"arm": "baseline", "seed": 1, "status": "ok", "protocol": "0123456789abcdef", "metrics": {"val_bpb": 1.0}})), "--metric", "speed"],
      USAGE, "speed"),
     # --- verify-reference
     ("verify-missing", ["verify-reference", "/nonexistent/bundle.pt"], USAGE, "/nonexistent/bundle.pt"),

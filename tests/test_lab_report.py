@@ -1,4 +1,8 @@
-"""muonlab.lab.report on synthetic ledgers and run directories (no training, CPU, fast)."""
+"""muonlab.lab.report on synthetic ledgers and run directories (no training, CPU, fast).
+
+These ledgers are written as an older muonlab wrote them (no protocol id), so each report
+derives its protocols from the recorded configs; test_lab_protocols.py covers today's lines.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
+from scipy import stats as scipy_stats
 
 from muonlab.errors import MuonlabError, UsageError
 from muonlab.config import RunConfig
@@ -73,6 +78,17 @@ def paper_ledger(tmp_path: Path, arms=("baseline", "oe_opt", "opt")) -> Path:
     return write_ledger(tmp_path / "ledger.jsonl", records)
 
 
+def only_study(report: dict) -> dict:
+    """The report's one study (these ledgers hold one protocol unless a test says otherwise)."""
+    assert len(report["studies"]) == 1, [s["settings"] for s in report["studies"]]
+    return report["studies"][0]
+
+
+def study_with(report: dict, arm: str) -> dict:
+    (study,) = [s for s in report["studies"] if arm in s["arms"] and s["arms"][arm]["n"]]
+    return study
+
+
 def write_run_dir(root: Path, run_id: str, final_loss: float, steps: int = 40) -> Path:
     run = root / run_id
     run.mkdir(parents=True)
@@ -89,7 +105,7 @@ def write_run_dir(root: Path, run_id: str, final_loss: float, steps: int = 40) -
 def test_report_json_equals_stats_computed_directly(tmp_path):
     ledger = paper_ledger(tmp_path)
     report = run_report(ledger)
-    saved = json.loads((tmp_path / "report" / "report.json").read_text())
+    saved = only_study(json.loads((tmp_path / "report" / "report.json").read_text()))
     for split, table in ((0, saved["arms"]), (1, saved["secondary"]["holdout_bpb"]["arms"])):
         for arm in D8:
             expected = summarize_arm(arm, {s: v[split] for s, v in D8[arm].items()})
@@ -109,13 +125,18 @@ def test_report_json_equals_stats_computed_directly(tmp_path):
             assert got[key] == pytest.approx(expected[key], abs=1e-15)
         assert got["ci95"] == pytest.approx(expected["ci95"], abs=1e-15)
         assert got["deltas"] == pytest.approx(expected["deltas"], abs=1e-15)
+        # the p-value beside the interval is scipy's two-sided paired t-test
+        paired = scipy_stats.ttest_rel([D8[arm][s][0] for s in SEEDS], [D8["baseline"][s][0] for s in SEEDS])
+        assert got["p_value"] == pytest.approx(float(paired.pvalue), rel=1e-9) and got["df"] == 2
     # Seed 002 Table 3 row 1 at d8 (01 − 00, val): −0.001801 ± 0.000686 [−0.003505, −0.000097]
     opt = saved["contrasts"]["opt"]
     assert abs(opt["mean_delta"] - -0.001801) <= 1e-6 and abs(opt["sd_delta"] - 0.000686) <= 1e-6
     assert opt["ci95"] == pytest.approx([-0.003505, -0.000097], abs=2.5e-6)
     assert opt["decision"] == "improves" and opt["seeds_improved"] == 3
-    assert report["contrasts"]["opt"] == opt
-    assert saved["warnings"] == [] and saved["failed_runs"] == []
+    assert only_study(report)["contrasts"]["opt"] == opt
+    assert saved["warnings"] == [] and saved["failed_runs"] == [] and report["warnings"] == []
+    assert saved["derived"] is True  # no protocol id in these lines: derived, and the notes say so
+    assert any(f"protocol {saved['protocol']} was derived" in n for n in report["notes"])
 
 
 def test_report_md_shows_every_seed_and_the_contrast_table(tmp_path):
@@ -123,12 +144,13 @@ def test_report_md_shows_every_seed_and_the_contrast_table(tmp_path):
     run_report(ledger)
     md = (tmp_path / "report" / "report.md").read_text()
     for arm, seeds in D8.items():
-        assert f"### {arm}" in md
+        assert f"#### {arm}" in md
         for seed, (val, holdout) in seeds.items():
             row = next(line for line in md.splitlines() if line.startswith(f"| {seed} | {arm}-s{seed} |"))
             assert fmt(val) in row and fmt(holdout) in row
     assert "## Contrasts vs `baseline`" in md
     assert "| oe_opt - baseline | 3 |" in md and "3/3" in md and "**improves**" in md
+    assert "| p (paired t) |" in md
     assert "s41: " in md  # per-seed Δs
     assert "t_0.975,2 = 4.302653" in md
 
@@ -155,8 +177,9 @@ def test_plots_are_valid_pngs(tmp_path):
             image.verify()
         with Image.open(path) as image:
             assert image.size[0] > 300 and image.size[1] > 200
-    assert report["curves"]["baseline"]["runs_with_curves"] == 3
-    assert any("skipped 1 unreadable line" in n for n in report["notes"])
+    study = only_study(report)
+    assert study["curves"]["baseline"]["runs_with_curves"] == 3
+    assert any("skipped 1 unreadable line" in n for n in study["notes"])
     md = (tmp_path / "out" / "report.md").read_text()
     assert "![loss_curves](loss_curves.png)" in md and "![forest](forest.png)" in md
 
@@ -166,18 +189,18 @@ def test_curves_found_beside_the_ledger_when_run_dir_is_from_another_machine(tmp
     # run_dir is a path on the machine that trained.
     ledger = paper_ledger(tmp_path)
     write_run_dir(tmp_path, "baseline-s41", 3.2)
-    report = build_report(ledger)
-    assert report["curves"]["baseline"] == {"runs_with_curves": 1,
-                                            "runs_without": ["baseline-s42", "baseline-s47"]}
-    assert any("no run directory" in n and "baseline-s42" in n for n in report["notes"])
-    assert not any("curves not drawn" in n for n in report["notes"])
+    study = only_study(build_report(ledger))
+    assert study["curves"]["baseline"] == {"runs_with_curves": 1,
+                                           "runs_without": ["baseline-s42", "baseline-s47"]}
+    assert any("no run directory" in n and "baseline-s42" in n for n in study["notes"])
+    assert not any("curves not drawn" in n for n in study["notes"])
 
 
 def test_report_works_from_the_ledger_alone(tmp_path):
     ledger = paper_ledger(tmp_path, arms=("baseline", "opt"))
     report = run_report(ledger)
     assert "loss_curves" not in report["files"]["plots"]
-    assert any("curves not drawn" in n for n in report["notes"])
+    assert any("curves not drawn" in n for n in only_study(report)["notes"])
     assert Path(report["files"]["plots"]["forest"]).read_bytes().startswith(PNG_MAGIC)
 
 
@@ -196,7 +219,7 @@ def test_malformed_line_is_reported_with_its_number(tmp_path):
     run_report(ledger)
     md = (tmp_path / "report" / "report.md").read_text()
     assert "line 3: not valid JSON" in md and "line 6: not a JSON object" in md
-    assert report["arms"]["opt"]["n"] == 3  # the good lines are all used
+    assert only_study(report)["arms"]["opt"]["n"] == 3  # the good lines are all used
 
 
 def test_record_without_arm_or_with_bad_status_is_a_problem(tmp_path):
@@ -211,45 +234,54 @@ def test_contrast_with_one_paired_seed_is_not_estimable(tmp_path):
     records = [record("baseline", s, *D8["baseline"][s]) for s in SEEDS]
     records += [record("single", 42, 0.990, 0.989), record("stranger", 99, 0.98, 0.97)]
     report = run_report(write_ledger(tmp_path / "ledger.jsonl", records))
-    single = report["contrasts"]["single"]
+    study = only_study(report)
+    single = study["contrasts"]["single"]
     assert single["decision"] == "not estimable" and single["estimable"] is False
     assert single["n"] == 1 and single["mean_delta"] is None and single["ci95"] is None
-    assert "not estimable" in single["reason"]
-    assert report["contrasts"]["stranger"]["n"] == 0
-    assert any("seed(s) [99] have no ok baseline run" in w for w in report["warnings"])
+    assert "not estimable" in single["reason"] and single["p_value"] is None
+    assert study["contrasts"]["stranger"]["n"] == 0
+    assert any("seed(s) [99] have no ok baseline run" in w for w in study["warnings"])
     md = (tmp_path / "report" / "report.md").read_text()
     assert "| single - baseline | 1 | not estimable |" in md
     assert "not estimable" in format_text(report)
 
 
-def test_protocol_mismatch_is_a_loud_warning(tmp_path):
+def test_runs_of_another_protocol_are_a_study_of_their_own_never_pooled(tmp_path):
     records = [record("baseline", s, *D8["baseline"][s]) for s in SEEDS]
     records += [record("opt", s, *D8["opt"][s], num_steps=500) for s in SEEDS]
     records += [record("oe_opt", s, *D8["oe_opt"][s], **({"sequence_len": 1024} if s == 47 else {}))
                 for s in SEEDS]
+    # bookkeeping (cache_dir, run_name) never makes another protocol
+    records += [record("oe_opt", 99, 0.9, 0.9, data={"cache_dir": "/a/third/place"}, run_name="x")]
     report = run_report(write_ledger(tmp_path / "ledger.jsonl", records))
-    loud = [w for w in report["warnings"] if w.startswith("PROTOCOL MISMATCH")]
-    assert any("arm 'opt' differs from baseline" in w and "num_steps=500 vs 953" in w for w in loud)
-    assert any("within arm 'oe_opt': seed 47 differs from seed 41 in train.sequence_len=1024 vs 2048" in w
-               for w in loud)
+    assert len(report["studies"]) == 3
+    main = study_with(report, "baseline")
+    assert main["arms"]["oe_opt"]["seeds"] == [41, 42, 99] and "opt" not in main["arms"]
+    assert main["settings"] == {"train.num_steps": 953, "train.sequence_len": 2048}
+    steps = study_with(report, "opt")
+    assert steps["settings"]["train.num_steps"] == 500 and not steps["has_baseline"] and steps["contrasts"] == {}
+    assert any("has no ok run under this protocol" in n for n in steps["notes"])
+    short = next(s for s in report["studies"] if s["settings"].get("train.sequence_len") == 1024)
+    assert list(short["arms"]) == ["oe_opt"] and short["arms"]["oe_opt"]["seeds"] == [47]
+    assert not any(w.startswith("PROTOCOL MISMATCH") for s in report["studies"] for w in s["warnings"])
     md = (tmp_path / "report" / "report.md").read_text()
-    assert "**PROTOCOL MISMATCH: arm 'opt'" in md
-    # bookkeeping (cache_dir, run_name) never counts as a protocol difference
-    assert not any("cache_dir" in w for w in report["warnings"])
+    assert md.count("## Study ") == 3 and "train.num_steps = 500" in md
+    assert "3 protocol(s)" in format_text(report)
 
 
-def test_known_arm_overrides_are_allowed_and_everything_else_is_checked(tmp_path):
+def test_declared_arm_overrides_keep_an_arm_in_the_baselines_protocol(tmp_path):
     records = [record("baseline", s, *D8["baseline"][s]) for s in SEEDS]
     records += [record("opt", s, *D8["opt"][s], matrix_lr=0.05) for s in SEEDS]
     ledger = write_ledger(tmp_path / "ledger.jsonl", records)
-    unknown = build_report(ledger)  # overrides unknown: only protocol keys compared
-    assert not any(w.startswith("PROTOCOL") for w in unknown["warnings"])
-    assert unknown["arm_settings"]["opt"] == {"optim.matrix_lr": [0.05, 0.04]}
-    assert any("overrides unknown" in n for n in unknown["notes"])
-    declared = build_report(ledger, arm_overrides={"baseline": {}, "opt": {"matrix_lr": 0.05}})
+    # not registered, overrides not given: its matrix_lr could be the protocol's, so it stands apart
+    unknown = build_report(ledger)
+    assert len(unknown["studies"]) == 2 and study_with(unknown, "opt")["settings"] == {"optim.matrix_lr": 0.05}
+    declared = only_study(build_report(ledger, arm_overrides={"baseline": {}, "opt": {"matrix_lr": 0.05}}))
     assert not any(w.startswith("PROTOCOL") for w in declared["warnings"])
+    assert declared["arm_settings"]["opt"] == {"optim.matrix_lr": [0.05, 0.04]}
+    assert declared["contrasts"]["opt"]["n"] == 3
     undeclared = build_report(ledger, arm_overrides={"baseline": [], "opt": ["embedding_lr"]})
-    assert any("PROTOCOL MISMATCH" in w and "matrix_lr=0.05 vs 0.04" in w for w in undeclared["warnings"])
+    assert len(undeclared["studies"]) == 2
 
 
 def test_unknown_baseline_empty_ledger_and_bad_metric_raise(tmp_path):
@@ -263,7 +295,7 @@ def test_unknown_baseline_empty_ledger_and_bad_metric_raise(tmp_path):
     with pytest.raises(UsageError, match="threshold"):
         build_report(ledger, threshold=-0.1)
     bad = write_ledger(tmp_path / "failed.jsonl", [record("baseline", 1, status="failed")])
-    with pytest.raises(MuonlabError, match="no runs with status 'ok'.*1 failed or diverged"):
+    with pytest.raises(MuonlabError, match="no runs with status 'ok'.*1 failed, diverged or interrupted"):
         build_report(bad)
     assert not (tmp_path / "report").exists()
 
@@ -277,15 +309,18 @@ def test_failed_and_diverged_runs_are_listed_and_duplicates_use_the_latest(tmp_p
                 record("opt", 41, 0.97, 0.96, run_id="opt-s41-old", finished_at="2026-02-01T00:00:00+0000"),
                 record("crashy", 41, status="failed")]
     report = run_report(write_ledger(tmp_path / "ledger.jsonl", records))
-    opt = report["arms"]["opt"]
+    study = only_study(report)
+    opt = study["arms"]["opt"]
     # s41: the three ok runs do not all carry finished_at, so ledger order decides (latest line)
     assert opt["run_ids"] == ["opt-s41-old", "opt-s42-old"] and opt["values"] == [0.97, 0.5]
     assert any("arm 'opt' seed 41: 3 ok runs" in w and "using the latest, opt-s41-old" in w
-               for w in report["warnings"])
-    statuses = {(f["arm"], f["seed"], f["status"]) for f in report["failed_runs"]}
+               for w in study["warnings"])
+    statuses = {(f["arm"], f["seed"], f["status"]) for f in study["failed_runs"]}
     assert statuses == {("opt", 47, "diverged"), ("crashy", 41, "failed")}
-    assert any("arm 'opt': 1 run(s) failed or diverged (seed(s) [47])" in w for w in report["warnings"])
-    assert report["arms"]["crashy"]["n"] == 0 and report["contrasts"]["crashy"]["decision"] == "not estimable"
+    assert {(f["arm"], f["protocol"]) for f in report["failed_runs"]} == {("opt", study["protocol"]),
+                                                                          ("crashy", study["protocol"])}
+    assert any("arm 'opt': 1 run(s) failed or diverged (seed(s) [47])" in w for w in study["warnings"])
+    assert study["arms"]["crashy"]["n"] == 0 and study["contrasts"]["crashy"]["decision"] == "not estimable"
     md = (tmp_path / "report" / "report.md").read_text()
     assert "| opt-s47-a | opt | 47 | diverged | diverged at step 17 |" in md
     assert "| crashy-s41 | crashy | 41 | failed | CUDA out of memory |" in md
@@ -298,14 +333,15 @@ def test_latest_by_finished_at_when_every_duplicate_has_it(tmp_path):
     records += [record("opt", 41, 0.99, 0.98, run_id="new", finished_at="2026-03-01T00:00:00+0000"),
                 record("opt", 41, 0.97, 0.96, run_id="old", finished_at="2026-02-01T00:00:00+0000")]
     report = build_report(write_ledger(tmp_path / "ledger.jsonl", records))
-    assert report["arms"]["opt"]["run_ids"] == ["new"]
+    assert only_study(report)["arms"]["opt"]["run_ids"] == ["new"]
 
 
 def test_other_metrics_and_the_default_out_dir(tmp_path):
     ledger = paper_ledger(tmp_path, arms=("baseline", "opt"))
     report = build_report(ledger, metric="holdout_bpb", threshold=0.001)
-    assert report["metrics"] == ["holdout_bpb", "val_bpb"]
-    assert report["contrasts"]["opt"]["mean_delta"] == pytest.approx(-0.001779, abs=1e-6)
+    study = only_study(report)
+    assert study["metrics"] == ["holdout_bpb", "val_bpb"]
+    assert study["contrasts"]["opt"]["mean_delta"] == pytest.approx(-0.001779, abs=1e-6)
     assert report["decision_rule"]["text"].startswith("improves if the CI upper bound < 0 and mean Δ ≤ −θ")
     assert report["decision_rule"]["text"].endswith("(θ = 0.001)")
     assert not (tmp_path / "report").exists()  # build_report without out_dir writes nothing
@@ -314,8 +350,8 @@ def test_other_metrics_and_the_default_out_dir(tmp_path):
 
 
 def test_ledgers_of_the_older_config_format_still_report(tmp_path):
-    """Format-1 lines (flat configs, old hashes) load, are compared by their converted settings,
-    and the report says so; a real protocol difference is still caught across the formats."""
+    """Format-1 lines (flat configs, old hashes) load, are grouped by their converted settings,
+    and the report says so; a real protocol difference still keeps runs apart across formats."""
     lines = [record("baseline", s, val=1.0 + s / 1000, legacy=True) for s in (1, 2)]
     lines += [record("adamw_only", s, val=1.1 + s / 1000, matrix_optimizer="adamw") for s in (1, 2)]
     lines += [record("deeper", s, val=1.2, depth=9, legacy=True) for s in (1, 2)]
@@ -324,6 +360,8 @@ def test_ledgers_of_the_older_config_format_still_report(tmp_path):
     report = build_report(ledger, arm_overrides={"baseline": {}, "adamw_only": {"optim.matrix_optimizer": "adamw"},
                                                  "deeper": {}})
     assert any("older muonlab (config format 1" in w for w in report["warnings"])
-    mismatch = [w for w in report["warnings"] if "PROTOCOL MISMATCH" in w]
-    assert len(mismatch) == 1 and "'deeper'" in mismatch[0] and "model.depth" in mismatch[0]
-    assert report["contrasts"]["adamw_only"]["n"] == 2
+    assert len(report["studies"]) == 2
+    main = study_with(report, "baseline")
+    assert main["contrasts"]["adamw_only"]["n"] == 2 and "deeper" not in main["arms"]
+    assert study_with(report, "deeper")["settings"] == {"model.depth": 9}
+    assert main["settings"] == {"model.depth": 8}

@@ -13,14 +13,16 @@ from __future__ import annotations
 import math
 import re
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from scipy import stats as scipy_stats
 
 from muonlab.errors import UsageError
 from muonlab.lab.stats import (IMPROVES, INCONCLUSIVE, NOT_ESTIMABLE, WORSE, DecisionRule,
-                               contrast_from_deltas, difference_of_differences, paired_contrast,
-                               retention_ratio, summarize_arm, t_interval, t_quantile)
+                               contrast_from_deltas, difference_of_differences, paired_contrast, retention,
+                               retention_ratio, single_seed_decision, summarize_arm, t_interval, t_quantile)
 
 NUMBER = re.compile(r"[+-]?\d+\.\d+")
 CI_TOL = 2.5e-6
@@ -487,6 +489,121 @@ def test_unpaired_seeds_leave_a_contrast_not_estimable():
     c = paired_contrast({1: 1.0, 2: 1.1}, {2: 1.0, 3: 1.2})
     assert c.n == 1 and not c.estimable and c.decision == NOT_ESTIMABLE
     d = c.to_dict()
-    assert set(d) == {"n", "mean_delta", "sd_delta", "ci95", "seeds_improved", "decision",
-                      "seeds", "deltas", "estimable", "reason"}
-    assert d["ci95"] is None and d["mean_delta"] is None
+    assert set(d) == {"n", "mean_delta", "sd_delta", "ci95", "t_stat", "df", "p_value", "seeds_improved",
+                      "decision", "seeds", "deltas", "estimable", "reason"}
+    assert d["ci95"] is None and d["mean_delta"] is None and d["p_value"] is None and d["df"] is None
+
+
+# ------------------------------------------------------------------ against scipy
+def _paired_sample(n: int, seed: int) -> tuple[dict[int, float], dict[int, float]]:
+    rng = np.random.default_rng(1000 + seed)
+    reference = rng.normal(1.0, 0.002, n)
+    arm = reference + rng.normal(-0.0006, 0.0009, n)  # a small, noisy gain, as in the papers
+    seeds = rng.choice(10_000, size=n, replace=False).tolist()
+    return dict(zip(seeds, arm.tolist())), dict(zip(seeds, reference.tolist()))
+
+
+@pytest.mark.parametrize("n", range(2, 11))
+@pytest.mark.parametrize("draw", range(3))
+def test_paired_contrast_is_scipys_paired_t_test(n, draw):
+    arm, reference = _paired_sample(n, 17 * n + draw)
+    seeds = sorted(arm)
+    a = np.array([arm[s] for s in seeds])
+    b = np.array([reference[s] for s in seeds])
+    c = paired_contrast(arm, reference)
+    ref = scipy_stats.ttest_rel(a, b)  # two-sided by default
+    assert c.n == n and c.df == ref.df == n - 1
+    assert c.t_stat == pytest.approx(float(ref.statistic), rel=1e-9)
+    assert c.p_value == pytest.approx(float(ref.pvalue), rel=1e-9, abs=1e-300)
+    lo, hi = ref.confidence_interval(0.95)
+    assert c.ci95 == pytest.approx((float(lo), float(hi)), rel=1e-9, abs=1e-15)
+    assert c.mean_delta == pytest.approx(float(np.mean(a - b)), rel=1e-12, abs=1e-18)
+    assert c.sd_delta == pytest.approx(float(np.std(a - b, ddof=1)), rel=1e-9)
+    assert t_quantile(n) == pytest.approx(float(scipy_stats.t.ppf(0.975, n - 1)), rel=1e-12)
+    assert c.to_dict()["p_value"] == c.p_value and c.to_dict()["df"] == n - 1
+
+
+@pytest.mark.parametrize("n", range(2, 11))
+def test_difference_of_differences_is_scipys_one_sample_t_test(n):
+    rng = np.random.default_rng(n)
+    seeds = list(range(40, 40 + n))
+    arms = [dict(zip(seeds, (1.0 + rng.normal(0, 0.002, n)).tolist())) for _ in range(4)]
+    c = difference_of_differences(*arms)
+    per_seed = np.array([(arms[0][s] - arms[1][s]) - (arms[2][s] - arms[3][s]) for s in seeds])
+    one = scipy_stats.ttest_1samp(per_seed, 0.0)
+    # and the same as a paired test of the two contrasts against each other
+    rel = scipy_stats.ttest_rel(np.array([arms[0][s] - arms[1][s] for s in seeds]),
+                                np.array([arms[2][s] - arms[3][s] for s in seeds]))
+    for ref in (one, rel):
+        assert c.t_stat == pytest.approx(float(ref.statistic), rel=1e-8)
+        assert c.p_value == pytest.approx(float(ref.pvalue), rel=1e-8, abs=1e-300)
+    lo, hi = one.confidence_interval(0.95)
+    assert c.ci95 == pytest.approx((float(lo), float(hi)), rel=1e-9, abs=1e-15)
+    assert list(c.deltas) == pytest.approx(per_seed.tolist(), abs=1e-15)
+
+
+def test_seed002_dod_oe_joint_p_value_matches_scipy():
+    # Table 3 row 11, d6 held-out: +0.001670 ± 0.000906 [−0.000581, +0.003921]
+    codes = ("12", "10", "02", "00")
+    c = difference_of_differences(*(arm("d6", code, "ho") for code in codes))
+    check_cell(c, TABLE3[11][2])
+    per_seed = [(arm("d6", "12", "ho")[s] - arm("d6", "10", "ho")[s])
+                - (arm("d6", "02", "ho")[s] - arm("d6", "00", "ho")[s]) for s in SEEDS_002]
+    assert c.p_value == pytest.approx(float(scipy_stats.ttest_1samp(per_seed, 0.0).pvalue), rel=1e-9)
+    assert 0.05 < c.p_value < 1  # its CI spans 0, so p > 0.05
+
+
+def test_p_value_when_the_deltas_have_no_spread():
+    constant = contrast_from_deltas({1: 0.001, 2: 0.001, 3: 0.001})
+    assert constant.p_value == 0.0 and constant.t_stat is None  # t is infinite; scipy says p = 0
+    zero = contrast_from_deltas({1: 0.0, 2: 0.0})
+    assert zero.p_value is None and zero.t_stat is None  # scipy: nan
+
+
+# ------------------------------------------------------------------ retention, single seed
+def test_retention_of_four_arms_is_the_papers_ratio_over_shared_seeds():
+    # Table 3: Opt|OE (11 − 10) retains 48.6 % of Opt|Dense (01 − 00), d6 held-out
+    r = retention(*(arm("d6", code, "ho") for code in ("11", "10", "01", "00")))
+    printed(100 * r.ratio, "48.6")
+    assert r.conditional.n == r.reference.n == 3 and r.to_dict()["percent"] == pytest.approx(100 * r.ratio)
+    # a seed missing from one arm leaves both contrasts on the seeds all four share
+    partial = dict(arm("d6", "11", "ho"))
+    del partial[47]
+    r2 = retention(partial, *(arm("d6", code, "ho") for code in ("10", "01", "00")))
+    expected = (np.mean([partial[s] - arm("d6", "10", "ho")[s] for s in (41, 42)])
+                / np.mean([arm("d6", "01", "ho")[s] - arm("d6", "00", "ho")[s] for s in (41, 42)]))
+    assert r2.conditional.seeds == r2.reference.seeds == (41, 42)
+    assert r2.ratio == pytest.approx(float(expected), rel=1e-12)
+    none = retention({1: 1.0}, {1: 1.0}, {1: 1.0}, {1: 1.0})
+    assert none.ratio is None and "mean Δ is 0" in none.reason
+    assert retention({1: 1.0}, {1: 1.0}, {2: 1.0}, {2: 1.0}).reason == "no seed has all four arms"
+
+
+def test_seed003_single_seed_gate_decisions():
+    # Seed 003, seed 246: "The state gate misses the 0.0005 rule by 0.000047077 BPB and beats
+    # the branch control by only 0.000198503"; the branch gate is −0.000254420 vs ordinary.
+    ordinary, state, branch = {246: 0.993173922}, {246: 0.992720999}, {246: 0.992919502}
+    rule = DecisionRule(0.0005)  # whatever the multi-seed kind, one seed is judged by θ alone
+    d = single_seed_decision(state, ordinary, rule=rule)
+    assert d.seed == 246 and d.decision == INCONCLUSIVE
+    printed(d.delta, "-0.000452923")
+    printed(-d.margin, "0.000047077")
+    assert d.describe() == "misses θ = 0.0005 by 0.000047077"
+    printed(single_seed_decision(branch, ordinary).delta, "-0.000254420")
+    printed(single_seed_decision(state, branch).delta, "-0.000198503")
+    assert single_seed_decision(branch, ordinary).decision == INCONCLUSIVE
+    clears = single_seed_decision({246: 0.9924}, ordinary, rule=rule)  # Δ = −0.000773922
+    assert clears.decision == IMPROVES and clears.describe().startswith("clears θ = 0.0005 by 0.000273922")
+    worse = single_seed_decision({246: 0.9940}, ordinary, rule=rule)  # Δ = +0.000826078
+    assert worse.decision == WORSE and worse.describe() == "worse than θ = 0.0005 by 0.000326078"
+    assert "seed 003" in d.to_dict()["rule"] and d.to_dict()["text"] == d.describe()
+
+
+def test_single_seed_decision_needs_one_named_or_shared_seed():
+    a, b = {1: 1.0, 2: 1.1, 3: 1.2}, {1: 1.0, 2: 1.0}
+    several = single_seed_decision(a, b)
+    assert several.decision == NOT_ESTIMABLE and "2 paired seeds (1, 2)" in several.reason
+    assert single_seed_decision(a, b, seed=2).delta == pytest.approx(0.1)
+    missing = single_seed_decision(a, b, seed=3)
+    assert missing.decision == NOT_ESTIMABLE and "seed 3 does not have both arms" in missing.reason
+    assert single_seed_decision({1: 1.0}, {2: 1.0}).reason == "no seed has both arms"

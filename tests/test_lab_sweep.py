@@ -73,7 +73,8 @@ def test_sweep_runs_and_resumes(tmp_path, capsys):
     out_dir = tmp_path / "report"
     assert main(["report", "--ledger", str(ledger_of(tmp_path)), "--out", str(out_dir), "--json",
                  "--tsv", str(tmp_path / "results.tsv")]) == 0
-    report = json.loads(capsys.readouterr().out)
+    (report,) = json.loads(capsys.readouterr().out)["studies"]  # both arms ran under one protocol
+    assert {r["protocol"] for r in read_records(ledger_of(tmp_path))} == {report["protocol"]}
     ledger_vals = {(r["arm"], r["seed"]): r["metrics"]["val_bpb"] for r in read_records(ledger_of(tmp_path))}
     markdown = (out_dir / "report.md").read_text()
     for (arm, seed), value in ledger_vals.items():

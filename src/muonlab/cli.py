@@ -147,19 +147,19 @@ def cmd_sweep(args) -> int:
 def cmd_report(args) -> int:
     from pathlib import Path
 
-    from muonlab.arms import ARMS
     from muonlab.atomic import write_text
-    from muonlab.record.ledger import read_records_tolerant
     from muonlab.lab.report import format_text, run_report
-    from muonlab.record.results_tsv import results_tsv
     from muonlab.paths import cache_root
+    from muonlab.record.ledger import read_records_tolerant
+    from muonlab.record.results_tsv import results_tsv
 
     ledger = Path(args.ledger) if args.ledger else cache_root() / "runs" / "ledger.jsonl"
     if not ledger.is_file():
         raise UsageError(f"ledger not found: {ledger}")
     report = run_report(ledger, baseline=args.baseline, metric=args.metric, threshold=args.threshold,
-                        out_dir=args.out, rule=args.rule,
-                        arm_overrides={name: arm.overrides for name, arm in ARMS.items()})
+                        out_dir=args.out, rule=args.rule, where=args.where, protocol=args.protocol,
+                        contrasts=args.contrast, dods=args.dod, retentions=args.retention,
+                        single_seed=args.single_seed, across=args.across)
     if args.tsv:
         records, _ = read_records_tolerant(ledger)
         write_text(args.tsv, results_tsv(sorted(records, key=lambda r: r["_line"])))
@@ -242,6 +242,21 @@ def cmd_verify_reference(args) -> int:
 
 
 DESCRIPTION = "muonlab: controlled small-scale LLM pretraining research with the Muon optimizer family"
+REPORT_DESCRIPTION = """Statistics of a run ledger, one study per protocol.
+
+A run's protocol is its resolved config less its arm's overrides and its seed; runs record its
+id (older ledger lines get one derived from their recorded config, and the report says so).
+Runs of two protocols are never pooled: each protocol is reported as its own study, with its
+settings that differ from the others; --where or --protocol selects one. Within a protocol the
+latest ok run of each (arm, seed) is used. Paired contrasts print mean ± SD, the 95%
+t-interval, the two-sided paired t-test's p and a decision under --rule and --threshold."""
+REPORT_EPILOG = """examples (seed 002's factorial arms, reference arm 00_dense_native):
+  muonlab report --baseline 00_dense_native --where depth=6
+  muonlab report --baseline 00_dense_native --dod 11_oe_opt:10_oe_native,01_dense_opt:00_dense_native
+  muonlab report --baseline 00_dense_native --retention 11_oe_opt:10_oe_native,01_dense_opt:00_dense_native
+  muonlab report --baseline 00_dense_native --dod 11_oe_opt:10_oe_native --across depth=6,8
+seed 003's gate study (one seed, judged by the preregistered 0.0005 BPB alone):
+  muonlab report --baseline p003_ordinary --single-seed p003_state_gate:p003_ordinary@246"""
 
 
 def _first_pass(argv: list[str] | None):
@@ -326,7 +341,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     with_config(p)
     p.set_defaults(func=cmd_sweep)
 
-    p = sub.add_parser("report", help="per-arm statistics, paired contrasts, Markdown/JSON/PNG report")
+    p = sub.add_parser("report", help="per-protocol studies: per-arm statistics, paired contrasts, Markdown/JSON/PNG",
+                       description=REPORT_DESCRIPTION, epilog=REPORT_EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ledger", default=None, help="ledger to analyse (default <cache>/runs/ledger.jsonl)")
     p.add_argument("--baseline", default="baseline", help="reference arm of the contrasts (default baseline)")
     p.add_argument("--metric", default="val_bpb", help="metrics key to compare: val_bpb (default), holdout_bpb, ...")
@@ -334,6 +351,25 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                    help="preregistered decision threshold in metric units (default 0.0005 BPB)")
     p.add_argument("--rule", default="ci+threshold", choices=("ci+threshold", "ci", "threshold"),
                    help="decision rule (default: CI excludes 0 and |mean delta| >= threshold)")
+    p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
+                   help="keep the runs whose config holds KEY=VALUE (a flag name such as depth or num-steps, or a "
+                        "dotted key such as model.depth); repeatable, all must hold")
+    p.add_argument("--protocol", default=None, metavar="ID",
+                   help="keep the one protocol whose id starts with ID (ids are printed per study)")
+    p.add_argument("--contrast", action="append", default=[], metavar="A:B",
+                   help="also the paired contrast A - B in each protocol; repeatable")
+    p.add_argument("--dod", action="append", default=[], metavar="A:B,C:D",
+                   help="difference-of-differences (A - B) - (C - D) per seed in each protocol; with --across, "
+                        "A:B is the one contrast compared between two protocols; repeatable")
+    p.add_argument("--retention", action="append", default=[], metavar="A:B,C:D",
+                   help="retention ratio mean(A - B) / mean(C - D) (descriptive); with --across, A:B in the "
+                        "first protocol over A:B in the second; repeatable")
+    p.add_argument("--single-seed", action="append", default=[], metavar="A:B[@SEED]",
+                   help="seed 003's preregistered gate rule: one seed's A - B against --threshold alone (no "
+                        "interval); @SEED names the seed when the arms share several; repeatable")
+    p.add_argument("--across", default=None, metavar="KEY[=V1,V2]",
+                   help="compare a --dod/--retention A:B between two protocols that differ only in KEY "
+                        "(V1 minus V2; default: the two values present, ascending)")
     p.add_argument("--out", default=None, help="report directory (default <ledger dir>/report)")
     p.add_argument("--tsv", default=None, metavar="PATH", help="also export upstream-style results.tsv")
     p.add_argument("--json", action="store_true", help="print the report's numbers as JSON")

@@ -29,6 +29,7 @@ from muonlab.errors import UsageError
 from muonlab.families import all_families, get_family
 from muonlab.families.autoresearch.config import AutoresearchModelConfig, MuonAdamWConfig
 from muonlab.record.config import RecordConfig
+from muonlab.record.protocol import PROTOCOL_KEY, protocol_hash
 from muonlab.settings import (Section, flatten, hashed_values, inactive_keys, leaves, set_dotted, setting, to_dict,
                               validate_tree)
 from muonlab.train.config import RuntimeConfig, ScheduleConfig, TrainingConfig
@@ -37,6 +38,7 @@ CONFIG_FORMAT = 2  # 1: the flat TrainConfig of muonlab <= 0.1 (see from_legacy)
 _FORMAT2_SECTIONS = ("model", "optim", "schedule", "train", "runtime", "record")  # format 1 nested only data
 _FORMAT1_BOOKKEEPING = frozenset({"format"})
 CHECKED_ORIGINS = ("arm", "command line", "override")  # whose settings must act
+ARM_ORIGIN = "arm"  # the layer a run's protocol leaves out (see protocol_values)
 
 
 @dataclass
@@ -66,14 +68,24 @@ class RunConfig(Section):
         return self
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format": CONFIG_FORMAT, **to_dict(self)}
+        protocol = self.protocol_id()
+        return {"format": CONFIG_FORMAT, **({PROTOCOL_KEY: protocol} if protocol else {}), **to_dict(self)}
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "RunConfig":
         if is_legacy(values):
             return from_legacy(values)
-        values = {k: v for k, v in values.items() if k != "format"}
-        return build_config([("saved", values)])
+        cfg = build_config([("saved", {k: v for k, v in values.items() if k not in ("format", PROTOCOL_KEY)})])
+        if isinstance(values.get(PROTOCOL_KEY), str):  # a sweep job's or a resumed run's: as resolved
+            cfg._protocol = _Protocol(_guard(cfg), known=values[PROTOCOL_KEY])
+        return cfg
+
+    def protocol_id(self) -> str | None:
+        """The id of the protocol this run belongs to (protocol_values), or None where it is not
+        known: a config read from a file without one, or changed in place since it was resolved.
+        (`_protocol`, set where the config is resolved, is an attribute, not a setting.)"""
+        source: _Protocol | None = self.__dict__.get("_protocol")
+        return source.id(self) if source is not None and source.guard == _guard(self) else None
 
     def hashed_values(self) -> dict[str, Any]:
         return hashed_values(self)
@@ -187,7 +199,50 @@ def build_config(layers: list[tuple[str, dict[str, Any]]]) -> RunConfig:
         for inert, why in inactive.items():
             if key == inert or key.startswith(inert + "."):
                 raise UsageError(f"--{flag_of(key, family)} ({key}) does not act: {why} (set by the {origin})")
+    if all(origin != "saved" for origin, _ in flat_layers):  # a saved config's arm is baked in
+        cfg._protocol = _Protocol(_guard(cfg), [(o, {k: v for k, (v, _) in vals.items()}) for o, vals in flat_layers])
     return cfg
+
+
+# ----------------------------------------------------------------------------- protocol
+@dataclass
+class _Protocol:
+    """How a config's protocol id is found: from the layers it was resolved from (computed on
+    first use), or as saved. `guard` is the config's settings (seed aside) when it was known."""
+
+    guard: str
+    layers: list[tuple[str, dict[str, Any]]] | None = None
+    known: str | None = None
+
+    def id(self, cfg: RunConfig) -> str | None:
+        if self.known is None and self.layers is not None:
+            values = protocol_values(self.layers, cfg)
+            self.known = "" if values is None else protocol_hash(values)
+        return self.known or None
+
+
+def _guard(cfg: RunConfig) -> str:
+    values = {k: v for k, v in cfg.hashed_values().items() if k != "seed"}
+    return json.dumps(values, sort_keys=True, default=str)
+
+
+def protocol_values(layers: list[tuple[str, dict[str, Any]]], resolved: RunConfig) -> dict[str, Any] | None:
+    """The settings a run shares with every arm of its study: its layers resolved without the
+    arm's, the seed left out. A setting the command line gives that acts only under the arm
+    still tells two protocols apart, so it is kept at its resolved value. None when the layers
+    do not resolve without the arm."""
+    kept = [("protocol", {k: v for k, v in values.items() if k != "seed"}) for origin, values in layers
+            if origin != ARM_ORIGIN]
+    try:
+        values = build_config(kept).hashed_values()
+    except UsageError:
+        return None
+    full = resolved.hashed_values()
+    for origin, layer in layers:
+        if origin in CHECKED_ORIGINS and origin != ARM_ORIGIN:
+            values.update({k: full[k] for k in layer if k not in values and k in full})
+    values.pop("seed", None)
+    return values
 
 
 def all_presets() -> dict[str, dict[str, Any]]:
@@ -213,7 +268,13 @@ def apply_overrides(cfg: RunConfig, overrides: dict[str, Any], origin: str = "ov
         keys = {l.key for l in leaves(RunConfig.for_family(flat["family"]))}
         base = {k: v for k, v in base.items() if k in keys}
     base.pop("family", None)
-    return build_config([("saved", {"family": cfg.family, **base}), (origin, flat)])
+    out = build_config([("saved", {"family": cfg.family, **base}), (origin, flat)])
+    source: _Protocol | None = cfg.__dict__.get("_protocol")
+    if source is not None and source.guard == _guard(cfg):  # the protocol follows the overrides
+        # from layers: recomputed with these on top; as saved: kept while no setting changed
+        out._protocol = (_Protocol(_guard(out), source.layers + [(origin, flat)]) if source.layers is not None
+                         else _Protocol(source.guard, known=source.known))
+    return out
 
 
 def read_config_values(path) -> dict[str, Any]:
@@ -238,7 +299,7 @@ def load_config_file(path, values: dict[str, Any] | None = None) -> RunConfig:
     try:
         if is_legacy(values):
             return from_legacy(values, strict=True)
-        return build_config([("saved", {"family": "autoresearch", **{k: v for k, v in values.items() if k != "format"}})])
+        return RunConfig.from_dict({"family": "autoresearch", **values})  # keeps a recorded protocol id
     except UsageError as exc:
         raise UsageError(f"{path}: {exc}") from exc
 

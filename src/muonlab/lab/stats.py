@@ -1,5 +1,6 @@
 """Paired multi-seed statistics of the seed papers: per-arm mean ± SD, paired deltas with
-95% t-intervals, difference-of-differences, retention ratios and a preregistered decision.
+95% t-intervals and two-sided p-values, difference-of-differences, retention ratios, a
+preregistered decision, and seed 003's single-seed threshold decision.
 
 Protocol (spec-002 §3.4, spec-000-003 §3 "Statistics", seed 003 "Experimental protocol"):
 - per arm: mean ± *sample* SD (ddof = 1) over seeds;
@@ -7,9 +8,14 @@ Protocol (spec-002 §3.4, spec-000-003 §3 "Statistics", seed 003 "Experimental 
   Δs and the descriptive 95% t-interval mean ± t_{0.975, n−1}·SD/√n (t_{0.975,2} = 4.302653);
   no multiplicity adjustment;
 - "k/n improved" = number of seeds with Δ < 0;
+- two-sided p-value of the paired t-test beside each interval: t = mean/(SD/√n) on n − 1 df
+  (the same test as scipy.stats.ttest_rel / ttest_1samp); descriptive, like the interval;
 - difference-of-differences per seed (a − b) − (c − d), summarised the same way;
-- descriptive retention ratio = mean conditional Δ / mean reference Δ (e.g. 48.6 %);
-- a contrast with fewer than 2 paired seeds has no SD and no interval: it is *not estimable*.
+- descriptive retention ratio = mean conditional Δ / mean reference Δ (e.g. 48.6 %), both
+  over the seeds all four arms share;
+- a contrast with fewer than 2 paired seeds has no SD and no interval: it is *not estimable*;
+- seed 003's preregistered gate rule judges a *single* seed's Δ against the threshold θ alone
+  ("a decision threshold, not a confidence interval"): `single_seed_decision`.
 
 Functions are pure: values come in as `{seed: value}` mappings, results go out as frozen
 dataclasses whose `to_dict()` is JSON-ready (None where a number does not exist, never NaN).
@@ -56,6 +62,20 @@ def t_interval(mean: float, sd: float, n: int, level: float = CI_LEVEL) -> tuple
     """mean ± t_{(1+level)/2, n−1}·sd/√n (spec-002 §3.4)."""
     half = t_quantile(n, level) * sd / math.sqrt(n)
     return (mean - half, mean + half)
+
+
+def paired_t_test(mean: float, sd: float, n: int) -> tuple[float | None, float | None]:
+    """(t, two-sided p) of H0: mean Δ = 0 from n paired Δs, t = mean/(sd/√n) on n − 1 df.
+
+    With sd = 0 the t statistic is infinite: t is None (JSON has no inf) and p = 0 when the
+    mean is not zero; both are None when every Δ is 0 (scipy returns nan there).
+    """
+    if n < 2:
+        raise ValueError(f"a t-test needs n >= 2, got {n}")
+    if sd == 0:
+        return None, (None if mean == 0 else 0.0)
+    t = mean / (sd / math.sqrt(n))
+    return float(t), float(2.0 * _scipy_stats.t.sf(abs(t), n - 1))
 
 
 def _sample_sd(values: np.ndarray) -> float | None:
@@ -177,6 +197,12 @@ class Contrast:
     estimable: bool
     reason: str | None = None
     rule: DecisionRule = field(default_factory=DecisionRule)
+    t_stat: float | None = None
+    p_value: float | None = None  # two-sided paired t-test of mean Δ = 0
+
+    @property
+    def df(self) -> int | None:
+        return self.n - 1 if self.estimable else None
 
     def to_dict(self) -> dict:
         return {
@@ -184,6 +210,9 @@ class Contrast:
             "mean_delta": self.mean_delta,
             "sd_delta": self.sd_delta,
             "ci95": list(self.ci95) if self.ci95 is not None else None,
+            "t_stat": self.t_stat,
+            "df": self.df,
+            "p_value": self.p_value,
             "seeds_improved": self.seeds_improved,
             "decision": self.decision,
             "seeds": list(self.seeds),
@@ -195,7 +224,7 @@ class Contrast:
 
 def contrast_from_deltas(deltas: Mapping[int, float], name: str = "contrast",
                          rule: DecisionRule | None = None, level: float = CI_LEVEL) -> Contrast:
-    """Summarise per-seed paired differences (spec-002 §3.4): mean, SD, t-CI, k/n, decision."""
+    """Summarise per-seed paired differences (spec-002 §3.4): mean, SD, t-CI, p, k/n, decision."""
     rule = rule or DecisionRule()
     checked = _check_values(deltas, name)
     seeds, values = tuple(checked), tuple(checked.values())
@@ -209,8 +238,9 @@ def contrast_from_deltas(deltas: Mapping[int, float], name: str = "contrast",
     mean, sd = float(array.mean()), float(np.std(array, ddof=1))
     ci = t_interval(mean, sd, n, level)
     improved = sum(rule.improved(v) for v in values)
+    t, p = paired_t_test(mean, sd, n)
     return Contrast(name, seeds, values, n, mean, sd, ci, improved, rule.decide(mean, ci), True,
-                    None, rule)
+                    None, rule, t, p)
 
 
 def paired_deltas(arm: Mapping[int, float], reference: Mapping[int, float]) -> dict[int, float]:
@@ -249,3 +279,110 @@ def retention_ratio(conditional: Contrast | float | None, reference: Contrast | 
     if num is None or den is None or den == 0 or not (math.isfinite(num) and math.isfinite(den)):
         return None
     return float(num) / float(den)
+
+
+@dataclass(frozen=True)
+class Retention:
+    """Descriptive retention ratio mean(a − b) / mean(c − d) over the seeds all four arms share,
+    e.g. Opt|OE (11 − 10) keeps 48.6 % of Opt|Dense (01 − 00) (seed 002 Table 3, spec-002 §3.4).
+
+    Both means carry sampling error, so there is no interval. The ratio exists from one shared
+    seed on (seed 002 quotes single-seed ones: "s47 recovers 70.5 % of its QK regression").
+    """
+
+    name: str
+    conditional: Contrast
+    reference: Contrast
+    ratio: float | None
+    reason: str | None = None
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "ratio": self.ratio,
+                "percent": None if self.ratio is None else 100.0 * self.ratio,
+                "n": self.conditional.n, "seeds": list(self.conditional.seeds),
+                "conditional": {"name": self.conditional.name, **self.conditional.to_dict()},
+                "reference": {"name": self.reference.name, **self.reference.to_dict()},
+                "conditional_mean": _mean(self.conditional.deltas),
+                "reference_mean": _mean(self.reference.deltas), "reason": self.reason}
+
+
+def _mean(values: tuple[float, ...]) -> float | None:
+    return float(np.mean(values)) if values else None
+
+
+def retention(a: Mapping[int, float], b: Mapping[int, float], c: Mapping[int, float],
+              d: Mapping[int, float], name: str = "(a - b) / (c - d)",
+              parts: tuple[str, str] = ("a - b", "c - d"), rule: DecisionRule | None = None) -> Retention:
+    """Retention of the conditional contrast a − b relative to the reference c − d, both paired
+    over the seeds present in all four arms (the seed set of a difference-of-differences)."""
+    common = sorted(set(a) & set(b) & set(c) & set(d))
+    conditional = paired_contrast({s: a[s] for s in common}, {s: b[s] for s in common}, parts[0], rule)
+    reference = paired_contrast({s: c[s] for s in common}, {s: d[s] for s in common}, parts[1], rule)
+    if not common:
+        return Retention(name, conditional, reference, None, "no seed has all four arms")
+    den = _mean(reference.deltas)
+    if den == 0:
+        return Retention(name, conditional, reference, None, "the reference contrast's mean Δ is 0")
+    return Retention(name, conditional, reference, retention_ratio(_mean(conditional.deltas), den))
+
+
+# ---------------------------------------------------------------------------- one seed
+SINGLE_SEED_RULE = ("seed 003's preregistered single-seed rule: one seed's Δ against θ alone, a decision "
+                    "threshold, not a confidence interval (improves if Δ ≤ −θ; worse if Δ ≥ +θ; otherwise "
+                    "inconclusive)")
+
+
+@dataclass(frozen=True)
+class SingleSeedDecision:
+    """One seed's paired Δ judged by the preregistered threshold alone (seed 003: the state gate's
+    −0.000452923 "misses the 0.0005 rule by 0.000047077"). `margin` is how far the gain clears
+    (> 0) or misses (< 0) θ; None with `reason` when the seed has no pair."""
+
+    name: str
+    seed: int | None
+    delta: float | None
+    threshold: float
+    margin: float | None
+    decision: str
+    reason: str | None = None
+    higher_is_better: bool = False
+
+    def describe(self) -> str:
+        if self.margin is None:
+            return self.reason or NOT_ESTIMABLE
+        if self.decision == WORSE:  # the loss beyond θ: gain = −(θ + excess)
+            return f"worse than θ = {self.threshold:g} by {-self.margin - 2 * self.threshold:.9f}"
+        verb = "clears" if self.margin >= 0 else "misses"
+        return f"{verb} θ = {self.threshold:g} by {abs(self.margin):.9f}"
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "seed": self.seed, "delta": self.delta, "threshold": self.threshold,
+                "margin": self.margin, "decision": self.decision, "reason": self.reason,
+                "rule": SINGLE_SEED_RULE, "text": self.describe()}
+
+
+def single_seed_decision(arm: Mapping[int, float], reference: Mapping[int, float], seed: int | None = None,
+                         name: str = "arm - reference", rule: DecisionRule | None = None) -> SingleSeedDecision:
+    """Seed 003's gate rule on Δ = arm − reference at `seed` (default: the one seed both have).
+
+    Only `rule`'s threshold and direction are used: the kind is always "threshold", one seed
+    having no spread. Several shared seeds and no `seed` named is not a single-seed decision.
+    """
+    rule = DecisionRule((rule or DecisionRule()).threshold, "threshold", (rule or DecisionRule()).higher_is_better)
+    shared = sorted(set(arm) & set(reference))
+    reason = None
+    if seed is None and len(shared) != 1:
+        reason = (f"{len(shared)} paired seeds ({', '.join(map(str, shared))}): name one with @SEED, or read the "
+                  f"multi-seed contrast" if shared else "no seed has both arms")
+    elif seed is not None and seed not in shared:
+        reason = f"seed {seed} does not have both arms (paired seeds: {', '.join(map(str, shared)) or 'none'})"
+    if reason:
+        return SingleSeedDecision(name, seed, None, rule.threshold, None, NOT_ESTIMABLE, reason,
+                                  rule.higher_is_better)
+    seed = shared[0] if seed is None else seed
+    delta = float(arm[seed]) - float(reference[seed])
+    if not math.isfinite(delta):
+        raise UsageError(f"{name}: seed {seed} has a non-finite Δ {delta!r}")
+    gain = delta if rule.higher_is_better else -delta
+    return SingleSeedDecision(name, seed, delta, rule.threshold, gain - rule.threshold,
+                              rule.decide(delta, None), None, rule.higher_is_better)

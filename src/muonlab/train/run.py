@@ -190,7 +190,7 @@ def _run(cfg, log, data, resume, ctx: Dist, device, t_start) -> RunResult:
     run_id = run.path.name
     prov = provenance.collect(runtime.device, corpus_hash=data.corpus_hash,
                               tokenizer_hash=data.tokenizer_hash, data_source=cfg.data.source)
-    record = dict(run_id=run_id, arm=cfg.arm, seed=cfg.seed, config_hash=cfg.config_hash(),
+    record = dict(run_id=run_id, arm=cfg.arm, seed=cfg.seed, config_hash=cfg.config_hash(), protocol=cfg.protocol_id(),
                   run_dir=str(run.path), config=cfg.to_dict(), provenance=prov,
                   resumed_from_step=checkpoint["step"] if checkpoint else None)
     record["world_size"] = ctx.world_size

@@ -4,25 +4,33 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from muonlab.lab.report.analysis import DEFAULT_THRESHOLD, analyse
 from muonlab.lab.report.output import write_report
+from muonlab.lab.report.requests import parse_requests
 
 
 def build_report(ledger_path: str | os.PathLike, baseline: str = "baseline", metric: str = "val_bpb",
                  threshold: float = DEFAULT_THRESHOLD, out_dir: str | os.PathLike | None = None, *,
-                 rule: str = "ci+threshold",
-                 arm_overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Analyse a ledger and return the report as a JSON-ready dict; with `out_dir`, also write
-    report.md, report.json and the PNG plots there (see `write_report`).
+                 rule: str = "ci+threshold", arm_overrides: Mapping[str, Any] | None = None,
+                 where: Sequence[str] | Mapping[str, Any] | None = None, protocol: str | None = None,
+                 contrasts: Sequence[str] = (), dods: Sequence[str] = (), retentions: Sequence[str] = (),
+                 single_seed: Sequence[str] = (), across: str | None = None) -> dict[str, Any]:
+    """Analyse a ledger and return the report as a JSON-ready dict, one study per protocol; with
+    `out_dir`, also write report.md, report.json and the PNG plots there (see `write_report`).
 
     `rule` is a `muonlab.lab.stats.RULE_KINDS` key; `arm_overrides` maps arm -> the config keys
-    (or the override dict) the arm changes, so the protocol check can compare everything else.
-    Raises UsageError for a missing ledger, an unknown baseline or metric, MuonlabError when
-    the ledger has no ok run.
+    (or the override dict) the arm changes (default: the registered arms'). `where` keeps the
+    runs whose config holds each KEY=VALUE; `protocol` keeps the one protocol whose id starts
+    so. `contrasts`, `dods`, `retentions`, `single_seed` and `across` take the command line's
+    texts (muonlab.lab.report.requests: "A:B", "A:B,C:D", "A:B@SEED", "KEY" or "KEY=v1,v2").
+    Raises UsageError for a missing ledger, an unknown baseline, metric, arm or setting, and a
+    filter nothing matches; MuonlabError when the ledger has no ok run.
     """
-    report, curves = analyse(Path(ledger_path), baseline, metric, threshold, rule, arm_overrides)
+    requests = parse_requests(contrasts, dods, retentions, single_seed, across)
+    report, curves = analyse(Path(ledger_path), baseline, metric, threshold, rule, arm_overrides,
+                             where=where, protocol=protocol, requests=requests)
     if out_dir is not None:
         write_report(report, out_dir, curves)
     return report

@@ -1,4 +1,8 @@
-"""Report files: report.json, report.md and the PNG plots, written into one folder."""
+"""Report files: report.json, report.md and the PNG plots, written into one folder.
+
+One set of plots per study; with several protocols their names carry the protocol id
+(`forest_<id8>.png`), so no study's plot overwrites another's.
+"""
 
 from __future__ import annotations
 
@@ -15,39 +19,55 @@ PLOT_FILES = {"loss_curves": "loss_curves.png", "paired_deltas": "paired_deltas.
 
 
 def write_report(report: dict[str, Any], out_dir: str | os.PathLike,
-                 curves: Mapping[str, list[Curve]] | None = None) -> dict[str, str]:
-    """Write the plots, report.json and report.md into out_dir; record the paths in report."""
+                 curves: Mapping[str, Mapping[str, list[Curve]]] | None = None) -> dict[str, Any]:
+    """Write the plots, report.json and report.md into out_dir; record the paths in report.
+
+    `curves` maps study (protocol id) -> arm -> the runs' training-loss curves.
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    plots = _write_plots(report, out, curves or {})
+    many = len(report["studies"]) > 1
+    every: dict[str, str] = {}
+    for study in report["studies"]:
+        suffix = f"_{study['protocol'][:8]}" if many else ""
+        plots = _write_plots(study, report, out, (curves or {}).get(study["protocol"], {}), suffix)
+        study["plots"] = {k: str(out / v) for k, v in plots.items()}
+        every.update({f"{k}{suffix}": str(out / v) for k, v in plots.items()})
     report["files"] = {"report_md": str(out / "report.md"), "report_json": str(out / "report.json"),
-                       "plots": {k: str(out / v) for k, v in plots.items()}}
+                       "plots": every}
     write_json(out / "report.json", report)
     write_text(out / "report.md", render_markdown(report))
     return report["files"]
 
 
-def _write_plots(report: dict, out: Path, curves: Mapping[str, list[Curve]]) -> dict[str, str]:
+def _name(kind: str, suffix: str) -> str:
+    stem, ext = PLOT_FILES[kind].rsplit(".", 1)
+    return f"{stem}{suffix}.{ext}"
+
+
+def _write_plots(study: dict, report: dict, out: Path, curves: Mapping[str, list[Curve]],
+                 suffix: str) -> dict[str, str]:
     try:
         from muonlab.lab import plots
     except ImportError as exc:  # pragma: no cover - matplotlib is a dependency of the lab
-        report["notes"].append(f"plots skipped: {exc}")
+        study["notes"].append(f"plots skipped: {exc}")
         return {}
     written = {}
     if curves:
         keys = {c.key for runs in curves.values() for c in runs}
         label = "training loss (EMA)" if keys == {"smooth_loss"} else "training loss"
+        written["loss_curves"] = _name("loss_curves", suffix)
         plots.plot_loss_curves({arm: [(c.seed, c.steps, c.values) for c in runs]
                                 for arm, runs in curves.items()},
-                               out / PLOT_FILES["loss_curves"], ylabel=label)
-        written["loss_curves"] = PLOT_FILES["loss_curves"]
-    if report["contrasts"]:
-        plots.plot_paired_deltas(report["contrasts"], out / PLOT_FILES["paired_deltas"],
+                               out / written["loss_curves"], ylabel=label)
+    if study["contrasts"]:
+        written["paired_deltas"] = _name("paired_deltas", suffix)
+        plots.plot_paired_deltas(study["contrasts"], out / written["paired_deltas"],
                                  report["metric"], report["threshold"], report["baseline"])
-        written["paired_deltas"] = PLOT_FILES["paired_deltas"]
-        rows = [(f"{c['name']} ({c['metric']})", c) for c in report["contrasts"].values()]
-        for m, table in report["secondary"].items():
-            rows += [(f"{c['name']} ({m})", c) for c in table["contrasts"].values()]
-        plots.plot_forest(rows, out / PLOT_FILES["forest"], report["threshold"])
-        written["forest"] = PLOT_FILES["forest"]
+    tables = [(report["metric"], study)] + list(study["secondary"].items())
+    rows = [(f"{c['name']} ({m})", c) for m, t in tables
+            for c in [*t["contrasts"].values(), *t["extra_contrasts"], *t["dods"]]]
+    if rows:
+        written["forest"] = _name("forest", suffix)
+        plots.plot_forest(rows, out / written["forest"], report["threshold"])
     return written

@@ -1,15 +1,20 @@
-"""Protocol checks: do the runs a report compares share one protocol?
+"""Recorded settings and protocol checks: what a run's config says, and do the runs a study
+compares share one protocol?
 
-Resolved configs are compared within each arm across seeds and each arm against the baseline;
-a report never silently pools two protocols. Runs from different devices or software are
-flagged too.
+Runs are grouped into protocols before anything is compared (muonlab.lab.report.grouping);
+these checks are the second line: resolved configs are compared within each arm across seeds
+and each arm against the baseline. Runs from different devices or software are flagged too.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Iterable, Mapping
 
-from muonlab.settings import flatten
+from muonlab.settings import Section, flatten, to_dict
 
 # Configs are compared over what can change a number (RunConfig.hashed_values: bookkeeping and
 # inert settings are out by construction), less the seed, which arms are paired over.
@@ -19,17 +24,58 @@ PROTOCOL_KEYS = ("data.source", "train.num_steps", "train.time_budget", "train.t
                  "train.sequence_len", "train.eval_tokens", "data.vocab_size", "model.depth")
 
 
-def comparable(config: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
-    """(the flat settings that can change a number, whether the config was of the older flat
-    format 1 and converted). A config that no longer resolves is compared as written."""
+@dataclass(frozen=True)
+class RecordedSettings:
+    """A ledger line's config, read once: `values` holds every recorded setting (flat, bookkeeping
+    included: what --where reads), `countable` those that could change a number whether or not
+    they act (what protocols are told apart by: an arm that switches a method off leaves the
+    method's settings at the protocol's values), `legacy` whether it was config format 1."""
+
+    values: dict[str, Any]
+    countable: dict[str, Any]
+    hashed: dict[str, Any]  # the settings that act (RunConfig.hashed_values): what the checks compare
+    legacy: bool
+
+
+def countable_values(obj: Section, prefix: str = "") -> dict[str, Any]:
+    """Every setting of hashed sections and fields, active or not (settings.hashed_values less
+    its activity rule)."""
+    if not type(obj).HASHED:
+        return {}
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(obj):
+        if not f.metadata.get("hashed", True):
+            continue
+        value = getattr(obj, f.name)
+        if isinstance(value, Section):
+            out.update(countable_values(value, f"{prefix}{f.name}."))
+        else:
+            out[f"{prefix}{f.name}"] = value
+    return out
+
+
+def recorded_settings(record: dict) -> RecordedSettings | None:
+    """The settings of a ledger line's config (cached on the record), or None without a config.
+    A config that no longer resolves is read as written, bookkeeping left out."""
+    if "_settings" not in record:
+        config = record.get("config")
+        record["_settings"] = _read(json.dumps(config, sort_keys=True)) if isinstance(config, dict) else None
+    return record["_settings"]
+
+
+@lru_cache(maxsize=4096)  # resolving a config takes milliseconds; reports of one ledger repeat them
+def _read(config_json: str) -> RecordedSettings:
     from muonlab.config import RunConfig, is_legacy  # noqa: PLC0415
     from muonlab.errors import MuonlabError  # noqa: PLC0415
 
-    legacy = is_legacy(dict(config))
+    config = json.loads(config_json)
     try:
-        return RunConfig.from_dict(dict(config)).hashed_values(), legacy
-    except (MuonlabError, TypeError, ValueError):
-        return flatten(config), legacy
+        cfg = RunConfig.from_dict(config)
+        return RecordedSettings(flatten(to_dict(cfg)), countable_values(cfg), cfg.hashed_values(), is_legacy(config))
+    except (MuonlabError, TypeError, ValueError):  # compared as written
+        flat = {k: v for k, v in flatten(config).items() if k not in ("format", "protocol", "arm")}
+        countable = {k: v for k, v in flat.items() if not k.startswith("record.")}
+        return RecordedSettings(flat, countable, countable, is_legacy(config))
 
 
 def _override_keys(overrides: Iterable[str] | Mapping[str, Any]) -> set[str]:
@@ -38,7 +84,7 @@ def _override_keys(overrides: Iterable[str] | Mapping[str, Any]) -> set[str]:
     return set(overrides)
 
 
-def _is_overridden(key: str, overridden: set[str]) -> bool:
+def is_overridden(key: str, overridden: set[str]) -> bool:
     # an override named without its section ('vocab_size') also covers 'data.vocab_size'
     return any(key == k or key.endswith("." + k) for k in overridden)
 
@@ -69,11 +115,11 @@ def check_protocol(runs: Mapping[str, list[dict]], baseline: str,
     overrides = {arm: _override_keys(v) for arm, v in (arm_overrides or {}).items()}
     reference: dict[str, dict] = {}
     for arm, records in runs.items():
-        configs = [(r["seed"], r.get("config")) for r in sorted(records, key=lambda r: r["seed"])]
-        missing = [seed for seed, cfg in configs if not isinstance(cfg, dict)]
+        configs = [(r["seed"], recorded_settings(r)) for r in sorted(records, key=lambda r: r["seed"])]
+        missing = [seed for seed, settings in configs if settings is None]
         if missing:
             warnings.append(f"arm {arm!r}: no config recorded for seed(s) {missing}; protocol not checked")
-        configs = [(seed, comparable(cfg)[0]) for seed, cfg in configs if isinstance(cfg, dict)]
+        configs = [(seed, settings.hashed) for seed, settings in configs if settings is not None]
         if not configs:
             continue
         seed0, first = configs[0]
@@ -94,7 +140,7 @@ def check_protocol(runs: Mapping[str, list[dict]], baseline: str,
         settings[arm] = {k: [a, b] for k, (a, b) in diffs.items()}
         if arm in overrides and baseline in overrides:
             allowed = overrides[arm] | overrides[baseline]
-            bad = {k: v for k, v in diffs.items() if not _is_overridden(k, allowed)}
+            bad = {k: v for k, v in diffs.items() if not is_overridden(k, allowed)}
             where = "outside its overrides"
         else:
             unknown.append(arm)

@@ -1,6 +1,8 @@
-"""Report rendering: the report dict -> report.md (Markdown) and compact terminal text.
+"""Report rendering to Markdown (report.md): the method, then one section per protocol's study,
+then contrasts across protocols. The terminal text is muonlab.lab.report.text.
 
-Numbers print with 6 decimals as the seed papers print BPB; nothing here computes a statistic.
+Numbers print with 6 decimals as the seed papers print BPB, p-values with 4 (or 3 significant
+digits below 0.001); nothing here computes a statistic.
 """
 
 from __future__ import annotations
@@ -8,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-from muonlab.lab.report.analysis import BPB_METRICS
+from muonlab.lab.report.study import BPB_METRICS
 
 
 def fmt(value: float | None, signed: bool = False) -> str:
@@ -21,14 +23,35 @@ def fmt(value: float | None, signed: bool = False) -> str:
     return f"{value:{sign}.6f}"
 
 
-def _mean_sd(summary: Mapping[str, Any]) -> str:
+def fmt_p(p: float | None) -> str:
+    """A two-sided p-value: 4 decimals, or 3 significant digits below 0.001."""
+    if p is None:
+        return "n/a"
+    return f"{p:.4f}" if p >= 0.001 else f"{p:.3g}"
+
+
+def fmt_setting(value: Any) -> str:
+    return "none" if value is None else str(value)
+
+
+def settings_text(settings: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k} = {fmt_setting(v)}" for k, v in settings.items())
+
+
+def study_title(study: Mapping[str, Any]) -> str:
+    kind = " (derived from recorded configs)" if study["derived"] else ""
+    kind += " (ambiguous)" if study["ambiguous"] else ""
+    return f"protocol {study['protocol']}{kind}"
+
+
+def mean_sd(summary: Mapping[str, Any] | None) -> str:
     if not summary or summary.get("n", 0) == 0:
         return "no ok runs"
     sd = f" ± {fmt(summary['sd'])}" if summary.get("sd") is not None else " (n = 1, no SD)"
     return fmt(summary["mean"]) + sd
 
 
-def _ci(contrast: Mapping[str, Any]) -> str:
+def ci_text(contrast: Mapping[str, Any]) -> str:
     ci = contrast.get("ci95")
     return f"[{fmt(ci[0], True)}, {fmt(ci[1], True)}]" if ci else "n/a"
 
@@ -41,11 +64,45 @@ def _row(*cells: Any) -> str:
     return "| " + " | ".join(str(c) for c in cells) + " |"
 
 
+CONTRAST_HEADER = [_row("contrast", "n", "mean Δ ± SD", "95% CI", "p (paired t)", "improved", "decision",
+                        "per-seed Δ"), _row(*["---"] * 8)]
+
+
 def _contrast_row(c: Mapping[str, Any]) -> str:
     if not c["estimable"]:
-        return _row(c["name"], c["n"], "not estimable", "n/a", "n/a", c["decision"], _per_seed(c))
-    return _row(c["name"], c["n"], f"{fmt(c['mean_delta'], True)} ± {fmt(c['sd_delta'])}", _ci(c),
-                f"{c['seeds_improved']}/{c['n']}", f"**{c['decision']}**", _per_seed(c))
+        return _row(c["name"], c["n"], "not estimable", "n/a", "n/a", "n/a", c["decision"],
+                    c.get("reason") if c["n"] == 0 else _per_seed(c))
+    return _row(c["name"], c["n"], f"{fmt(c['mean_delta'], True)} ± {fmt(c['sd_delta'])}", ci_text(c),
+                fmt_p(c["p_value"]), f"{c['seeds_improved']}/{c['n']}", f"**{c['decision']}**", _per_seed(c))
+
+
+def _retention_rows(items: list[Mapping[str, Any]]) -> list[str]:
+    lines = [_row("retention", "n", "conditional mean Δ", "reference mean Δ", "ratio", "seeds"),
+             _row(*["---"] * 6)]
+    for r in items:
+        ratio = f"{r['percent']:.1f} %" if r.get("percent") is not None else f"n/a ({r.get('reason')})"
+        lines.append(_row(r["name"], r["n"], fmt(r.get("conditional_mean"), True),
+                          fmt(r.get("reference_mean"), True), ratio, ", ".join(map(str, r["seeds"])) or "—"))
+    return lines
+
+
+def _single_rows(items: list[Mapping[str, Any]]) -> list[str]:
+    lines = [_row("single-seed contrast", "seed", "Δ", "against θ", "decision"), _row(*["---"] * 5)]
+    lines += [_row(d["name"], d["seed"] if d["seed"] is not None else "—", fmt(d["delta"], True), d["text"],
+                   f"**{d['decision']}**") for d in items]
+    return lines
+
+
+def _requested(table: Mapping[str, Any], single_seed_rule: str) -> list[str]:
+    lines: list[str] = []
+    if table["extra_contrasts"] or table["dods"]:
+        lines += CONTRAST_HEADER + [_contrast_row(c) for c in [*table["extra_contrasts"], *table["dods"]]] + [""]
+    if table["retentions"]:
+        lines += ["Retention ratios (descriptive: both means carry sampling error, no interval):", ""]
+        lines += _retention_rows(table["retentions"]) + [""]
+    if table["single_seed"]:
+        lines += [f"Single-seed decisions, {single_seed_rule}:", ""] + _single_rows(table["single_seed"]) + [""]
+    return lines
 
 
 def _value_of(table: Mapping[str, Any] | None, seed: int) -> str:
@@ -60,101 +117,105 @@ def _failure_detail(f: Mapping[str, Any]) -> str:
     return (f["error"] or "").replace("|", "/")
 
 
-def render_markdown(report: Mapping[str, Any]) -> str:
-    """report.md: protocol, warnings, per-arm per-seed tables, contrasts, failed runs, plots."""
-    metric, baseline, protocol = report["metric"], report["baseline"], report["protocol"]
-    shown = [metric] + [m for m in BPB_METRICS if m != metric and m in report["secondary"]]
-    tables = {metric: report["arms"], **{m: t["arms"] for m, t in report["secondary"].items()}}
-    counts = report["counts"]
-    settings = ", ".join(f"{k} = {v}" for k, v in protocol["baseline_settings"].items())
-    lines = [f"# Experiment report: {Path(report['ledger']).name}", "",
-             f"Ledger `{report['ledger']}`, generated {report['generated_at']}.", "", "## Protocol", "",
-             f"- Primary metric: `{metric}`; baseline arm: `{baseline}`.",
-             f"- Statistics: {protocol['statistics']} (t_0.975,2 = {protocol['t_975_n3']:.6f}).",
-             f"- Decision rule: {report['decision_rule']['text']}. "
-             f"A contrast with fewer than 2 paired seeds is not estimable.",
-             f"- Runs: {counts['records']} ledger records, {counts['ok']} ok ({counts['ok_used']} used after "
-             f"de-duplication), {counts['failed']} failed, {counts['diverged']} diverged, "
-             f"{counts['malformed_lines']} malformed line(s). Only ok runs enter the statistics; every "
-             f"failed or diverged run is listed below.",
-             f"- Seeds: {', '.join(map(str, protocol['seeds']))}.",
-             f"- Baseline settings: {settings}.", ""]
-    if report["warnings"]:
-        lines += ["## Warnings", ""]
-        lines += [f"- **{w}**" if w.startswith("PROTOCOL") else f"- {w}" for w in report["warnings"]]
-        lines.append("")
+def _warning_lines(warnings: list[str]) -> list[str]:
+    return [f"- **{w}**" if w.startswith("PROTOCOL") else f"- {w}" for w in warnings]
 
-    lines += ["## Arms", "", _row("arm", "n", *(f"{m} mean ± SD" for m in shown)),
-              _row(*["---"] * (2 + len(shown)))]
-    for arm, summary in report["arms"].items():
-        lines.append(_row(arm, summary["n"], *(_mean_sd(tables[m].get(arm)) for m in shown)))
+
+def _study(report: Mapping[str, Any], study: Mapping[str, Any], index: int, total: int) -> list[str]:
+    metric, baseline = report["metric"], report["baseline"]
+    shown = [metric] + [m for m in BPB_METRICS if m != metric and m in study["secondary"]]
+    tables = {metric: study["arms"], **{m: t["arms"] for m, t in study["secondary"].items()}}
+    c = study["counts"]
+    lines = [f"## Study {index} of {total}: {study_title(study)}", ""]
+    if study["settings"]:
+        lines.append(f"- Settings that tell it from the other protocols: {settings_text(study['settings'])}.")
+    lines += [f"- Settings: {settings_text(study['protocol_settings'])}.",
+              f"- Runs: {c['records']} records, {c['ok']} ok ({c['ok_used']} used after de-duplication), "
+              f"{c['failed']} failed, {c['diverged']} diverged; seeds {', '.join(map(str, study['seeds'])) or '—'}.",
+              ""]
+    if study["warnings"]:
+        lines += ["### Warnings", ""] + _warning_lines(study["warnings"]) + [""]
+    lines += ["### Arms", "", _row("arm", "n", *(f"{m} mean ± SD" for m in shown)), _row(*["---"] * (2 + len(shown)))]
+    for arm, summary in study["arms"].items():
+        lines.append(_row(arm, summary["n"], *(mean_sd(tables[m].get(arm)) for m in shown)))
     lines.append("")
-    for arm, summary in report["arms"].items():
-        lines += [f"### {arm}", "", _row("seed", "run", *shown), _row(*["---"] * (2 + len(shown)))]
+    for arm, summary in study["arms"].items():
+        lines += [f"#### {arm}", "", _row("seed", "run", *shown), _row(*["---"] * (2 + len(shown)))]
         for seed, run_id in zip(summary["seeds"], summary["run_ids"]):
             lines.append(_row(seed, run_id, *(_value_of(tables[m].get(arm), seed) for m in shown)))
-        for f in (f for f in report["failed_runs"] if f["arm"] == arm):
+        for f in (f for f in study["failed_runs"] if f["arm"] == arm):
             lines.append(_row(f["seed"], f["run_id"], *[f["status"]] * len(shown)))
-        lines += [_row("**mean ± SD**", f"n = {summary['n']}", *(_mean_sd(tables[m].get(arm)) for m in shown)), ""]
-        diffs = report["arm_settings"].get(arm)
+        lines += [_row("**mean ± SD**", f"n = {summary['n']}", *(mean_sd(tables[m].get(arm)) for m in shown)), ""]
+        diffs = study["arm_settings"].get(arm)
         if diffs:
             lines += ["Settings that differ from the baseline: " +
                       ", ".join(f"`{k}` = {a!r} (baseline {b!r})" for k, (a, b) in diffs.items()), ""]
-
-    header = [_row("contrast", "n", "mean Δ ± SD", "95% CI", "improved", "decision", "per-seed Δ"),
-              _row(*["---"] * 7)]
-    lines += [f"## Contrasts vs `{baseline}` ({metric}; Δ < 0 means lower)", ""] + header
-    lines += [_contrast_row(c) for c in report["contrasts"].values()] + [""]
-    for m, table in report["secondary"].items():
-        lines += [f"### Secondary metric: {m} (same rule and θ; {metric} is the primary endpoint)", ""]
-        lines += header + [_contrast_row(c) for c in table["contrasts"].values()] + [""]
-
-    lines += ["## Failed and diverged runs", ""]
-    if report["failed_runs"]:
+    if study["has_baseline"]:
+        lines += [f"### Contrasts vs `{baseline}` ({metric}; Δ < 0 means lower)", ""] + CONTRAST_HEADER
+        lines += [_contrast_row(x) for x in study["contrasts"].values()] + [""]
+    requested = _requested(study, report["single_seed_rule"])
+    if requested:
+        lines += [f"### Requested contrasts ({metric})", ""] + requested
+    for m, table in study["secondary"].items():
+        lines += [f"### Secondary metric: {m} (same rules and θ; {metric} is the primary endpoint)", ""]
+        if study["has_baseline"]:
+            lines += CONTRAST_HEADER + [_contrast_row(x) for x in table["contrasts"].values()] + [""]
+        lines += _requested(table, report["single_seed_rule"])
+    lines += ["### Failed and diverged runs", ""]
+    if study["failed_runs"]:
         lines += [_row("run", "arm", "seed", "status", "detail"), _row(*["---"] * 5)]
-        lines += [_row(f["run_id"], f["arm"], f["seed"], f["status"], _failure_detail(f))
-                  for f in report["failed_runs"]]
+        lines += [_row(f["run_id"], f["arm"], f["seed"], f["status"], _failure_detail(f)) for f in study["failed_runs"]]
     else:
         lines.append("None.")
     lines.append("")
-    plots = (report.get("files") or {}).get("plots", {})
-    if plots:
-        lines += ["## Plots", ""] + [f"![{name}]({Path(path).name})" for name, path in plots.items()] + [""]
+    if study.get("plots"):
+        lines += ["### Plots", ""] + [f"![{name}]({Path(path).name})" for name, path in study["plots"].items()] + [""]
+    if study["notes"]:
+        lines += ["### Notes", ""] + [f"- {n}" for n in study["notes"]] + [""]
+    return lines
+
+
+def _across(report: Mapping[str, Any]) -> list[str]:
+    items = report["across"]
+    if not items:
+        return []
+    lines = [f"## Across protocols ({report['selection']['across']})", "",
+             "Per seed, one contrast in the first protocol minus the same contrast in the second.", ""]
+    for m in dict.fromkeys(x["metric"] for x in items):
+        dods = [x for x in items if x["metric"] == m and x["kind"] == "dod"]
+        rets = [x for x in items if x["metric"] == m and x["kind"] == "retention"]
+        lines += [f"### {m}", ""]
+        if dods:
+            lines += CONTRAST_HEADER + [_contrast_row(x) for x in dods] + [""]
+        if rets:
+            lines += _retention_rows(rets) + [""]
+        protocols = sorted({tuple(x["protocols"]) for x in dods + rets})
+        lines += [f"- {a} vs {b}" for a, b in protocols] + [""]
+    return lines
+
+
+def render_markdown(report: Mapping[str, Any]) -> str:
+    """report.md: the method, ledger warnings, one section per study, contrasts across protocols."""
+    counts, selection = report["counts"], report["selection"]
+    studies = report["studies"]
+    where = ", ".join(f"{k} = {v}" for k, v in selection["where"].items())
+    lines = [f"# Experiment report: {Path(report['ledger']).name}", "",
+             f"Ledger `{report['ledger']}`, generated {report['generated_at']}.", "", "## Method", "",
+             f"- Primary metric: `{report['metric']}`; baseline arm: `{report['baseline']}`.",
+             f"- Statistics: {report['statistics']} (t_0.975,2 = {report['t_975_n3']:.6f}).",
+             f"- Decision rule: {report['decision_rule']['text']}. "
+             f"A contrast with fewer than 2 paired seeds is not estimable.",
+             f"- Single-seed decisions (when asked for): {report['single_seed_rule']}.",
+             f"- Runs: {counts['records']} ledger records, {counts['ok']} ok, {counts['failed']} failed, "
+             f"{counts['diverged']} diverged, {counts['malformed_lines']} malformed line(s); {counts['selected']} "
+             f"selected" + (f" by {where}" if where else "") + f", in {counts['protocols']} protocol(s). Runs of "
+             f"two protocols are never pooled: each protocol is its own study. Only ok runs enter the statistics; "
+             f"every failed or diverged run is listed.", ""]
+    if report["warnings"]:
+        lines += ["## Warnings", ""] + _warning_lines(report["warnings"]) + [""]
+    for i, study in enumerate(studies, 1):
+        lines += _study(report, study, i, len(studies))
+    lines += _across(report)
     if report["notes"]:
         lines += ["## Notes", ""] + [f"- {n}" for n in report["notes"]] + [""]
     return "\n".join(lines)
-
-
-def format_text(report: Mapping[str, Any]) -> str:
-    """Compact terminal tables: arms, contrasts, failures, warnings."""
-    metric, baseline, contrasts = report["metric"], report["baseline"], report["contrasts"]
-    extra = [m for m in report["secondary"] if m in BPB_METRICS]
-    w = max([len(a) for a in report["arms"]] + [len(c["name"]) for c in contrasts.values()] + [8])
-    out = [f"report of {report['ledger']}: metric {metric}, baseline {baseline}, "
-           f"rule {report['decision_rule']['kind']} (θ = {report['threshold']:g})", "",
-           f"{'arm':<{w}}  {'n':>2}  " + "  ".join(f"{m + ' mean ± SD':<24}" for m in [metric] + extra)]
-    for arm, summary in report["arms"].items():
-        cells = [_mean_sd(summary)] + [_mean_sd(report["secondary"][m]["arms"].get(arm)) for m in extra]
-        out.append(f"{arm:<{w}}  {summary['n']:>2}  " + "  ".join(f"{c:<24}" for c in cells))
-    out.append("")
-    if not contrasts:
-        out.append(f"no contrasts: {baseline} is the only arm in the ledger")
-    else:
-        out.append(f"{'contrast':<{w}}  {'n':>2}  {'mean Δ ± SD':<22}  {'95% CI':<24}  {'k/n':<5}  decision")
-    for c in contrasts.values():
-        if not c["estimable"]:
-            out.append(f"{c['name']:<{w}}  {c['n']:>2}  {c['reason']}")
-            continue
-        mean_sd = f"{fmt(c['mean_delta'], True)} ± {fmt(c['sd_delta'])}"
-        k = f"{c['seeds_improved']}/{c['n']}"
-        out.append(f"{c['name']:<{w}}  {c['n']:>2}  {mean_sd:<22}  {_ci(c):<24}  {k:<5}  {c['decision']}")
-    if report["failed_runs"]:
-        out += ["", f"failed/diverged runs ({len(report['failed_runs'])}):"]
-        out += [f"  {f['arm']} seed {f['seed']}: {f['status']} ({f['run_id']})" for f in report["failed_runs"]]
-    if report["warnings"]:
-        out += ["", f"warnings ({len(report['warnings'])}):"] + [f"  - {x}" for x in report["warnings"]]
-    files = report.get("files")
-    if files:
-        written = [files["report_md"], files["report_json"], *files["plots"].values()]
-        out += ["", "wrote " + ", ".join(written)]
-    return "\n".join(out)
