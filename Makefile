@@ -3,7 +3,7 @@ PYTHON ?= python3.11
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench clean
+.PHONY: demo test test-fast bench clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (muonlab needs Python 3.11)"; exit 2; }
@@ -15,8 +15,13 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/muonlab demo
 
+# the whole suite, one worker per core (pytest-xdist); GPU tests skip without CUDA
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q -n auto
+
+# the suite less the slow and multi-process tests (about a minute on 2 cores)
+test-fast: $(STAMP)
+	$(VENV)/bin/python -m pytest -q -n auto -m "not slow and not multiprocess"
 
 bench: $(STAMP)
 	$(VENV)/bin/python benchmarks/step_throughput.py

@@ -4,11 +4,9 @@ from pathlib import Path
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-# shared/ sits beside the checkout (../shared), as laid out for sessions and CI
-SHARED_REFERENCE = REPO.parent / "shared" / "reference"
-
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+# Under pytest-xdist every core has its worker: one thread each (tiny models gain nothing from
+# more, and oversubscribed cores slow everything); a single process may use two.
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else min(2, os.cpu_count() or 1))
 
 
 @pytest.fixture(autouse=True)
@@ -28,17 +26,7 @@ def one_thread(monkeypatch):
     torch.set_num_threads(threads)
 
 
-# Upstream reference bundles. The small ones in tests/golden ship with the project (recorded by
-# tests/golden/record_upstream_bundles.py from upstream's own train.py) and are always tested, so a
-# missing one fails instead of skipping; the larger shared ones are added where ../shared exists.
-PRECISIONS = ("fp32", "bf16")
-SHIPPED_BUNDLES = {p: REPO / "tests" / "golden" / f"upstream_d2e32_{p}.pt" for p in PRECISIONS}
-SHARED_BUNDLES = {p: SHARED_REFERENCE / f"autoresearch_d2_{p}.pt" for p in PRECISIONS}
-
-
-def reference_bundles(precision: str) -> list[Path]:
-    shared = SHARED_BUNDLES[precision]
-    return [SHIPPED_BUNDLES[precision]] + ([shared] if shared.exists() else [])
+from support.bundles import PRECISIONS, reference_bundles  # noqa: E402 (tests/ is on sys.path)
 
 
 def _bundle_id(path: Path) -> str:

@@ -7,7 +7,7 @@ The golden file was recorded by tests/golden/make_arm_checksums.py before the st
 from __future__ import annotations
 
 import importlib.util
-import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -19,9 +19,10 @@ _spec.loader.exec_module(golden_script)
 FINGERPRINT, MACHINE = golden_script.machine_fingerprint()
 _SETS = golden_script.load_golden()["machines"]
 GOLDEN = _SETS.get(FINGERPRINT, {}).get("arms")
-# bits depend on the CPU (see the script): without this machine's set there is nothing to compare
-needs_golden = pytest.mark.skipif(GOLDEN is None, reason=f"no golden arm checksums for this machine ({MACHINE}, "
-                                  f"{FINGERPRINT}); record them as tests/golden/make_arm_checksums.py says")
+# Bits depend on the CPU (see the script). Without this machine's set every arm still trains and
+# must change its weights; the bit-for-bit comparison is then reported as not made (a warning).
+NO_SET = (f"no golden arm checksums for this machine ({MACHINE}, {FINGERPRINT}): arms trained, bits not "
+          "compared; record them as tests/golden/make_arm_checksums.py says")
 
 
 @pytest.fixture(scope="module")
@@ -42,12 +43,43 @@ def test_every_machine_set_covers_every_registered_arm():
         assert sorted(ARMS) == sorted(entry["arms"]), f"{entry['machine']}: record new arms with the script"
 
 
-@needs_golden
+def _initial_weights(arm_name: str, preset_name: str, data_cache: dict) -> dict[str, str]:
+    """The per-tensor digests of the arm's model as initialised (seeded as a run seeds it)."""
+    import torch
+
+    from muonlab.arms import resolve_config
+    from muonlab.device import Runtime
+    from muonlab.train.build import build_model
+
+    cfg = resolve_config(arm_name, preset_name, {"num_steps": golden_script.STEPS})
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg, data_cache[preset_name].tokenizer.vocab_size, Runtime(torch.device("cpu"), "fp32"))
+    return golden_script.weights_digest(model.state_dict())[1]
+
+
+@pytest.fixture(autouse=True)
+def _recording_threads():
+    """The thread count the sets were recorded with (the script's), whatever the suite runs at."""
+    import os
+
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("arm_name", sorted(next(iter(_SETS.values()))["arms"]))
-def test_arm_reproduces_its_golden_checksum(arm_name, data_cache, shared_cache, tmp_path, monkeypatch):
+def test_arm_trains_to_its_golden_checksum(arm_name, data_cache, shared_cache, tmp_path, monkeypatch):
     monkeypatch.setenv("MUONLAB_CACHE", str(shared_cache))  # prepare each preset's data once
-    expected = GOLDEN[arm_name]
+    expected = (GOLDEN or next(iter(_SETS.values()))["arms"])[arm_name]
     digest, tensors = golden_script.arm_checksum(arm_name, expected["preset"], tmp_path / "runs", data_cache)
+    if GOLDEN is None:
+        warnings.warn(NO_SET)
+        initial = _initial_weights(arm_name, expected["preset"], data_cache)
+        assert set(tensors) == set(initial) and tensors != initial, f"{arm_name}: 3 steps left every weight as it was"
+        return
     moved = sorted(set(expected["tensors"].values()) - set(tensors.values()))
     assert digest == expected["digest"], f"{arm_name}: {len(moved)} tensors differ, e.g. {moved[:3]}"

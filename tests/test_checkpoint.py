@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.models import assert_trained
 
 import muonlab.record.ledger as ledger_module
 import muonlab.train.checkpoint as ckpt_module
@@ -65,6 +66,7 @@ def _wait_for_steps(run_dir: Path, n: int, proc, timeout=120):
     raise AssertionError(f"run did not reach {n} steps (exit {proc.poll()})")
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_bitwise(tmp_path, reference_run, capsys):
     ref_dir, ref_summary = reference_run
     proc = _start(tmp_path, "killed")
@@ -76,6 +78,7 @@ def test_killed_run_resumes_bitwise(tmp_path, reference_run, capsys):
     assert main(["train", "--resume", str(run_dir), "--json"]) == 0
     resumed = json.loads(capsys.readouterr().out)["summary"]
     assert_same_weights(ref_dir, run_dir)
+    assert_trained(run_dir)  # the same weights as a run that trained, not merely the same
     assert resumed["val_bpb"] == ref_summary["val_bpb"]
     assert resumed["holdout_bpb"] == ref_summary["holdout_bpb"]
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -84,6 +87,7 @@ def test_killed_run_resumes_bitwise(tmp_path, reference_run, capsys):
     assert [r["status"] for r in rec] == ["ok"] and rec[0]["resumed_from_step"] % 4 == 0
 
 
+@pytest.mark.slow
 def test_sigterm_checkpoints_and_resumes(tmp_path, reference_run, capsys):
     ref_dir, _ = reference_run
     proc = _start(tmp_path, "preempted")
@@ -99,6 +103,7 @@ def test_sigterm_checkpoints_and_resumes(tmp_path, reference_run, capsys):
     assert_same_weights(ref_dir, run_dir)
 
 
+@pytest.mark.slow
 def test_damaged_checkpoint_is_refused_and_fallback_works(tmp_path, reference_run, capsys):
     ref_dir, _ = reference_run
     newest = list_checkpoints(ref_dir)[-1]

@@ -50,6 +50,7 @@ def test_every_spec_arm_is_registered_for_seed_002():
     assert {a for a in PARAMS if ARMS[a].paper == "seed 002"} == set(PARAMS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arm,preset,total", CASES)
 def test_params_match_spec_table(arm, preset, total):
     p = acc(arm, preset)["params"]

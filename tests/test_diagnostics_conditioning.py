@@ -12,6 +12,7 @@ def result():
     return conditioning.run()
 
 
+@pytest.mark.slow
 def test_cosine_ordering_is_the_papers_on_every_shape(result):
     # seed 000 §4.3: 2-pass bilateral > Zeta (20-step EMA) > 1-pass row-RMS > Turbo-Muon AOL > raw
     for shape, order in result["order_by_cosine"].items():

@@ -18,6 +18,8 @@ from muonlab.diagnostics import storage
 from muonlab.model import GPTConfig
 from muonlab.model.gpt import has_ve
 
+pytestmark = pytest.mark.slow  # the audit compiles every implementation (~40 s)
+
 IMPLS = ("none", "unfused_slice", "unfused_contig", "weight_fused")
 L = 4  # layers 1 and 3 have value embeddings
 

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 import torch
+from support.models import assert_trained
 
 pytestmark = pytest.mark.multiprocess
 
@@ -21,6 +22,7 @@ def _run(tmp_path, argv, nproc=None, threads="1"):
     return done
 
 
+@pytest.mark.slow
 def test_two_ranks_match_one_process(tmp_path):
     single = _run(tmp_path, ARGS + ["--run-name", "single"])
     assert single.returncode == 0, single.stderr
@@ -35,6 +37,7 @@ def test_two_ranks_match_one_process(tmp_path):
     ws = torch.load(runs / "single" / "model.pt", weights_only=True)
     wd = torch.load(runs / "double" / "model.pt", weights_only=True)
     assert all(torch.equal(ws[k], wd[k]) for k in ws)
+    assert_trained(runs / "single")  # equal, and trained: a loop that never steps would be equal too
     records = [json.loads(line) for line in (runs / "ledger.jsonl").read_text().splitlines()]
     assert [r["world_size"] for r in records] == [1, 2]  # one ledger line per run, not per rank
     # a checkpoint written by 2 ranks is refused by 1 process with a clear message
@@ -42,6 +45,7 @@ def test_two_ranks_match_one_process(tmp_path):
     assert resumed.returncode == 2 and "same number" in resumed.stderr
 
 
+@pytest.mark.slow
 def test_global_batch_must_split_over_ranks(tmp_path):
     done = _run(tmp_path, ARGS + ["--device-batch-size", "8"], nproc=2)  # 512 tokens = 8 rows: 1 rank only
     assert done.returncode != 0

@@ -4,7 +4,7 @@ import copy
 
 import pytest
 import torch
-from test_optim_distributed import assert_state_equal, averaged_replay, dyadic_steps, run_ranks
+from support.ranks import assert_state_equal, averaged_replay, dyadic_steps, run_ranks
 
 from muonlab.config import preset
 from muonlab.model import GPT

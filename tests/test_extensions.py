@@ -245,6 +245,7 @@ STAGE_OPTIONS = [dict(prepolar="hbieq", prepolar_tau=2.0), dict(prepolar="zeta",
                  dict(prepolar="zeta", prepolar_scope=r"\.1$"), dict(prepolar="hbieq", prepolar_scope=r"\.0$")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("opts", STAGE_OPTIONS)
 def test_variant_step_traces_as_one_graph(opts):
     """torch.compile(fullgraph=True) of the composed step (dynamo, eager backend: no C compiler
@@ -271,6 +272,7 @@ def test_variant_step_traces_as_one_graph(opts):
     assert torch.equal(*out)
 
 
+@pytest.mark.slow
 def test_compiled_optimizer_gives_the_eager_bits(monkeypatch):
     """MuonAdamW(compile=True) wraps each step function in torch.compile(fullgraph=True): every
     stage combination (and the upstream and AdamW steps) traces as one graph; with dynamo's

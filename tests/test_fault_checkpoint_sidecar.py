@@ -4,6 +4,7 @@ with none, says in one line what to do."""
 
 from pathlib import Path
 
+import pytest
 import torch
 
 import muonlab.train.checkpoint as ckpt_module
@@ -32,6 +33,7 @@ def weights(path: Path) -> dict:
     return torch.load(path, weights_only=True)
 
 
+@pytest.mark.slow
 def test_resume_passes_over_a_checkpoint_without_its_sidecar(tmp_path, monkeypatch, capsys, one_thread):
     runs = tmp_path / "cache" / "runs"
     assert main(TINY + ["--runs-dir", str(tmp_path / "reference"), "--run-name", "reference"]) == 0

@@ -54,6 +54,7 @@ def test_defaults_and_requeue_off(tmp_path, fake_sbatch):
     assert "#SBATCH --array=0-1%2" in lines and "#SBATCH --requeue" not in lines
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("option", ["slurm_partiton=gpu", "partition=gpu", "requeue=maybe"])
 def test_bad_option_is_a_usage_error_before_any_work(tmp_path, capsys, option):
     assert main(["sweep", "--preset", "cpu-tiny", "--arms", "baseline", "--seeds", "1", "--executor", "slurm",
@@ -63,6 +64,7 @@ def test_bad_option_is_a_usage_error_before_any_work(tmp_path, capsys, option):
     assert not (tmp_path / "cache" / "runs").exists()
 
 
+@pytest.mark.slow
 def test_requeued_task_continues_its_run(tmp_path, monkeypatch, one_thread):
     overrides = {"train.num_steps": 6, "record.checkpoint_every": 2, "record.quiet": True, "runtime.device": "cpu"}
     (job,) = plan_sweep(["baseline"], [1], "cpu-tiny", overrides)

@@ -13,7 +13,7 @@ from muonlab.lab.sweep import parse_seeds
 from muonlab.record.ledger import append_record, read_records, read_records_tolerant
 from muonlab.record.results_tsv import results_tsv
 
-SWEEP = ["sweep", "--preset", "cpu-tiny", "--arms", "baseline,adamw_only", "--seeds", "1,2"]
+SWEEP = ["sweep", "--preset", "cpu-tiny", "--num-steps", "4", "--arms", "baseline,adamw_only", "--seeds", "1,2"]
 
 
 def ledger_of(tmp_path) -> Path:
@@ -52,6 +52,7 @@ def test_parse_seeds():
             parse_seeds(bad)
 
 
+@pytest.mark.slow
 def test_sweep_runs_and_resumes(tmp_path, capsys):
     assert main(SWEEP + ["--json"]) == 0
     first = json.loads(capsys.readouterr().out)["runs"]
@@ -91,6 +92,8 @@ def test_sweep_runs_and_resumes(tmp_path, capsys):
     assert (tmp_path / "results.tsv").read_text().splitlines()[0].startswith("commit\t")
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_failed_runs_are_retried_only_when_asked(tmp_path, capsys):
     args = ["sweep", "--preset", "cpu-tiny", "--arms", "baseline", "--seeds", "1", "--max-loss", "0.5"]
     assert main(args) == 1  # diverges at step 0
@@ -104,6 +107,8 @@ def test_failed_runs_are_retried_only_when_asked(tmp_path, capsys):
     assert [r["status"] for r in read_records(ledger_of(tmp_path))] == ["diverged", "diverged"]
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_slurm_executor_through_submitit_local(tmp_path, capsys):
     args = ["sweep", "--preset", "cpu-tiny", "--arms", "baseline", "--seeds", "4,5",
             "--executor", "slurm", "--slurm", "cluster=local", "--json"]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_model_variants import _live_baseline, small
+from support.models import live_baseline as _live_baseline, small
 
 from muonlab.model import GPT, REGISTRY, GPTConfig, ModelVariant, describe, register_variant, variants_from_keys
 from muonlab.model.extensions import HOOKS, ExtensionPoints

@@ -6,32 +6,12 @@ import pytest
 import torch
 
 from muonlab.config import preset
-from muonlab.model import GPT, gpt_config, scalings, variants_from_keys
+from muonlab.model import GPT, scalings, variants_from_keys
 from muonlab.train.build import model_config
+from support.models import live_baseline as _live_baseline, small
 
 VARIANT_PARAMS = ("presub_gains", "qk_scales", "rope_tau", "radius_gates")
 DEFAULT_LR_MULT = 0.04  # seed 000's "0.04" = 0.04 x scalar_lr
-
-
-def small(**kw):
-    base = dict(sequence_len=32, vocab_size=64, n_layer=4, n_head=2, n_kv_head=2, n_embd=64,
-                window_pattern="SSSL", attn_backend="sdpa")
-    return gpt_config(**{**base, **kw})
-
-
-def _live_baseline(seed=0, **kw):
-    """An fp32 baseline whose branch outputs are not zero (init zeroes every c_proj)."""
-    torch.manual_seed(seed)
-    model = GPT(small(**kw))
-    model.init_weights()
-    model.float()
-    with torch.no_grad():
-        for block in model.transformer.h:
-            block.attn.c_proj.weight.normal_(0, 0.05)
-            block.mlp.c_proj.weight.normal_(0, 0.05)
-            if block.attn.ve_gate is not None:
-                block.attn.ve_gate.weight.normal_(0, 0.5)
-    return model
 
 
 def _variant_like(base: GPT, **variant) -> GPT:

@@ -4,11 +4,10 @@ import copy
 
 import pytest
 import torch
-from test_model_variants import _live_baseline, small
-from test_optim_distributed import run_ranks
+from support.models import live_baseline as _live_baseline, small
+from support.ranks import run_ranks
 
 from muonlab.arms import ARMS, resolve_config
-from muonlab.config import preset
 from muonlab.model import GPT, find_variant
 from muonlab.optim import DistMuonAdamW, MuonAdamW
 from muonlab.train.build import model_config
@@ -169,6 +168,7 @@ def test_distributed_moment_free_equals_one_process(tmp_path):
     assert copy.deepcopy(opt.state_dict())["state"] == {}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arm", sorted(a.name for a in ARMS.values() if a.paper == "seed 002"
                                        and a.name not in ("00_dense_native", "00_dense_native_lr141",
                                                           "01_dense_opt", "01_dense_opt_lr141")))

@@ -22,7 +22,7 @@ from muonlab.optim.distributed import DistMuonAdamW
 from muonlab.optim.homotopy import homotopy_alpha
 from muonlab.optim.polar import polar_express
 
-from test_optim_distributed import assert_state_equal, averaged_replay, dyadic_steps, flat, run_ranks, unflat
+from support.ranks import assert_state_equal, averaged_replay, dyadic_steps, flat, run_ranks, unflat
 
 SHAPES = [(3, 12, 8), (2, 8, 16), (2, 6, 6)]
 

@@ -20,6 +20,7 @@ def test_seed004_arms_and_seeds():
     assert len([a for a in SEED004 if a.startswith("k7_")]) == 14
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arm", ["t1_hybrid", "t1_sign", "t1_afmuon", "k1_lmo_adamw", "k1_adamw_rms", "k3_s0p125",
                                  "k7_c1_s0p5", "k7_cinf_s1p0", "k8_lookup", "k8_softmax"])
 def test_tied_arm_trains_on_the_cpu_preset(arm, capsys):

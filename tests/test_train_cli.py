@@ -63,6 +63,7 @@ def test_divergence_is_recorded(tmp_path, capsys):
     assert summary["status"] == "diverged"
 
 
+@pytest.mark.slow
 def test_runtime_failure_is_recorded_once(tmp_path, capsys, monkeypatch):
     import muonlab.train.run as run_module
 

@@ -20,7 +20,7 @@ from muonlab.optim.distributed import DistMuonAdamW, adamw_is_sharded
 from muonlab.optim.muon_adamw import adamw_step
 from muonlab.optim.addons.neumann_whitening import WHITEN_DEFAULTS, binomial_coefficients, neumann_whiten
 
-from test_optim_distributed import assert_state_equal, averaged_replay, dyadic_steps, run_ranks
+from support.ranks import assert_state_equal, averaged_replay, dyadic_steps, run_ranks
 
 
 def neumann_ref(G, beta, mean_addback=False):
