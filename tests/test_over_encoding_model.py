@@ -169,11 +169,17 @@ def test_distributed_moment_free_equals_one_process(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arm", sorted(a.name for a in ARMS.values() if a.paper == "seed 002"
-                                       and a.name not in ("00_dense_native", "00_dense_native_lr141",
-                                                          "01_dense_opt", "01_dense_opt_lr141")))
+# One arm per mechanism of seed 002's OE arms (every registered arm also trains to its golden
+# bits in fp32, tests/test_arm_checksums.py): OE alone, joint with master32, table whitening, native
+# (bf16) state, the shared denominator in fp32 and bf16, and two step-0 controls.
+SEED002_BF16_ARMS = ["10_oe_native", "12_oe_joint", "3b_oe_table_neumann_joint", "4a_12_oe_joint_bf16state",
+                     "12do_shared_denom", "12d_bf16_shared_denom", "12do_nostep0_all", "12do_mom_only_nodisp"]
+
+
+@pytest.mark.parametrize("arm", SEED002_BF16_ARMS)
 def test_seed002_arm_trains_on_cpu_preset(arm, capsys):
-    """Every seed-002 arm through the CLI on cpu-tiny (bf16 so master32 has bf16 tables to act on)."""
+    """Seed-002 arms through the CLI on cpu-tiny in bf16 (so master32 has bf16 tables to act on)."""
+    assert ARMS[arm].paper == "seed 002"
     import json
 
     from muonlab.cli import main
