@@ -5,7 +5,12 @@ per-step coefficients tuned so that the singular values of X approach 1. The inp
 normalised by its Frobenius norm times a 1.02 safety factor (so the spectral norm is
 safely below 1) and the iteration runs in bf16.
 
-Options (muonlab's polar stage, off by default; the default call is bitwise upstream):
+On a CPU without native bf16 matrix units (no AVX512-BF16 or AMX: torch then runs bf16 batched
+matmuls some 25-55x slower than fp32), each bf16 product is formed as an fp32 product of the bf16
+operands rounded to bf16: exact products, fp32 accumulation, one rounding, as a bf16 GEMM does,
+in a different summation order (about 1 element in 10^4 then differs by one bf16 ulp).
+
+Options (muonlab's polar stage, off by default; the default call is bitwise upstream on CUDA):
   - `dtype`: the iteration dtype (addons/polar_precision.py: fp32, seed 002 §1.4b). On CUDA,
     fp32 matmuls follow torch's float32 matmul precision (TF32 under "high").
   - `normalize`: a registered normalisation replacing the Frobenius one (register_normalization;
@@ -29,6 +34,21 @@ POLAR_EXPRESS_COEFFS: tuple[tuple[float, float, float], ...] = (
 )
 FROBENIUS_SAFETY = 1.02
 FROBENIUS_EPS = 1e-6
+
+def _cpu_has_bf16_matmul() -> bool:
+    cpu = getattr(torch, "cpu", None)
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(cpu, name, lambda: False)() for name in probes)
+
+
+EMULATE_CPU_BF16_MATMUL = not _cpu_has_bf16_matmul()  # decided once per process
+
+
+def _matmul_for(X: torch.Tensor) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    if X.dtype == torch.bfloat16 and X.device.type == "cpu" and EMULATE_CPU_BF16_MATMUL:
+        return lambda x, y: (x.float() @ y.float()).to(torch.bfloat16)
+    return torch.matmul
+
 
 # name -> X -> (scaled X, its Gram matrix or None)
 _NORMALIZERS: dict[str, Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]] = {}
@@ -62,16 +82,17 @@ def polar_express(g: torch.Tensor, steps: int = 5, dtype: torch.dtype = torch.bf
         gram = gram if reuse_gram else None
     else:
         raise ValueError(f"normalize must be one of {normalizations()}, got {normalize!r}")
+    mm = _matmul_for(X)
     if g.size(-2) > g.size(-1):
         for a, b, c in POLAR_EXPRESS_COEFFS[:steps]:
-            A = X.mT @ X if gram is None else gram
+            A = mm(X.mT, X) if gram is None else gram
             gram = None
-            B = b * A + c * (A @ A)
-            X = a * X + X @ B
+            B = b * A + c * mm(A, A)
+            X = a * X + mm(X, B)
     else:
         for a, b, c in POLAR_EXPRESS_COEFFS[:steps]:
-            A = X @ X.mT if gram is None else gram
+            A = mm(X, X.mT) if gram is None else gram
             gram = None
-            B = b * A + c * (A @ A)
-            X = a * X + B @ X
+            B = b * A + c * mm(A, A)
+            X = a * X + mm(B, X)
     return X
