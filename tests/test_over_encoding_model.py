@@ -168,7 +168,6 @@ def test_distributed_moment_free_equals_one_process(tmp_path):
     assert copy.deepcopy(opt.state_dict())["state"] == {}
 
 
-@pytest.mark.slow
 # One arm per mechanism of seed 002's OE arms (every registered arm also trains to its golden
 # bits in fp32, tests/test_arm_checksums.py): OE alone, joint with master32, table whitening, native
 # (bf16) state, the shared denominator in fp32 and bf16, and two step-0 controls.
@@ -176,6 +175,7 @@ SEED002_BF16_ARMS = ["10_oe_native", "12_oe_joint", "3b_oe_table_neumann_joint",
                      "12do_shared_denom", "12d_bf16_shared_denom", "12do_nostep0_all", "12do_mom_only_nodisp"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arm", SEED002_BF16_ARMS)
 def test_seed002_arm_trains_on_cpu_preset(arm, capsys):
     """Seed-002 arms through the CLI on cpu-tiny in bf16 (so master32 has bf16 tables to act on)."""
