@@ -3,6 +3,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.bundles import PRECISIONS, reference_bundles  # tests/ is on sys.path
+from support.ranks import one_thread as single_thread
 
 # Under pytest-xdist every core has its worker: one thread each (tiny models gain nothing from
 # more, and oversubscribed cores slow everything); a single process may use two.
@@ -20,13 +22,10 @@ def one_thread(monkeypatch):
     """Train on one thread, here and in child processes (OMP_NUM_THREADS): tiny models run
     fastest so on a shared machine, and runs in and out of process compare bit for bit."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with single_thread():
+        yield
 
 
-from support.bundles import PRECISIONS, reference_bundles  # noqa: E402 (tests/ is on sys.path)
 
 
 def _bundle_id(path: Path) -> str:

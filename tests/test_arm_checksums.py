@@ -60,12 +60,10 @@ def _initial_weights(arm_name: str, preset_name: str, data_cache: dict) -> dict[
 @pytest.fixture(autouse=True)
 def _recording_threads():
     """The thread count the sets were recorded with (the script's), whatever the suite runs at."""
-    import os
-
     import torch
 
     threads = torch.get_num_threads()
-    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    torch.set_num_threads(golden_script.recording_threads())
     yield
     torch.set_num_threads(threads)
 

@@ -95,10 +95,15 @@ def arm_checksum(arm_name: str, preset_name: str, runs_dir: Path, data_cache: di
     return weights_digest(state)
 
 
+def recording_threads() -> int:
+    """The thread count every set is recorded (and checked) with: kernels split sums by thread."""
+    return min(2, os.cpu_count() or 1)
+
+
 def compute_all(arm_names=None) -> dict[str, dict]:
     from muonlab.arms import ARMS
 
-    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    torch.set_num_threads(recording_threads())
     out, cache = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         os.environ.setdefault("MUONLAB_CACHE", str(Path(tmp) / "cache"))
