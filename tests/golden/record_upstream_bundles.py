@@ -36,7 +36,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-BUNDLE_FORMAT = "autoresearch-reference/1"  # shared/reference/README.md
+from muonlab.reference.record import record_steps  # the bundle format's training loop
+from muonlab.reference.verify import BUNDLE_FORMAT
+
 # The smallest shape upstream allows (ve_gate reads 32 channels, so n_embd >= 32) that still
 # has a sliding window shorter than the sequence (layer 0 "S": 8 of 16), GQA, value embeddings
 # and rectangular MLP matrices (the Muon shape factor).
@@ -131,10 +133,6 @@ def upstream_source(path: Path, train_py: Path) -> dict:
             "progress": "fixed-step: step / steps", "seed": SEED}
 
 
-def _snapshot(model) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
-
-
 def record(up: types.ModuleType, precision: str, source: dict) -> dict:
     """Train STEPS steps of upstream's model and optimizer on random tokens; return the bundle."""
     optimizer = dict(unembedding_lr=up.UNEMBEDDING_LR, embedding_lr=up.EMBEDDING_LR, matrix_lr=up.MATRIX_LR,
@@ -148,39 +146,25 @@ def record(up: types.ModuleType, precision: str, source: dict) -> dict:
         opt = model.setup_optimizer(**{**optimizer, "adam_betas": tuple(optimizer["adam_betas"])})
     T, V = MODEL_CONFIG["sequence_len"], MODEL_CONFIG["vocab_size"]
     tokens = torch.randint(0, V, (STEPS + 1, ACCUM, BATCH_SIZE, T + 1))
-    bx, by = tokens[:STEPS, ..., :-1].contiguous(), tokens[:STEPS, ..., 1:].contiguous()
     autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if precision == "bf16" else contextlib.nullcontext
-    losses = torch.zeros(STEPS, ACCUM, dtype=torch.float64)
-    steps, schedule = [], []
-    for s in range(STEPS):
-        params = _snapshot(model)
-        for k in range(ACCUM):
-            with autocast():
-                loss = model(bx[s, k], by[s, k])
-            losses[s, k] = loss.item()
-            (loss / ACCUM).backward()
-        grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+
+    def upstream_schedule(opt, s: int) -> dict:  # as upstream's training loop sets the groups before step()
         progress = s / STEPS
         values = dict(lrm=up.get_lr_multiplier(progress), muon_momentum=up.get_muon_momentum(s),
                       muon_weight_decay=up.get_weight_decay(progress))
-        for group in opt.param_groups:  # as upstream's training loop sets them before step()
+        for group in opt.param_groups:
             group["lr"] = group["initial_lr"] * values["lrm"]
             if group["kind"] == "muon":
                 group["momentum"] = values["muon_momentum"]
                 group["weight_decay"] = values["muon_weight_decay"]
-        opt.step()
-        model.zero_grad(set_to_none=True)
-        steps.append({"params": params, "grads": grads})
-        schedule.append(values)
-    ex, ey = tokens[STEPS, 0, :, :-1].contiguous(), tokens[STEPS, 0, :, 1:].contiguous()
-    with torch.no_grad(), autocast():
-        eval_loss = model(ex, ey, reduction="none").double()
+        return values
+
+    recorded = record_steps(model, opt, tokens, autocast, upstream_schedule)
     return {
         "format": BUNDLE_FORMAT, "model_config": dict(MODEL_CONFIG), "optimizer": optimizer,
         "precision": precision,
-        "init_state_dict": steps[0]["params"],  # the same tensors: torch.save stores them once
-        "batches_x": bx, "batches_y": by, "schedule": schedule, "losses": losses, "steps": steps,
-        "final_state_dict": _snapshot(model), "eval_x": ex, "eval_y": ey, "eval_loss": eval_loss,
+        "init_state_dict": recorded["steps"][0]["params"],  # the same tensors: torch.save stores them once
+        **recorded,
         "source": source,
     }
 

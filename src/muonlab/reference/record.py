@@ -19,8 +19,36 @@ DEFAULT_OPTIMIZER = dict(unembedding_lr=0.004, embedding_lr=0.6, matrix_lr=0.04,
                          adam_betas=[0.8, 0.95], scalar_lr=0.5)
 
 
-def _snapshot(model: GPT) -> dict[str, torch.Tensor]:
+def snapshot(model) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def record_steps(model, opt, tokens: torch.Tensor, autocast, apply_schedule) -> dict:
+    """Train on `tokens` [steps + 1, accum, B, T + 1] as the bundle format records it: per step the
+    state before it, every micro-batch loss, the accumulated gradient, and the schedule that
+    `apply_schedule(opt, step)` set on the groups (and returned) before `opt.step()`; then the
+    final state and the per-token loss of one extra batch. Returns those bundle entries."""
+    steps, accum = tokens.shape[0] - 1, tokens.shape[1]
+    bx, by = tokens[:steps, ..., :-1].contiguous(), tokens[:steps, ..., 1:].contiguous()
+    losses = torch.zeros(steps, accum, dtype=torch.float64)
+    records, schedules = [], []
+    for s in range(steps):
+        params = snapshot(model)
+        for k in range(accum):
+            with autocast():
+                loss = model(bx[s, k], by[s, k])
+            losses[s, k] = loss.item()
+            (loss / accum).backward()
+        grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+        schedules.append(apply_schedule(opt, s))
+        opt.step()
+        model.zero_grad(set_to_none=True)
+        records.append({"params": params, "grads": grads})
+    ex, ey = tokens[steps, 0, :, :-1].contiguous(), tokens[steps, 0, :, 1:].contiguous()
+    with torch.no_grad(), autocast():
+        eval_loss = model(ex, ey, reduction="none").double()
+    return {"batches_x": bx, "batches_y": by, "schedule": schedules, "losses": losses, "steps": records,
+            "final_state_dict": snapshot(model), "eval_x": ex, "eval_y": ey, "eval_loss": eval_loss}
 
 
 def record_bundle(model_config: dict, precision: str = "fp32", steps: int = 4, accum: int = 2,
@@ -39,30 +67,10 @@ def record_bundle(model_config: dict, precision: str = "fp32", steps: int = 4, a
                                 compile=False)
     T, V = cfg.sequence_len, cfg.vocab_size
     tokens = torch.randint(0, V, (steps + 1, accum, batch_size, T + 1))
-    bx, by = tokens[:steps, ..., :-1].contiguous(), tokens[:steps, ..., 1:].contiguous()
     schedule = Schedule(momentum_warmup_steps=300)
-    losses = torch.zeros(steps, accum, dtype=torch.float64)
-    records, schedules = [], []
-    init_state = _snapshot(model)
+    init_state = snapshot(model)
     autocast = lambda: autocast_context(torch.device("cpu"), precision)  # noqa: E731
-    for s in range(steps):
-        params = _snapshot(model)
-        for k in range(accum):
-            with autocast():
-                loss = model(bx[s, k], by[s, k])
-            losses[s, k] = loss.item()
-            (loss / accum).backward()
-        grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
-        schedules.append(schedule.apply(opt, s, step_progress(s, steps, untimed_steps=0)))
-        opt.step()
-        model.zero_grad(set_to_none=True)
-        records.append({"params": params, "grads": grads})
-    ex, ey = tokens[steps, 0, :, :-1].contiguous(), tokens[steps, 0, :, 1:].contiguous()
-    with torch.no_grad(), autocast():
-        eval_loss = model(ex, ey, reduction="none").double()
-    return {
-        "format": BUNDLE_FORMAT, "model_config": dict(model_config), "optimizer": optimizer_args,
-        "precision": precision, "init_state_dict": init_state, "batches_x": bx, "batches_y": by,
-        "schedule": schedules, "losses": losses, "steps": records, "final_state_dict": _snapshot(model),
-        "eval_x": ex, "eval_y": ey, "eval_loss": eval_loss,
-    }
+    recorded = record_steps(model, opt, tokens, autocast,
+                            lambda o, s: schedule.apply(o, s, step_progress(s, steps, untimed_steps=0)))
+    return {"format": BUNDLE_FORMAT, "model_config": dict(model_config), "optimizer": optimizer_args,
+            "precision": precision, "init_state_dict": init_state, **recorded}
