@@ -13,7 +13,7 @@ from muonlab.lab.sweep import parse_seeds
 from muonlab.record.ledger import append_record, read_records, read_records_tolerant
 from muonlab.record.results_tsv import results_tsv
 
-SWEEP = ["sweep", "--preset", "cpu-tiny", "--num-steps", "4", "--arms", "baseline,adamw_only", "--seeds", "1,2"]
+SWEEP = ["sweep", "--preset", "cpu-tiny", "--num-steps", "4", "--arms", "baseline,adamw_only", "--seeds", "1"]
 
 
 def ledger_of(tmp_path) -> Path:
@@ -57,19 +57,18 @@ def test_sweep_runs_and_resumes(tmp_path, capsys):
     assert main(SWEEP + ["--json"]) == 0
     first = json.loads(capsys.readouterr().out)["runs"]
     assert [(r["arm"], r["seed"], r["action"], r["status"]) for r in first] == [
-        ("baseline", 1, "ran", "ok"), ("baseline", 2, "ran", "ok"),
-        ("adamw_only", 1, "ran", "ok"), ("adamw_only", 2, "ran", "ok")]
+        ("baseline", 1, "ran", "ok"), ("adamw_only", 1, "ran", "ok")]
     records = list(read_records(ledger_of(tmp_path)))
-    assert len(records) == 4 and {r["status"] for r in records} == {"ok"}
+    assert len(records) == 2 and {r["status"] for r in records} == {"ok"}
     # the same sweep again does nothing; a new seed runs only the new (arm, seed)s
-    assert main(SWEEP[:-1] + ["1,2,3", "--json"]) == 0
+    assert main(SWEEP[:-1] + ["1,2", "--json"]) == 0
     second = json.loads(capsys.readouterr().out)["runs"]
-    assert [r["action"] for r in second] == ["skipped-ok"] * 2 + ["ran"] + ["skipped-ok"] * 2 + ["ran"]
-    assert len(list(read_records(ledger_of(tmp_path)))) == 6
+    assert [r["action"] for r in second] == ["skipped-ok", "ran"] * 2
+    assert len(list(read_records(ledger_of(tmp_path)))) == 4
     # TSV export in upstream's columns
     tsv = results_tsv(read_records(ledger_of(tmp_path))).splitlines()
     assert tsv[0].split("\t") == ["commit", "val_bpb", "memory_gb", "status", "description"]
-    assert len(tsv) == 7 and tsv[1].split("\t")[3] == "keep"
+    assert len(tsv) == 5 and tsv[1].split("\t")[3] == "keep"
     # the report, through the CLI, shows exactly the ledger's numbers
     out_dir = tmp_path / "report"
     assert main(["report", "--ledger", str(ledger_of(tmp_path)), "--out", str(out_dir), "--json",
@@ -83,8 +82,8 @@ def test_sweep_runs_and_resumes(tmp_path, capsys):
         assert arm_json["values"][arm_json["seeds"].index(seed)] == value
         assert f"{value:.6f}" in markdown  # every seed is shown
     contrast = report["contrasts"]["adamw_only"]
-    deltas = [ledger_vals[("adamw_only", s)] - ledger_vals[("baseline", s)] for s in (1, 2, 3)]
-    assert contrast["n"] == 3 and abs(contrast["mean_delta"] - sum(deltas) / 3) < 1e-12
+    deltas = [ledger_vals[("adamw_only", s)] - ledger_vals[("baseline", s)] for s in (1, 2)]
+    assert contrast["n"] == 2 and abs(contrast["mean_delta"] - sum(deltas) / 2) < 1e-12
     assert len(contrast["ci95"]) == 2 and contrast["decision"] in ("improves", "inconclusive", "worse")
     for name in ("report.md", "report.json", "loss_curves.png", "paired_deltas.png", "forest.png"):
         assert (out_dir / name).stat().st_size > 0
@@ -110,12 +109,12 @@ def test_failed_runs_are_retried_only_when_asked(tmp_path, capsys):
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_slurm_executor_through_submitit_local(tmp_path, capsys):
-    args = ["sweep", "--preset", "cpu-tiny", "--arms", "baseline", "--seeds", "4,5",
+    args = ["sweep", "--preset", "cpu-tiny", "--arms", "baseline", "--seeds", "4",
             "--executor", "slurm", "--slurm", "cluster=local", "--json"]
     assert main(args) == 0
     runs = json.loads(capsys.readouterr().out)["runs"]
-    assert [r["status"] for r in runs] == ["ok", "ok"]
-    assert sorted(r["seed"] for r in read_records(ledger_of(tmp_path))) == [4, 5]
+    assert [r["status"] for r in runs] == ["ok"]
+    assert [r["seed"] for r in read_records(ledger_of(tmp_path))] == [4]
 
 
 def test_tolerant_reader_reports_line_numbers(tmp_path):
