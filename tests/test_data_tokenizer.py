@@ -54,6 +54,17 @@ def test_encode_batch_prepends_bos(tok):
     assert tok.encode_batch(texts, prepend_bos=False, num_threads=1) == [tok.encode(t) for t in texts]
 
 
+def test_threaded_encode_keeps_order_and_equals_tiktoken(tok, monkeypatch):
+    """Enough texts for several threads: the slices come back in order, token for token tiktoken's."""
+    import muonlab.data.tokenizer as tokenizer_module
+
+    monkeypatch.setattr(tokenizer_module, "_usable_cpus", lambda: 4)
+    texts = [f"doc {i}: " + "the quick fox " * (i % 7) for i in range(4 * tokenizer_module._TEXTS_PER_THREAD + 3)]
+    expected = [[tok.bos_token_id, *row] for row in tok.enc.encode_ordinary_batch(texts)]
+    assert tok.encode_batch(texts, num_threads=4) == expected
+    assert tok.encode_batch(texts, num_threads=1) == expected
+
+
 def test_special_token_text_is_ordinary(tok):
     assert tok.bos_token_id not in tok.encode(BOS_TOKEN)
     assert tok.decode(tok.encode(BOS_TOKEN)) == BOS_TOKEN
