@@ -1,8 +1,8 @@
-"""Shared test support: run a function on several gloo ranks in spawned processes, and the
+"""Shared test support: run a function on several gloo ranks in separate processes, and the
 dyadic-gradient replay that makes multi-rank optimizer results comparable bit for bit.
 
-Each run spawns fresh processes under a hard deadline, so a hang fails the test instead of
-blocking the suite. Ranks use one thread.
+Each run starts fresh rank processes (forked from a server that preloaded torch) under a hard
+deadline, so a hang fails the test instead of blocking the suite. Ranks use one thread.
 """
 
 import contextlib
@@ -91,9 +91,23 @@ class _PortTaken(Exception):
     pass
 
 
+# Ranks start from a fork server that imported torch once (per test process), not a fresh
+# interpreter each: a spawned rank spends seconds importing torch. The server forks before any
+# test code runs in it, so no threads or CUDA state are inherited.
+_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "muonlab.optim", "muonlab.model"]
+
+
+def _rank_context():
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(_PRELOAD)
+    return ctx
+
+
 def _run_ranks_once(fn, world, outdir: Path, *args) -> list:
     outdir.mkdir(parents=True)
-    ctx = mp.get_context("spawn")
+    ctx = _rank_context()
     port = _free_port()
     procs = [ctx.Process(target=_rank_entry, args=(r, world, port, fn, args, str(outdir)), daemon=True)
              for r in range(world)]
