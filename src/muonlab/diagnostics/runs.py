@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from muonlab.families import get_family
-from muonlab.config import RunConfig, load_config_file
+from muonlab.config import RunConfig, apply_overrides, load_config_file
 from muonlab.device import Runtime, resolve_precision
 from muonlab.errors import UsageError
 from muonlab.train.build import build_model, build_optimizer
@@ -51,7 +51,10 @@ def load_run(run_dir: str | Path, device: str = "cpu", precision: str = "fp32", 
     dev = torch.device(device)
     runtime = Runtime(dev, resolve_precision(precision, dev))
     vocab = ckpt["model"][get_family(cfg.family).embedding_key].shape[0]
-    model = build_model(cfg, vocab, runtime)
+    # a run trained with --attn-backend fa3 is read back on SDPA off CUDA (FA3 exists only there)
+    fa3_off_cuda = getattr(cfg.model, "attn_backend", None) == "fa3" and dev.type != "cuda"
+    build_cfg = apply_overrides(cfg, {"model.attn_backend": "sdpa"}) if fa3_off_cuda else cfg
+    model = build_model(build_cfg, vocab, runtime)
     model.load_state_dict(ckpt["model"])  # copy_ casts, e.g. bf16-trained tables into an fp32 model
     optimizer = build_optimizer(model, cfg, compile_step=False)
     optimizer.load_state_dict(ckpt["optimizer"])

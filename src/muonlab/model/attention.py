@@ -2,49 +2,120 @@
 
 `fa3`: FlashAttention-3 loaded through the `kernels` package on CUDA, as upstream does
 (varunneal's Hopper build on sm_90, kernels-community elsewhere). `sdpa`: PyTorch's
-scaled_dot_product_attention with an explicit causal window mask, used on CPU/MPS and
-whenever the kernel cannot be loaded (e.g. offline). Both see the same keys: query i
-attends to keys j with i - left <= j <= i, where `left` is the layer's window.
+scaled_dot_product_attention with an explicit causal window mask, used on CPU/MPS. Both see
+the same keys: query i attends to keys j with i - left <= j <= i, where `left` is the layer's
+window.
+
+Choosing: `sdpa` always uses SDPA; `auto` uses FA3 when it loads and otherwise SDPA, with a
+warning that says why; `fa3` uses FA3 or fails the run (a MuonlabError) instead of quietly
+training on another kernel. The kernel is loaded once, when the model's backend is resolved
+(GPT.resolve_attention_backend), and forward calls the resolved function directly, so
+torch.compile traces it as the custom op it is, without a graph break per layer.
+
+Where the kernel comes from:
+- the Hugging Face Hub, pinned to major version FA3_KERNEL_VERSION (kernels >= 0.15 refuses
+  an unpinned `get_kernel(repo)`). The repository is FA3_REPO_HOPPER on sm_90, FA3_REPO_OTHER
+  elsewhere.
+- offline, a pre-seeded Hub cache and HF_HUB_OFFLINE=1: `kernels` then resolves the pin from
+  the cache alone, through its refs/v<N> entry, which only a download of the branch by name
+  writes (`hf download REPO --repo-type kernel --revision v1`; README "FlashAttention-3 on CUDA").
+- offline, a local kernel directory: MUONLAB_FA3_PATH=/path/to/kernel (a kernel repository
+  with build/<variant>/, or one variant directory), loaded with kernels.get_local_kernel.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
+
+from muonlab.errors import MuonlabError
 
 log = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "fa3", "sdpa")
 
+FA3_REPO_HOPPER = "varunneal/flash-attention-3"  # upstream train.py's choice on sm_90
+FA3_REPO_OTHER = "kernels-community/flash-attn3"  # upstream's choice on other CUDA GPUs
+# The Hub pin for both repositories: the kernel's major version (its `v1` branch). Upstream
+# train.py (228791f) calls get_kernel(repo) unpinned, which kernels 0.17.2 rejects with a
+# ValueError before any download. version=1 is what the kernels docs pass for
+# kernels-community/flash-attn3 (huggingface.co/docs/kernels: "Migrate from older versions",
+# 0.12, and the check_arch example) and what its Hub card shows; for varunneal's repository no
+# card says so, it is what other kernels >= 0.15 users pass. A repository without that build
+# fails to load: `auto` then says so and uses SDPA.
+FA3_KERNEL_VERSION = 1
+FA3_PATH_ENV = "MUONLAB_FA3_PATH"  # a local kernel directory, for machines without the Hub
+
+# FA3 computes in half precision only; fp32 inputs go to it in bf16 (the autocast dtype)
+_FA3_DTYPES = (torch.float16, torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class AttentionBackend:
+    """The resolved backend: its name and, for fa3, the kernel's flash_attn_func."""
+
+    name: str  # "fa3" | "sdpa"
+    flash_attn_func: Callable[..., torch.Tensor] | None = None
+
+
+def fa3_repo(capability: tuple[int, int]) -> str:
+    return FA3_REPO_HOPPER if capability == (9, 0) else FA3_REPO_OTHER
+
 
 @functools.lru_cache(maxsize=None)
-def _load_fa3(capability: tuple[int, int]):
-    """Return the flash_attn_interface module, or None when it cannot be loaded."""
-    try:
-        from kernels import get_kernel
+def _load_fa3(capability: tuple[int, int], local_path: str | None) -> Any:
+    """The FA3 kernel module (from `local_path`, else the pinned Hub build); raises when it
+    cannot be loaded. Cached: every model built in a process shares one load."""
+    import kernels  # noqa: PLC0415 (imported only where a CUDA run needs it)
 
-        repo = "varunneal/flash-attention-3" if capability == (9, 0) else "kernels-community/flash-attn3"
-        return get_kernel(repo).flash_attn_interface
-    except Exception as exc:  # offline, unsupported GPU, missing build: fall back to SDPA
-        log.warning("FlashAttention-3 unavailable (%s); using SDPA", exc.__class__.__name__)
-        return None
+    if local_path:
+        return kernels.get_local_kernel(Path(local_path))
+    repo = fa3_repo(capability)
+    # varunneal is not a Hub "trusted kernel publisher": allow exactly this pinned repository
+    return kernels.get_kernel(repo, version=FA3_KERNEL_VERSION, trust_remote_code=[repo])
 
 
-def resolve_backend(requested: str, device: torch.device) -> str:
-    """Pick the attention backend actually used on `device`."""
+def _cuda_capability(device: torch.device) -> tuple[int, int] | None:
+    return tuple(torch.cuda.get_device_capability(device)) if device.type == "cuda" else None
+
+
+def _one_line(exc: BaseException) -> str:
+    """`Class: message` on one line (kernels' messages list build variants over many lines)."""
+    text = " ".join(str(exc).split())
+    text = text if len(text) <= 400 else text[:397] + "..."
+    return f"{exc.__class__.__name__}: {text}" if text else exc.__class__.__name__
+
+
+def resolve_backend(requested: str, device: torch.device) -> AttentionBackend:
+    """Pick the attention backend actually used on `device`, loading FA3 if it is chosen."""
     if requested not in BACKENDS:
         raise ValueError(f"attention backend must be one of {BACKENDS}, got {requested!r}")
-    if device.type != "cuda" or requested == "sdpa":
-        return "sdpa"
-    fa3 = _load_fa3(torch.cuda.get_device_capability(device))
-    if fa3 is None:
+    if requested == "sdpa":
+        return AttentionBackend("sdpa")
+    capability = _cuda_capability(device)
+    if capability is None:
         if requested == "fa3":
-            log.warning("attention backend 'fa3' requested but not loadable; using SDPA")
-        return "sdpa"
-    return "fa3"
+            raise MuonlabError(f"attention backend 'fa3' needs a CUDA device, not {device.type}; "
+                               "use --attn-backend auto or sdpa")
+        return AttentionBackend("sdpa")
+    try:
+        module = _load_fa3(capability, os.environ.get(FA3_PATH_ENV) or None)
+        func = getattr(module, "flash_attn_interface", module).flash_attn_func
+    except Exception as exc:  # offline, unsupported GPU or torch, missing build
+        why = _one_line(exc)
+        if requested == "fa3":
+            raise MuonlabError(f"attention backend 'fa3' could not be loaded ({why}); use --attn-backend "
+                               f"auto or sdpa, or load it offline ({FA3_PATH_ENV}, HF_HUB_OFFLINE)") from exc
+        log.warning("FlashAttention-3 unavailable (%s); using SDPA", why)
+        return AttentionBackend("sdpa")
+    return AttentionBackend("fa3", func)
 
 
 @functools.lru_cache(maxsize=32)
@@ -55,12 +126,18 @@ def window_mask(seq_len: int, left: int, device: torch.device) -> torch.Tensor:
     return (j <= i) & (j >= i - left)
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     window: tuple[int, int], backend: str) -> torch.Tensor:
-    """q [B, T, H, D], k/v [B, T, Hkv, D] -> [B, T, H, D]; window = (left, right=0)."""
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: tuple[int, int],
+                     backend: str = "sdpa", flash_attn_func: Callable[..., torch.Tensor] | None = None
+                     ) -> torch.Tensor:
+    """q [B, T, H, D], k/v [B, T, Hkv, D] -> [B, T, H, D]; window = (left, right=0).
+
+    backend "fa3" calls `flash_attn_func` (AttentionBackend.flash_attn_func, resolved once)."""
     if backend == "fa3":
-        fa3 = _load_fa3(torch.cuda.get_device_capability(q.device))
-        return fa3.flash_attn_func(q, k, v, causal=True, window_size=window)
+        # FA3 takes fp16/bf16 only: under --precision fp32 it sees bf16 (the output returns in
+        # the input dtype, so the rest of the model stays fp32)
+        half = q.dtype if q.dtype in _FA3_DTYPES else torch.bfloat16
+        y = flash_attn_func(q.to(half), k.to(half), v.to(half), causal=True, window_size=window)
+        return y.to(q.dtype)
     T = q.size(1)
     left = window[0]
     qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)

@@ -81,6 +81,7 @@ class CausalSelfAttention(nn.Module):
         self.ve_gate = (nn.Linear(VE_GATE_CHANNELS, self.n_kv_head, bias=False)
                         if has_ve(layer_idx, config.n_layer) else None)
         self.backend = "sdpa"  # set by GPT.resolve_attention_backend()
+        self.flash_attn_func = None  # the FA3 kernel's function when backend is "fa3"
 
     def forward(self, x, ve, cos_sin, window_size):
         B, T, _ = x.size()
@@ -105,7 +106,7 @@ class CausalSelfAttention(nn.Module):
         q, k = norm(q), norm(k)  # QK-norm after RoPE, as upstream
         if p.qk is not None:  # post-QK-norm
             q, k = p.qk(i, q, k)
-        y = causal_attention(q, k, v, window_size, self.backend)
+        y = causal_attention(q, k, v, window_size, self.backend, self.flash_attn_func)
         return self.c_proj(y.contiguous().view(B, T, -1))
 
 
@@ -179,11 +180,12 @@ class GPT(nn.Module):
         return sizes
 
     def resolve_attention_backend(self) -> str:
-        """Choose FA3 or SDPA for the device the model lives on; returns the choice."""
+        """Choose FA3 or SDPA for the device the model lives on; returns the choice. Each layer
+        keeps the kernel's function itself: forward never looks it up (a graph break per layer)."""
         backend = resolve_backend(self.config.attn_backend, self.lm_head.weight.device)
         for block in self.transformer.h:
-            block.attn.backend = backend
-        return backend
+            block.attn.backend, block.attn.flash_attn_func = backend.name, backend.flash_attn_func
+        return backend.name
 
     @torch.no_grad()
     def init_weights(self):

@@ -37,7 +37,8 @@ class AutoresearchModelConfig(Section):
     n_embd: int | None = setting(None, "explicit width; none derives it from depth and aspect_ratio")
     n_kv_head: int | None = setting(None, "key/value heads (GQA); none: as many as query heads")
     window_pattern: str = setting("SSSL", "sliding-window pattern per layer: S = half context, L = full")
-    attn_backend: Literal["auto", "fa3", "sdpa"] = setting("auto", "attention kernel (fa3: FlashAttention-3 on Hopper)")
+    attn_backend: Literal["auto", "fa3", "sdpa"] = setting(
+        "auto", "attention kernel: fa3 = FlashAttention-3 on CUDA or an error, auto = FA3 when it loads, else SDPA")
     gains: PresubGainsSettings = setting(factory=PresubGainsSettings)
     qk: QKScaleSettings = setting(factory=QKScaleSettings)
     rope: RopeSettings = setting(factory=RopeSettings)
