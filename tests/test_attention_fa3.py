@@ -1,5 +1,5 @@
 """FlashAttention-3 on CPU, through a stub kernel: loading (pinned Hub version, local directory),
-explicit vs auto failure, the fp32 -> bf16 hand-off, one compiled graph.
+explicit vs auto failure, the fp32 -> bf16 hand-off, one compiled graph, the run record.
 
 The stub stands in for the kernel module `kernels` returns: its flash_attn_func calls a
 torch.library custom op (as the real kernel does) that computes causal sliding-window attention
@@ -25,6 +25,7 @@ from muonlab.diagnostics.runs import load_run
 from muonlab.errors import MuonlabError, UsageError
 from muonlab.model import GPT
 from muonlab.model import attention
+from muonlab.record.ledger import read_records
 
 SEEN_DTYPES: list[torch.dtype] = []  # the q dtype of every stub call, in order
 
@@ -241,6 +242,16 @@ def test_local_kernel_directory_uses_the_local_loader(monkeypatch, on_hopper, tm
     assert attention.resolve_backend("fa3", torch.device("cpu")).name == "fa3"
     assert calls == [tmp_path]
     inspect.signature(real).bind(calls[0])
+
+
+def test_run_records_its_attention_backend(tmp_path, capsys):
+    assert main(["train", "--preset", "cpu-tiny", "--json", "--num-steps", "2"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["summary"]["attention_backend"] == "sdpa"
+    summary = json.loads((Path(out["run_dir"]) / "summary.json").read_text())
+    assert summary["attention_backend"] == "sdpa"
+    (record,) = read_records(tmp_path / "cache" / "runs" / "ledger.jsonl")
+    assert record["status"] == "ok" and record["attention_backend"] == "sdpa"
 
 
 def test_a_run_trained_on_explicit_fa3_is_read_back_on_sdpa_off_cuda(capsys):

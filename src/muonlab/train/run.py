@@ -196,7 +196,7 @@ def _run(cfg, log, data, resume, ctx: Dist, device, t_start) -> RunResult:
     record["world_size"] = ctx.world_size
     summary: dict = {"status": "failed", "run_id": run_id}
     try:
-        summary, metrics = _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx)
+        summary, metrics = _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx, record)
         record.update(status="ok", metrics=metrics)
         return RunResult(run_id, run.path, "ok", summary, metrics)
     except Diverged as exc:
@@ -241,7 +241,9 @@ def _record_outcome(run: RunDir, summary: dict, record: dict, ledger_file: Path,
         raise
 
 
-def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx: Dist):
+def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx: Dist, record: dict):
+    """Build, train, evaluate; `record` (the ledger line) learns the attention kernel as soon
+    as it is chosen, so a run that fails later still says which one it ran on."""
     torch.manual_seed(cfg.seed)
     if runtime.device.type == "cuda":
         torch.cuda.manual_seed(cfg.seed)
@@ -249,6 +251,8 @@ def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx: 
         torch.set_float32_matmul_precision("high")
     compile_on = _use_compile(cfg, runtime)
     model = build_model(cfg, data.tokenizer.vocab_size, runtime)
+    family = get_family(cfg.family)
+    attention = record["attention_backend"] = family.attention_backend(model)  # "fa3" | "sdpa"
     counts = model.num_scaling_params()
     flops_per_token = model.estimate_flops()
     optimizer = build_optimizer(model, cfg, compile_step=compile_on, distributed=ctx.active)
@@ -264,11 +268,10 @@ def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx: 
         state, pending = LoopState(**checkpoint["loop"]), tuple(checkpoint["pending"][ctx.rank])
         if ctx.is_main:
             run.truncate_metrics(state.step)  # steps after the checkpoint are redone
-    family = get_family(cfg.family)
     log(f"run {run.path.name}: {counts['total']:,} params, {cfg.describe_model()}, "
         f"{ctx.world_size} process(es) x {cfg.train.accum_steps_per_rank(ctx.world_size)} micro-steps x "
         f"{cfg.train.tokens_per_micro_step:,} tokens, device {runtime.device}, "
-        f"precision {runtime.precision}, attention {family.attention_backend(model)}, compile {compile_on}")
+        f"precision {runtime.precision}, attention {attention}, compile {compile_on}")
     sinks = SinkGroup(parse_sinks(cfg.record.sinks) if ctx.is_main else [], run.path.name, run.path,
                       cfg.to_dict(), cfg.record.sink_project)
 
@@ -322,6 +325,7 @@ def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx: 
                               if state.training_seconds > 0 else math.nan),
         "final_train_loss": state.smooth_loss,
         "entropy_bpb": data.entropy_bits_per_byte,
+        "attention_backend": attention,
     }
     if ctx.is_main:
         run.write_summary(summary)
