@@ -5,23 +5,72 @@ trains the baseline with the `cpu-demo` preset, evaluates validation and holdout
 compares the holdout BPB with `xz -9e` (Python's lzma, preset 9 | PRESET_EXTREME) on exactly
 the bytes the model was scored on. A model that cannot beat a general-purpose compressor on
 its own holdout text has learned little; beating it shows the stack works end to end.
+
+It trains in bf16 autocast where the CPU multiplies bf16 natively (AVX512-BF16 or AMX) and in
+fp32 elsewhere (bf16 products are emulated there and slower than fp32). It ends with what the
+tool is for: the loss curve (`loss_curve.png` in the run directory), the run's line in the
+ledger, and the commands that turn one run into a multi-seed comparison.
 """
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 from typing import Callable
 
 from muonlab.config import apply_overrides, preset
 from muonlab.data.prepare import compress_bits_per_byte, prepare_data
+from muonlab.device import cpu_has_native_bf16
+from muonlab.record.ledger import read_records
+from muonlab.record.rundir import ledger_path
 from muonlab.train import run_training
 from muonlab.train.run import format_summary
+
+NEXT_COMMANDS = (
+    ("compare two arms over three seeds (resumable; the ledger keeps every run)",
+     "muonlab sweep --preset cpu-demo --arms baseline,adamw_only --seeds 1,2,3"),
+    ("paired contrasts, t-intervals, p-values and plots of what the ledger holds", "muonlab report"),
+    ("every registered method and arm of the seed papers", "muonlab methods"),
+    ("check the baseline against upstream's own recording", "muonlab verify-reference tests/golden/upstream_d2e32_fp32.pt"),
+)
+
+
+def demo_precision() -> str:
+    """bf16 autocast where the CPU has bf16 matrix units, else fp32."""
+    return "bf16" if cpu_has_native_bf16() else "fp32"
+
+
+def write_loss_curve(run_dir: Path) -> Path:
+    """The run's training loss (raw and smoothed) per step, as loss_curve.png in its directory."""
+    from muonlab.lab.plots import plot_loss_curves
+
+    steps, raw, smooth = [], [], []
+    with open(run_dir / "metrics.jsonl") as f:
+        for line in f:
+            rec = json.loads(line)
+            steps.append(rec["step"])
+            raw.append(rec["loss"])
+            smooth.append(rec["smooth_loss"])
+    path = run_dir / "loss_curve.png"
+    plot_loss_curves({"loss": [(0, steps, raw)], "smoothed loss (EMA)": [(0, steps, smooth)]}, path,
+                     ylabel="training loss (nats per token)", title=f"muonlab demo: {run_dir.name}")
+    return path
+
+
+def ledger_line(ledger: Path, run_id: str) -> dict:
+    """The ledger's record of `run_id` (the demo's own run)."""
+    matches = [r for r in read_records(ledger) if r.get("run_id") == run_id]
+    if not matches:
+        raise RuntimeError(f"{ledger}: no line for run {run_id}")
+    return matches[-1]
 
 
 def run_demo(cache_dir: str | None = None, log: Callable[[str], None] = print, quiet: bool = False,
              overrides: dict | None = None) -> dict:
     t0 = time.time()
-    cfg = apply_overrides(preset("cpu-demo"), {"arm": "baseline", "quiet": quiet, **(overrides or {})})
+    cfg = apply_overrides(preset("cpu-demo"), {"arm": "baseline", "quiet": quiet, "precision": demo_precision(),
+                                               **(overrides or {})})
     cfg.data.cache_dir = cache_dir
     cfg.validate()
     data = prepare_data(cfg.data, log=log)
@@ -29,6 +78,8 @@ def run_demo(cache_dir: str | None = None, log: Callable[[str], None] = print, q
     result = run_training(cfg, log=log, data=data)
     holdout = data.eval_bytes("holdout", cfg.train.sequence_len, cfg.train.eval_tokens)
     xz_bpb = compress_bits_per_byte(holdout)
+    run_dir = Path(result.run_dir)
+    record = ledger_line(ledger_path(cfg), run_dir.name)
     return {
         "val_bpb": result.summary["val_bpb"],
         "holdout_bpb": result.summary["holdout_bpb"],
@@ -37,7 +88,12 @@ def run_demo(cache_dir: str | None = None, log: Callable[[str], None] = print, q
         "beats_xz": result.summary["holdout_bpb"] < xz_bpb,
         "prepare_seconds": prepare_seconds,
         "total_seconds": time.time() - t0,
-        "run_dir": str(result.run_dir),
+        "run_dir": str(run_dir),
+        "loss_curve": str(write_loss_curve(run_dir)),
+        "ledger": str(ledger_path(cfg)),
+        "ledger_line": {k: record.get(k) for k in ("run_id", "arm", "seed", "status", "protocol", "config_hash")}
+        | {"val_bpb": record.get("metrics", {}).get("val_bpb")},
+        "precision": cfg.runtime.precision,
         "summary": result.summary,
     }
 
@@ -52,4 +108,9 @@ def format_demo(report: dict) -> str:
         f"({report['holdout_bpb']:.4f} vs {report['xz_holdout_bpb']:.4f} bits per byte); "
         f"data preparation {report['prepare_seconds']:.0f}s, total {report['total_seconds']:.0f}s",
         f"run directory: {report['run_dir']}",
+        f"loss curve:    {report['loss_curve']}",
+        f"ledger line:   {json.dumps(report['ledger_line'])}",
+        f"               (in {report['ledger']})",
+        "next:",
+        *(f"  {command:<62}# {why}" for why, command in NEXT_COMMANDS),
     ])

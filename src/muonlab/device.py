@@ -111,3 +111,12 @@ class Runtime:
 
     def autocast(self):
         return autocast_context(self.device, self.precision)
+
+
+def cpu_has_native_bf16() -> bool:
+    """True where the CPU multiplies bf16 matrices in hardware (AVX512-BF16 or AMX tiles).
+
+    Elsewhere (AVX2) torch's bf16 GEMMs are emulated and run 25-55x slower than fp32."""
+    cpu = getattr(torch, "cpu", None)
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(cpu, name, lambda: False)() for name in probes)

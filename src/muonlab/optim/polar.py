@@ -25,6 +25,8 @@ from typing import Callable
 
 import torch
 
+from muonlab.device import cpu_has_native_bf16
+
 POLAR_EXPRESS_COEFFS: tuple[tuple[float, float, float], ...] = (
     (8.156554524902461, -22.48329292557795, 15.878769915207462),
     (4.042929935166739, -2.808917465908714, 0.5000178451051316),
@@ -35,13 +37,7 @@ POLAR_EXPRESS_COEFFS: tuple[tuple[float, float, float], ...] = (
 FROBENIUS_SAFETY = 1.02
 FROBENIUS_EPS = 1e-6
 
-def _cpu_has_bf16_matmul() -> bool:
-    cpu = getattr(torch, "cpu", None)
-    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-    return any(getattr(cpu, name, lambda: False)() for name in probes)
-
-
-EMULATE_CPU_BF16_MATMUL = not _cpu_has_bf16_matmul()  # decided once per process
+EMULATE_CPU_BF16_MATMUL = not cpu_has_native_bf16()  # decided once per process
 
 
 def _matmul_for(X: torch.Tensor) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
