@@ -108,6 +108,16 @@ def peak_flops(device: torch.device) -> float | None:
     return peak_flops_of(torch.cuda.get_device_name(device))
 
 
+def mfu_percent(flops_per_token: float, tokens: float, seconds: float, peak_per_device: float | None,
+                world_size: int) -> float | None:
+    """Model FLOPs utilisation in percent: `tokens` (the global batch, every rank's together)
+    trained in `seconds`, over the peak of all `world_size` devices that trained them (upstream's
+    formula, which has one GPU). None without a peak or a duration."""
+    if not peak_per_device or seconds <= 0:
+        return None
+    return 100 * flops_per_token * tokens / seconds / (peak_per_device * world_size)
+
+
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -27,7 +27,7 @@ import torch
 
 from muonlab.config import RunConfig, is_legacy, load_config_file, read_config_values
 from muonlab.data.prepare import PreparedData
-from muonlab.device import Runtime, detect_device, peak_flops, peak_memory_mb, resolve_precision
+from muonlab.device import Runtime, detect_device, mfu_percent, peak_flops, peak_memory_mb, resolve_precision
 from muonlab.errors import MuonlabError, UsageError
 from muonlab.eval import EvalResult, evaluate_bpb
 from muonlab.families import get_family
@@ -299,9 +299,8 @@ def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx: 
     if ctx.is_main:
         run.save_weights(model)
     timed_steps = state.step - min(cfg.train.untimed_steps, state.step)
-    peak = peak_flops(runtime.device)
-    mfu = (100 * flops_per_token * cfg.train.total_batch_size * timed_steps / state.training_seconds / peak
-           if peak and state.training_seconds > 0 else None)
+    mfu = mfu_percent(flops_per_token, cfg.train.total_batch_size * timed_steps, state.training_seconds,
+                      peak_flops(runtime.device), ctx.world_size)
     total_tokens = state.step * cfg.train.total_batch_size
     summary = {
         "val_bpb": evals["val"].bpb,
