@@ -260,7 +260,7 @@ def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx: 
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])  # the full layout; each rank keeps its shard
         loader.load_state_dict(checkpoint["loader"][ctx.rank])
-        set_rng_state(checkpoint["rng"])
+        set_rng_state(checkpoint["rng"], runtime.device)
         state, pending = LoopState(**checkpoint["loop"]), tuple(checkpoint["pending"][ctx.rank])
         if ctx.is_main:
             run.truncate_metrics(state.step)  # steps after the checkpoint are redone
@@ -281,7 +281,7 @@ def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx: 
         if not ctx.is_main:
             return None
         payload = dict(model=model.state_dict(), optimizer=full_optimizer, loader=loaders, pending=pendings,
-                       loop=loop_state.to_dict(), rng=rng_state(), config_hash=cfg.config_hash(),
+                       loop=loop_state.to_dict(), rng=rng_state(runtime.device), config_hash=cfg.config_hash(),
                        world_size=ctx.world_size)
         return str(save_checkpoint(run.path, loop_state.step, payload, keep=cfg.record.checkpoint_keep))
 
