@@ -124,6 +124,14 @@ class LRSchedule:
         return {"lrm": lrm}
 
 
+def step_hooks(cfg, model) -> list:
+    """The MoE's: experts no token chose keep `.grad` None under torch.compile too (muonlab.tied.moe)."""
+    from muonlab.tied.moe import TopKMoE, UnroutedExpertGrads  # noqa: PLC0415
+
+    layers = [m for m in model.modules() if isinstance(m, TopKMoE)]
+    return [UnroutedExpertGrads(layers)] if layers else []
+
+
 def _describe(cfg) -> str:
     shape = TIED_PRESETS[cfg.model.preset]
     return f"tied {cfg.model.preset}: width {shape.n_embd}, depth {shape.n_layer}{', MoE' if shape.moe else ''}"
@@ -150,7 +158,7 @@ PRESETS = {
 register_family(Family(
     name="tied", description="seed 004's tied-token GPT (NanoGPT, NanoGPT-MoE) with AF-Muon and its baselines",
     model_config=TiedModelConfig, optim_config=AFMuonConfig, build_model=build_model,
-    build_optimizer=build_optimizer, schedule=LRSchedule,
+    build_optimizer=build_optimizer, schedule=LRSchedule, step_hooks=step_hooks,
     describe=_describe, depth=lambda cfg: TIED_PRESETS[cfg.model.preset].n_layer,
     presets=PRESETS, embedding_key="wte.weight",
 ))
