@@ -168,6 +168,19 @@ def test_presets_are_dotted_and_resolve():
         preset(name)
 
 
+@pytest.mark.parametrize("name", ["cpu-tiny", "cpu-demo", "tied-cpu"])
+def test_the_cpu_presets_stay_on_the_cpu_where_there_is_a_gpu(name, monkeypatch):
+    """Their numbers (bitwise checks) and world sizes (2 gloo ranks) must not follow a machine's GPUs."""
+    import torch
+
+    from muonlab.device import detect_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert detect_device(preset(name).runtime.device) == torch.device("cpu")
+    assert apply_overrides(preset(name), {"device": "cuda"}).runtime.device == "cuda"  # still a choice
+    assert preset("gpu-d8").runtime.device == "auto"
+
+
 def test_the_method_catalogue_points_at_real_modules_tests_and_arms(capsys):
     import importlib
     from pathlib import Path

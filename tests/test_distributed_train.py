@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,10 +13,13 @@ from support.models import assert_trained
 pytestmark = pytest.mark.multiprocess
 
 ARGS = ["train", "--preset", "cpu-tiny", "--num-steps", "16", "--json"]
+PEAK = 1e15  # what every device reports under the fixed_peak plug-in, so CPU runs have an MFU
+FIXED_PEAK = ["--plugin", str(Path(__file__).parent / "support" / "fixed_peak.py")]
 
 
 def _run(tmp_path, argv, nproc=None, threads="1"):
-    env = dict(os.environ, MUONLAB_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS=threads)
+    env = dict(os.environ, MUONLAB_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS=threads,
+               MUONLAB_TEST_PEAK_FLOPS=str(PEAK))
     launcher = ([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
                  "--standalone", "-m", "muonlab"] if nproc else [sys.executable, "-m", "muonlab"])
     done = subprocess.run(launcher + argv, env=env, capture_output=True, text=True, timeout=300)
@@ -24,9 +28,9 @@ def _run(tmp_path, argv, nproc=None, threads="1"):
 
 @pytest.mark.slow
 def test_two_ranks_match_one_process(tmp_path):
-    single = _run(tmp_path, ARGS + ["--run-name", "single"])
+    single = _run(tmp_path, ARGS + FIXED_PEAK + ["--run-name", "single"])
     assert single.returncode == 0, single.stderr
-    double = _run(tmp_path, ARGS + ["--run-name", "double"], nproc=2)
+    double = _run(tmp_path, ARGS + FIXED_PEAK + ["--run-name", "double"], nproc=2)
     assert double.returncode == 0, double.stderr[-3000:]
     s, d = json.loads(single.stdout), json.loads(double.stdout)  # only rank 0 prints
     # same global batch, same micro-batches (rank r takes batches r, r+W, ...): the same numbers.
@@ -40,6 +44,13 @@ def test_two_ranks_match_one_process(tmp_path):
     assert_trained(runs / "single")  # equal, and trained: a loop that never steps would be equal too
     records = [json.loads(line) for line in (runs / "ledger.jsonl").read_text().splitlines()]
     assert [r["world_size"] for r in records] == [1, 2]  # one ledger line per run, not per rank
+    # MFU: the global batch's FLOPs over the peak of every device, per step and in the summary
+    for out, name, world in ((s, "single", 1), (d, "double", 2)):
+        m = out["metrics"]
+        assert m["mfu_percent"] == pytest.approx(100 * m["flops_per_token"] * m["tokens_per_second"] / (PEAK * world))
+        steps = [json.loads(line) for line in (runs / name / "metrics.jsonl").read_text().splitlines()]
+        assert steps and all(r["mfu"] == pytest.approx(100 * m["flops_per_token"] * r["tok_per_sec"] / (PEAK * world))
+                             for r in steps)
     # a checkpoint written by 2 ranks is refused by 1 process with a clear message
     resumed = _run(tmp_path, ["train", "--resume", str(runs / "double")])
     assert resumed.returncode == 2 and "same number" in resumed.stderr

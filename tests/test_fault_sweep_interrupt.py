@@ -1,7 +1,8 @@
 """Ctrl-C to a sweep: its run is recorded `interrupted`, and the same sweep again resumes it from
 its checkpoint to the bitwise weights of an uninterrupted run. Also the pieces on their own: the
-sweep waits for runs that got the Ctrl-C instead of signalling them again, picks interrupted runs
-up again, and a Ctrl-C while a run writes its outcome waits for the ledger line."""
+sweep, whose runs have sessions of their own, forwards each Ctrl-C it gets once to every live run,
+picks interrupted runs up again, and a Ctrl-C while a run writes its outcome waits for the ledger
+line."""
 
 import hashlib
 import os
@@ -48,7 +49,8 @@ def wait_for_first_checkpoint(runs: Path, proc: subprocess.Popen, timeout: float
 @pytest.mark.multiprocess
 def test_interrupted_sweep_is_recorded_interrupted_and_resumes_bitwise(tmp_path, one_thread, capsys):
     runs = tmp_path / "cache" / "runs"  # MUONLAB_CACHE (conftest), inherited by the processes
-    # its own process group, as a terminal's foreground job: Ctrl-C reaches the sweep and its run
+    # its own process group, as a terminal's foreground job: the terminal's Ctrl-C goes to the whole
+    # group, which holds the sweep only (its runs have sessions of their own); the sweep forwards it
     proc = subprocess.Popen([sys.executable, "-m", "muonlab", *SWEEP], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
@@ -56,8 +58,13 @@ def test_interrupted_sweep_is_recorded_interrupted_and_resumes_bitwise(tmp_path,
         os.killpg(proc.pid, signal.SIGINT)
         out = proc.communicate(timeout=120)[0]
     finally:
-        if proc.poll() is None:  # the test failed: leave nothing running
-            os.killpg(proc.pid, signal.SIGKILL)
+        if proc.poll() is None:  # the test failed: the sweep stops its run, then nothing is left running
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.communicate(timeout=90)
+            finally:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 130, out
 
     (rec,) = read_records(runs / "ledger.jsonl")  # one whole line
@@ -89,17 +96,18 @@ def test_interrupted_sweep_is_recorded_interrupted_and_resumes_bitwise(tmp_path,
 
 
 class FakeRun:
-    """A run process that stops by itself within `stops_after` waits (None: never)."""
+    """A run process that stops by itself within `stops_after` waits (None: only when signalled)."""
 
-    def __init__(self, stops_after: int | None):
-        self.stops_after, self.waits, self.signals, self.killed = stops_after, 0, [], False
+    def __init__(self, stops_after: int | None, finished: bool = False):
+        self.stops_after, self.finished, self.waits, self.signals, self.killed = stops_after, finished, 0, [], False
 
     def poll(self):
-        return 0 if self.stops_after == 0 else None
+        return 0 if self.finished else None
 
     def wait(self, timeout=None):
         self.waits += 1
         if self.stops_after is not None and self.waits >= self.stops_after:
+            self.finished = True
             return 130
         raise subprocess.TimeoutExpired("run", timeout)
 
@@ -111,18 +119,41 @@ class FakeRun:
         self.killed, self.stops_after = True, self.waits + 1
 
 
-def test_stop_runs_signals_only_runs_that_did_not_get_the_ctrl_c(monkeypatch):
+def test_stop_runs_forwards_the_ctrl_c_once_to_each_live_run(monkeypatch):
     import muonlab.lab.executors as executors
 
-    monkeypatch.setattr(executors, "STOP_GRACE_S", 0)
     monkeypatch.setattr(executors, "STOP_LIMIT_S", 0)
-    stopping, unsignalled, stuck = FakeRun(1), FakeRun(None), FakeRun(None)
+    running, done, stuck = FakeRun(None), FakeRun(None, finished=True), FakeRun(None)
     stuck.send_signal = lambda sig: stuck.signals.append(sig)  # ignores the request
-    executors.stop_runs([stopping, unsignalled, stuck], log=lambda _: None)
-    # a second SIGINT would stop `stopping` at once, without its checkpoint at the step it finishes
-    assert stopping.signals == [] and not stopping.killed
-    assert unsignalled.signals == [signal.SIGINT] and not unsignalled.killed
-    assert stuck.signals == [signal.SIGINT] and stuck.killed
+    executors.stop_runs([running, done, stuck], log=lambda _: None)
+    # one SIGINT asks for a stop after the step; a second would stop the run at once, unrecorded
+    # at the step it finishes. Runs do not share the terminal's group, so this one is their only one.
+    assert running.signals == [signal.SIGINT] and not running.killed
+    assert done.signals == [] and not done.killed
+    assert stuck.signals == [signal.SIGINT] and stuck.killed  # killed after the limit
+
+
+def test_a_second_ctrl_c_while_the_sweep_waits_is_forwarded_once_too(monkeypatch):
+    import muonlab.lab.executors as executors
+
+    monkeypatch.setattr(executors, "STOP_LIMIT_S", 0)
+    first, second = FakeRun(None), FakeRun(None)
+    interrupted = []
+    real_wait = first.wait
+
+    def wait_hit_by_ctrl_c(timeout=None):
+        if not interrupted:
+            interrupted.append(True)
+            raise KeyboardInterrupt  # the user presses Ctrl-C again while the sweep waits
+        return real_wait(timeout)
+
+    first.wait = wait_hit_by_ctrl_c
+    try:
+        executors.stop_runs([first, second], log=lambda _: None)
+    except KeyboardInterrupt:  # (uncaught, it would end the test session)
+        pytest.fail("the second Ctrl-C escaped stop_runs: the runs were left running, unsignalled")
+    assert first.signals == second.signals == [signal.SIGINT, signal.SIGINT]
+    assert not first.killed and not second.killed
 
 
 def test_select_continues_interrupted_runs_and_leaves_failed_ones(tmp_path):

@@ -11,19 +11,37 @@ from muonlab.errors import UsageError
 
 PRECISIONS = ("auto", "bf16", "fp32")
 
-# Dense bf16 tensor-core peaks (FLOP/s) used for MFU; unknown devices report no MFU.
-_PEAK_BF16_FLOPS = {
-    "H100": 989.5e12,
-    "H200": 989.5e12,
-    "GH200": 989.5e12,
-    "B200": 2250e12,
-    "A100": 312e12,
-    "A10G": 70e12,
-    "L40S": 362e12,
-    "L4": 121e12,
-    "RTX 4090": 165.2e12,
-    "RTX 3090": 71e12,
-}
+# Dense bf16 tensor-core peaks (FLOP/s) per GPU, for MFU; unknown devices report no MFU. Where a
+# datasheet gives only the figure "with sparsity" (2:4), the dense peak is half of it, as NVIDIA's
+# footnotes say. Rules are tried in order, most specific first, and match whole words of the name
+# torch.cuda.get_device_name reports ("NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe", "NVIDIA L40S"),
+# so "L40" is not taken for "L4" nor "A100" for "A10". Sources, NVIDIA's datasheets:
+#   H100 SXM / PCIe / NVL: 1,979 / 1,513 / 1,671 TF with sparsity (H100 datasheet, per GPU; the
+#     SXM figure halved is upstream autoresearch's H100_BF16_PEAK_FLOPS = 989.5e12)
+#   H200 SXM / NVL: 1,979 / 1,671 TF with sparsity (H200 datasheet); GH200: 1,979 (GH200 datasheet)
+#   B200 (HGX B200) / GB200: 4.5 / 5 PF with sparsity (Blackwell datasheet, per GPU)
+#   A100 (SXM and PCIe): 312 TF dense; A10: 125 dense (A10 datasheet)
+#   A10G (an AWS-only part, no NVIDIA datasheet): 70 TF dense (Baseten, "NVIDIA A10 vs A10G")
+#   L40S: 362.05 dense; L40: 181.05 dense; L4: 242 with sparsity (L40S, L40, L4 datasheets)
+#   RTX 4090: 165.2 dense, FP32 accumulate (Ada whitepaper); RTX 3090: 71 dense (Ampere GA102 whitepaper)
+_PEAK_BF16_RULES: tuple[tuple[tuple[str, ...], float], ...] = (
+    (("H100", "NVL"), 1671e12 / 2),
+    (("H100", "PCIE"), 1513e12 / 2),
+    (("H100",), 1979e12 / 2),  # SXM5 ("NVIDIA H100 80GB HBM3") and any other H100 name
+    (("H200", "NVL"), 1671e12 / 2),
+    (("H200",), 1979e12 / 2),  # SXM ("NVIDIA H200")
+    (("GH200",), 1979e12 / 2),
+    (("GB200",), 5000e12 / 2),
+    (("B200",), 4500e12 / 2),
+    (("A100",), 312e12),
+    (("A10G",), 70e12),
+    (("A10",), 125e12),
+    (("L40S",), 362.05e12),
+    (("L40",), 181.05e12),
+    (("L4",), 242e12 / 2),
+    (("RTX", "4090"), 165.2e12),
+    (("RTX", "3090"), 71e12),
+)
 
 
 def detect_device(requested: str = "auto") -> torch.device:
@@ -71,15 +89,33 @@ def device_name(device: torch.device) -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
+def peak_flops_of(name: str) -> float | None:
+    """Peak dense bf16 FLOP/s of the GPU a device name describes, else None. A MIG slice
+    (its name ends in e.g. "MIG 1g.10gb") has a fraction of the GPU's units: no peak."""
+    words = set(name.upper().replace("-", " ").replace("_", " ").split())
+    if "MIG" in words:
+        return None
+    for required, peak in _PEAK_BF16_RULES:
+        if words.issuperset(required):
+            return peak
+    return None
+
+
 def peak_flops(device: torch.device) -> float | None:
     """Peak dense bf16 FLOP/s of a known GPU, else None (MFU is then not reported)."""
     if device.type != "cuda":
         return None
-    name = torch.cuda.get_device_name(device)
-    for key in sorted(_PEAK_BF16_FLOPS, key=len, reverse=True):
-        if key in name:
-            return _PEAK_BF16_FLOPS[key]
-    return None
+    return peak_flops_of(torch.cuda.get_device_name(device))
+
+
+def mfu_percent(flops_per_token: float, tokens: float, seconds: float, peak_per_device: float | None,
+                world_size: int) -> float | None:
+    """Model FLOPs utilisation in percent: `tokens` (the global batch, every rank's together)
+    trained in `seconds`, over the peak of all `world_size` devices that trained them (upstream's
+    formula, which has one GPU). None without a peak or a duration."""
+    if not peak_per_device or seconds <= 0:
+        return None
+    return 100 * flops_per_token * tokens / seconds / (peak_per_device * world_size)
 
 
 def synchronize(device: torch.device) -> None:

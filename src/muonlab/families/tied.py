@@ -124,6 +124,14 @@ class LRSchedule:
         return {"lrm": lrm}
 
 
+def step_hooks(cfg, model) -> list:
+    """The MoE's: experts no token chose keep `.grad` None under torch.compile too (muonlab.tied.moe)."""
+    from muonlab.tied.moe import TopKMoE, UnroutedExpertGrads  # noqa: PLC0415
+
+    layers = [m for m in model.modules() if isinstance(m, TopKMoE)]
+    return [UnroutedExpertGrads(layers)] if layers else []
+
+
 def _describe(cfg) -> str:
     shape = TIED_PRESETS[cfg.model.preset]
     return f"tied {cfg.model.preset}: width {shape.n_embd}, depth {shape.n_layer}{', MoE' if shape.moe else ''}"
@@ -138,19 +146,19 @@ PRESETS = {
                      "train.num_steps": 5100, "schedule.warmup_ratio": 0.0, "schedule.warmdown_ratio": 0.0,
                      "train.grad_clip": 1.0, "record.checkpoint_every": 250, "train.eval_tokens": 5 * 2**20,
                      "data.source": "climbmix", "data.vocab_size": 50304},
-    # a seconds-long tied-GPT configuration (seed 004's arms on CPU)
+    # a seconds-long tied-GPT configuration (seed 004's arms on CPU; on the CPU on a GPU machine too)
     "tied-cpu": {"family": "tied", "model.preset": "tied-tiny", "optim.kind": "afmuon", "train.sequence_len": 64,
                  "train.device_batch_size": 4, "train.total_batch_size": 4 * 64 * 2, "train.num_steps": 30,
                  "train.untimed_steps": 1, "schedule.warmup_ratio": 0.0, "schedule.warmdown_ratio": 0.0,
-                 "train.grad_clip": 1.0, "train.eval_tokens": 4 * 64 * 4, "runtime.precision": "fp32",
-                 "runtime.compile": "off", "record.log_every": 1, "data.source": "synthetic", "data.vocab_size": 300,
-                 "data.synthetic_bytes": 200_000},
+                 "train.grad_clip": 1.0, "train.eval_tokens": 4 * 64 * 4, "runtime.device": "cpu",
+                 "runtime.precision": "fp32", "runtime.compile": "off", "record.log_every": 1,
+                 "data.source": "synthetic", "data.vocab_size": 300, "data.synthetic_bytes": 200_000},
 }
 
 register_family(Family(
     name="tied", description="seed 004's tied-token GPT (NanoGPT, NanoGPT-MoE) with AF-Muon and its baselines",
     model_config=TiedModelConfig, optim_config=AFMuonConfig, build_model=build_model,
-    build_optimizer=build_optimizer, schedule=LRSchedule,
+    build_optimizer=build_optimizer, schedule=LRSchedule, step_hooks=step_hooks,
     describe=_describe, depth=lambda cfg: TIED_PRESETS[cfg.model.preset].n_layer,
     presets=PRESETS, embedding_key="wte.weight",
 ))

@@ -3,7 +3,10 @@
 Local: each run is a separate `python -m muonlab train --config FILE` process, so a crash or
 an out-of-memory kills one run, not the sweep. With GPUs, one run per GPU at a time
 (`CUDA_VISIBLE_DEVICES` set per run): throughput-sensitive runs never share a GPU. On CPU,
-`parallel` runs at a time (default 1), the cores split between them.
+`parallel` runs at a time (default 1). Either way the cores are split between the runs at a
+time: each gets its share for torch's threads and for torch.compile's (inductor's) compile
+workers, so N runs do not each compile on every core. Runs start in a session of their own:
+a Ctrl-C at the terminal reaches the sweep alone, which forwards it once to each run.
 SLURM: one job array, one task per run, through submitit (`cluster="local"` runs the same
 array as local processes); a task requeued after a preemption continues its run. The batch
 script the options make is tested as submitit renders it, without a cluster.
@@ -33,6 +36,14 @@ def visible_gpus() -> list[str]:
     return [str(i) for i in range(torch.cuda.device_count())]
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity: a SLURM or taskset allocation)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 class LocalExecutor:
     def __init__(self, parallel: int | None = None, gpus: list[str] | None = None):
         self.gpus = visible_gpus() if gpus is None else gpus
@@ -47,12 +58,16 @@ class LocalExecutor:
             self.slots = [None] * (parallel or 1)
 
     def _env(self, slot: str | None) -> dict[str, str]:
+        """The environment of a run in `slot` (a GPU id, or None on CPU): its GPU, and its share of
+        the cores for torch's threads (OMP_NUM_THREADS, which torch reads at import) and inductor's
+        compile workers (TORCHINDUCTOR_COMPILE_THREADS, read when torch._inductor.config is
+        imported). Values the sweep's own environment sets are kept."""
         env = dict(os.environ)
         if slot is not None:
             env["CUDA_VISIBLE_DEVICES"] = slot
-        else:
-            threads = max(1, (os.cpu_count() or 1) // len(self.slots))
-            env.setdefault("OMP_NUM_THREADS", str(threads))
+        threads = str(max(1, usable_cores() // len(self.slots)))
+        env.setdefault("OMP_NUM_THREADS", threads)
+        env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", threads)
         return env
 
     def run(self, jobs, workdir: Path, log: Callable[[str], None]) -> None:
@@ -67,7 +82,10 @@ class LocalExecutor:
                         cmd = [sys.executable, "-m", "muonlab", "train"] + (
                             ["--resume", job.resume_dir] if job.resume_dir
                             else ["--config", str(workdir / f"{job.name}.json")])
-                        proc = subprocess.Popen(cmd, stdout=logfile, stderr=subprocess.STDOUT, env=self._env(slot))
+                        # a session of its own: the terminal's Ctrl-C reaches the sweep only (stop_runs)
+                        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logfile,
+                                                stderr=subprocess.STDOUT, env=self._env(slot),
+                                                start_new_session=True)
                         running[i] = (proc, job, logfile)
                         where = f"GPU {slot}" if slot is not None else "CPU"
                         log(f"start {job.name} on {where} (log {logfile.name})")
@@ -84,33 +102,39 @@ class LocalExecutor:
             raise
 
 
-STOP_GRACE_S = 20  # a run asked to stop finishes its step and checkpoints within this
-STOP_LIMIT_S = 60  # then it is killed (its last periodic checkpoint still resumes it)
+STOP_LIMIT_S = 60  # a run asked to stop finishes its step and checkpoints; after this it is killed
 
 
 def stop_runs(procs: list[subprocess.Popen], log: Callable[[str], None]) -> None:
     """Stop interrupted runs so that each records itself as interrupted, with a checkpoint.
 
-    A terminal's Ctrl-C reaches the whole process group, runs included: each stops after its
-    step. A second SIGINT from here would make that an immediate stop (the first signal asks, the
-    second interrupts), so runs get one only if they are still going after a grace period (the
-    sweep alone was signalled)."""
+    Runs have sessions of their own, so the terminal's Ctrl-C reached the sweep alone: each live
+    run gets it here, once. The first SIGINT asks a run to stop after its step and checkpoint; a
+    second Ctrl-C while the sweep waits is forwarded once too (the run then stops at once, as one
+    of its own would). A run still going after STOP_LIMIT_S is killed (its last periodic
+    checkpoint still resumes it)."""
     live = [p for p in procs if p.poll() is None]
     if live:
-        log(f"interrupted: waiting for {len(live)} run(s) to checkpoint and record themselves")
-    deadline = time.time() + STOP_GRACE_S
-    for proc in live:
-        try:
-            proc.wait(timeout=max(0.1, deadline - time.time()))
-        except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGINT)
+        log(f"interrupted: asked {len(live)} run(s) to checkpoint and record themselves")
+    _forward_sigint(live)
     deadline = time.time() + STOP_LIMIT_S
-    for proc in live:
+    while True:
         try:
-            proc.wait(timeout=max(0.1, deadline - time.time()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            for proc in live:
+                try:
+                    proc.wait(timeout=max(0.1, deadline - time.time()))
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+            return
+        except KeyboardInterrupt:  # Ctrl-C again: pass it on, keep waiting for the records
+            _forward_sigint(live)
+
+
+def _forward_sigint(procs: list[subprocess.Popen]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
 
 
 class ArrayTask:

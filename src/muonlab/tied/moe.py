@@ -18,6 +18,15 @@ Routing, as the released code does it (spec-004 §3 row 7 and §5 item 17):
   - An expert that receives no token in a batch is not called, so its weights get no
     gradient (`.grad` stays None: AF-Muon then skips it, no momentum update, no decay).
 
+Dispatch. Eagerly, each expert runs on the tokens that chose it (an index_select per expert).
+Those token counts change with every batch, and `torch.compile(dynamic=False)` would compile a
+graph per count (the recompile limit within two steps), so under compile every expert runs on
+every token, weighted by its gate where the token chose it and by 0 elsewhere: one static graph,
+the same sum (a token's other experts add exact zeros, in the same expert order), at E times the
+expert FLOPs (E = 4 in seed 004). Its unchosen experts' weights then get exact-zero gradients;
+`UnroutedExpertGrads`, a step hook, puts an expert that no token of a step chose back to
+`.grad` None before the optimizer step, as eagerly.
+
 The experts are built by a caller-supplied factory so that this module needs no
 knowledge of the MLP (the dense ScaledReLU^2 MLP lives in `muonlab.tied.gpt`).
 """
@@ -72,7 +81,8 @@ class TopKMoE(nn.Module):
     """`n_experts` expert MLPs behind a bias-free linear router with top-k routing.
 
     forward(x [..., d]) -> (y [..., d], aux scalar). `last_counts` keeps the first-choice
-    token count per expert of the latest call (detached, for `router_stats`).
+    token count per expert of the latest call (detached, for `router_stats`), `last_routed` the
+    count over all k choices (for `UnroutedExpertGrads`).
     """
 
     def __init__(self, n_embd: int, n_experts: int, top_k: int, aux_loss_coef: float,
@@ -90,6 +100,7 @@ class TopKMoE(nn.Module):
         self.router = nn.Linear(n_embd, n_experts, bias=False)
         self.experts = nn.ModuleList([make_expert() for _ in range(n_experts)])
         self.last_counts: torch.Tensor | None = None
+        self.last_routed: torch.Tensor | None = None
 
     def route(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Return (probs [N, E] in >= fp32, top_idx [N, k], gates [N, k]) for tokens flat [N, d]."""
@@ -104,6 +115,17 @@ class TopKMoE(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         flat = x.reshape(-1, x.size(-1))
         probs, top_idx, gates = self.route(flat)
+        # chosen while tracing: a compiled graph holds the dense dispatch only (see the module doc)
+        dispatch = self._dispatch_dense if torch.compiler.is_compiling() else self._dispatch_sparse
+        out = dispatch(flat, top_idx, gates)
+        chose = (top_idx.detach().unsqueeze(-1) == torch.arange(self.n_experts, device=top_idx.device))
+        self.last_counts = chose[:, 0].sum(dim=0)  # first choices per expert
+        self.last_routed = chose.sum(dim=(0, 1))  # tokens per expert over all k choices
+        aux = load_balancing_loss(probs, top_idx[:, 0], self.n_experts, self.aux_loss_coef)
+        return out.view_as(x), aux
+
+    def _dispatch_sparse(self, flat: torch.Tensor, top_idx: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:
+        """Each expert on the tokens that chose it; an expert no token chose is not called."""
         out = torch.zeros_like(flat)
         for e, expert in enumerate(self.experts):
             token, slot = (top_idx == e).nonzero(as_tuple=True)
@@ -111,6 +133,44 @@ class TopKMoE(nn.Module):
                 continue
             y = expert(flat.index_select(0, token)) * gates[token, slot].unsqueeze(-1)
             out.index_add_(0, token, y.to(out.dtype))
-        self.last_counts = torch.bincount(top_idx[:, 0].detach(), minlength=self.n_experts)
-        aux = load_balancing_loss(probs, top_idx[:, 0], self.n_experts, self.aux_loss_coef)
-        return out.view_as(x), aux
+        return out
+
+    def _dispatch_dense(self, flat: torch.Tensor, top_idx: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:
+        """Every expert on every token, times the token's gate for it (0 where it did not choose
+        it): the sparse dispatch's sum with shapes that do not depend on the routing."""
+        chose = top_idx.unsqueeze(-1) == torch.arange(self.n_experts, device=top_idx.device)  # [N, k, E]
+        weight = (chose * gates.unsqueeze(-1)).sum(dim=1)  # [N, E]: each token's gate per expert
+        out = torch.zeros_like(flat)
+        for e, expert in enumerate(self.experts):
+            out = out + (expert(flat) * weight[:, e : e + 1]).to(out.dtype)
+        return out
+
+
+class UnroutedExpertGrads:
+    """Step hook: before the optimizer step, `.grad` None for each expert that no token of the
+    step's micro-batches chose (exact zeros from the dense dispatch under compile; None already
+    eagerly), so AF-Muon skips it as seed 004's reference does. Reads each layer's `last_routed`
+    after every micro-batch (before the next one, and before the step): one sync per step."""
+
+    def __init__(self, layers: list[TopKMoE]):
+        self.layers = layers
+        self._routed: torch.Tensor | None = None
+        self._in_step = False
+
+    def _collect(self) -> None:
+        routed = torch.stack([layer.last_routed for layer in self.layers])
+        self._routed = routed if self._routed is None else self._routed + routed
+
+    def before_micro_step(self, x) -> None:
+        if self._in_step:  # the previous micro-batch of this step has run
+            self._collect()
+        self._in_step = True
+
+    def before_step(self, step: int, optimizer) -> None:
+        self._collect()
+        for layer, counts in zip(self.layers, self._routed.tolist()):
+            for expert, n in zip(layer.experts, counts):
+                if n == 0:
+                    for p in expert.parameters():
+                        p.grad = None
+        self._routed, self._in_step = None, False

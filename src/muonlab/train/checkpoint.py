@@ -11,7 +11,7 @@ mid-write never loses the previous one.
 Contents (read with torch.load(..., weights_only=True)): format, step (completed optimizer
 steps), model and optimizer state dicts, the data loader's position, the batch already
 prefetched for the next step, the loop's counters (training seconds, loss EMA) and the RNG
-states of torch (CPU and CUDA) and Python's `random`.
+states of torch (CPU, and CUDA for the run's own device) and Python's `random`.
 """
 
 from __future__ import annotations
@@ -49,19 +49,47 @@ def checkpoint_dir(run_dir: Path) -> Path:
     return Path(run_dir) / "checkpoints"
 
 
-def rng_state() -> dict[str, Any]:
+def _cuda_index(device: torch.device | None) -> int:
+    """The CUDA device a run draws from: `device`'s index, else the current device (torchrun
+    ranks are pinned to theirs, muonlab.train.distributed)."""
+    if device is not None and device.index is not None:
+        return device.index
+    return torch.cuda.current_device()
+
+
+def _uses_cuda(device: torch.device | None) -> bool:
+    return torch.cuda.is_available() and (device is None or device.type == "cuda")
+
+
+def rng_state(device: torch.device | None = None) -> dict[str, Any]:
+    """torch's CPU and Python's states, and the CUDA state of the run's own device only (the
+    current one when `device` is None): a resume may see fewer GPUs (a sweep slot), and a rank
+    draws from its device alone. Under torchrun rank 0 writes the checkpoint, so it holds rank 0's
+    CUDA state; every rank restores that one, seeded and used alike on every rank."""
     state = {"torch": torch.get_rng_state(), "python": list(_to_lists(random.getstate()))}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if _uses_cuda(device):
+        state["cuda"] = torch.cuda.get_rng_state(_cuda_index(device))
     return state
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
+def set_rng_state(state: dict[str, Any], device: torch.device | None = None) -> None:
+    """Restore `rng_state()`'s states, the CUDA one onto the run's device (`device`, else the
+    current one)."""
     torch.set_rng_state(state["torch"])
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    cuda = state.get("cuda")
+    if cuda is None or not _uses_cuda(device):
+        return
+    index = _cuda_index(device)
+    if isinstance(cuda, (list, tuple)):
+        # Older checkpoints hold every GPU the writer saw (get_rng_state_all). The writer drew
+        # from one: rank 0's cuda:0 under torchrun (a resume has the same world size), else the
+        # run's own device, which a one-process resume keeps: this index. Where the writer saw
+        # fewer GPUs than that (it ran with CUDA_VISIBLE_DEVICES narrowed), its device was the first.
+        writer = 0 if torch.distributed.is_available() and torch.distributed.is_initialized() else index
+        cuda = cuda[writer] if writer < len(cuda) else cuda[0]
+    torch.cuda.set_rng_state(cuda, index)
 
 
 def _to_lists(value):

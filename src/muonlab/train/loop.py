@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 
 from muonlab.config import RunConfig
-from muonlab.device import Runtime, peak_flops, synchronize
+from muonlab.device import Runtime, mfu_percent, peak_flops, synchronize
 from muonlab.errors import MuonlabError
 from muonlab.families import get_family
 from muonlab.optim.schedules import step_progress, time_progress
@@ -160,7 +160,7 @@ def train_loop(cfg: RunConfig, model, optimizer, loader, runtime: Runtime, flops
         state.last_loss = train_loss
         state.step = step + 1
         tok_per_sec = cfg.train.total_batch_size / dt
-        mfu = 100 * flops_per_token * cfg.train.total_batch_size / dt / peak if peak else None
+        mfu = mfu_percent(flops_per_token, cfg.train.total_batch_size, dt, peak, dist.world_size)
         record = dict(step=step, loss=train_loss, smooth_loss=state.smooth_loss, progress=progress,
                       dt=dt, tok_per_sec=tok_per_sec, mfu=mfu, epoch=state.epoch, **values)
         if step in trajectory:

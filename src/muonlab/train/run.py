@@ -27,7 +27,7 @@ import torch
 
 from muonlab.config import RunConfig, is_legacy, load_config_file, read_config_values
 from muonlab.data.prepare import PreparedData
-from muonlab.device import Runtime, detect_device, peak_flops, peak_memory_mb, resolve_precision
+from muonlab.device import Runtime, detect_device, mfu_percent, peak_flops, peak_memory_mb, resolve_precision
 from muonlab.errors import MuonlabError, UsageError
 from muonlab.eval import EvalResult, evaluate_bpb
 from muonlab.families import get_family
@@ -264,7 +264,7 @@ def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx: 
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])  # the full layout; each rank keeps its shard
         loader.load_state_dict(checkpoint["loader"][ctx.rank])
-        set_rng_state(checkpoint["rng"])
+        set_rng_state(checkpoint["rng"], runtime.device)
         state, pending = LoopState(**checkpoint["loop"]), tuple(checkpoint["pending"][ctx.rank])
         if ctx.is_main:
             run.truncate_metrics(state.step)  # steps after the checkpoint are redone
@@ -284,7 +284,7 @@ def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx: 
         if not ctx.is_main:
             return None
         payload = dict(model=model.state_dict(), optimizer=full_optimizer, loader=loaders, pending=pendings,
-                       loop=loop_state.to_dict(), rng=rng_state(), config_hash=cfg.config_hash(),
+                       loop=loop_state.to_dict(), rng=rng_state(runtime.device), config_hash=cfg.config_hash(),
                        world_size=ctx.world_size)
         return str(save_checkpoint(run.path, loop_state.step, payload, keep=cfg.record.checkpoint_keep))
 
@@ -302,9 +302,8 @@ def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx: 
     if ctx.is_main:
         run.save_weights(model)
     timed_steps = state.step - min(cfg.train.untimed_steps, state.step)
-    peak = peak_flops(runtime.device)
-    mfu = (100 * flops_per_token * cfg.train.total_batch_size * timed_steps / state.training_seconds / peak
-           if peak and state.training_seconds > 0 else None)
+    mfu = mfu_percent(flops_per_token, cfg.train.total_batch_size * timed_steps, state.training_seconds,
+                      peak_flops(runtime.device), ctx.world_size)
     total_tokens = state.step * cfg.train.total_batch_size
     summary = {
         "val_bpb": evals["val"].bpb,

@@ -7,7 +7,10 @@ _PROTOCOL = {  # seed papers' protocol (spec-002 §3.1): T 2048, vocab 8192, 64 
     "train.num_steps": 953, "train.eval_tokens": 40 * 2**19, "schedule.warmup_ratio": 0.0,
     "record.checkpoint_every": 200, "data.source": "climbmix", "data.vocab_size": 8192,
 }
-_CPU_SMALL = {"runtime.precision": "fp32", "runtime.compile": "off", "record.log_every": 1}
+# the CPU presets stay on the CPU on a GPU machine too: their numbers (the tests' bitwise checks)
+# and the world sizes they run at (2 gloo ranks) must not depend on the GPUs there
+_CPU_SMALL = {"runtime.device": "cpu", "runtime.precision": "fp32", "runtime.compile": "off",
+              "record.log_every": 1}
 
 PRESETS = {
     # depth 8, 953 fixed steps, zero warmup, ClimbMix (50,332,176 scaling parameters)
