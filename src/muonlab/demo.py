@@ -112,5 +112,5 @@ def format_demo(report: dict) -> str:
         f"ledger line:   {json.dumps(report['ledger_line'])}",
         f"               (in {report['ledger']})",
         "next:",
-        *(f"  {command:<62}# {why}" for why, command in NEXT_COMMANDS),
+        *(f"  {command:<{max(len(c) for _, c in NEXT_COMMANDS)}}  # {why}" for why, command in NEXT_COMMANDS),
     ])
