@@ -3,7 +3,7 @@ PYTHON ?= python3.11
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast bench clean
+.PHONY: demo test test-fast gpu-check bench clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (muonlab needs Python 3.11)"; exit 2; }
@@ -22,6 +22,10 @@ test: $(STAMP)
 # the suite less the slow and multi-process tests (about a minute on 2 cores)
 test-fast: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -n auto -m "not slow and not multiprocess"
+
+# every CUDA path on this machine's GPU in about 8 minutes: writes gpu_check.json (nothing without CUDA)
+gpu-check: $(STAMP)
+	$(VENV)/bin/muonlab doctor --gpu
 
 bench: $(STAMP)
 	$(VENV)/bin/python benchmarks/step_throughput.py

@@ -207,6 +207,13 @@ CASES = [
     ("diagnose-needs-run", ["diagnose", "geometry"], USAGE, "--run"),
     ("diagnose-run-missing", ["diagnose", "geometry", "--run", "/nonexistent/run"], USAGE, "/nonexistent/run"),
     ("diagnose-unknown-arm", ["diagnose", "accounting", "--arms", "nope"], USAGE, "nope"),
+    # --- doctor (checked before CUDA is, so the same on every machine)
+    ("doctor-needs-a-check", ["doctor"], USAGE, "--gpu"),
+    ("doctor-tests-missing", ["doctor", "--gpu", "--tests", "/nonexistent/tests"], USAGE, "/nonexistent/tests"),
+    ("doctor-unknown-section", ["doctor", "--gpu", "--skip", "pytest,lint"], USAGE, "unknown section lint"),
+    ("doctor-budget", ["doctor", "--gpu", "--budget-s", "0"], USAGE, "--budget-s must be > 0"),
+    ("doctor-out-is-a-folder", ["doctor", "--gpu", "--out", "{tmp}"], USAGE, "is a directory"),
+    ("doctor-workers", ["doctor", "--gpu", "--pytest-workers", "-1"], USAGE, "--pytest-workers must be >= 0"),
     # --- prepare
     ("prepare-local-without-path", ["prepare", "--source", "local"], USAGE, "needs a path"),
 ]

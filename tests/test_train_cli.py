@@ -100,7 +100,7 @@ def test_bad_input_exits_2_with_one_line(tmp_path, capsys, argv, needle):
 
 
 def test_help_for_every_verb(capsys):
-    for verb in ("prepare", "train", "demo", "verify-reference"):
+    for verb in ("prepare", "train", "demo", "verify-reference", "doctor"):
         with pytest.raises(SystemExit) as exc:
             main([verb, "--help"])
         assert exc.value.code == 0

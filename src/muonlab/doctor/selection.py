@@ -1,0 +1,114 @@
+"""What the GPU acceptance check covers: the presets that target a GPU, and one arm for every
+registered method, every arm group and every model family (the compiled-against-eager check of
+tests/test_gpu_acceptance.py), each at its model family's smallest preset.
+
+Both are derived from the registries (presets of every family, muonlab.arms.ARMS, the method
+catalogue of muonlab.lab.methods), so a new preset, method or family is checked without an edit here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# The compile check's runtime: the GPU training path (bf16 autocast, torch.compile of the model and
+# of the optimizer step), quiet.
+CUDA_OVERRIDES: dict[str, Any] = {"runtime.device": "cuda", "runtime.precision": "bf16",
+                                  "runtime.compile": "on", "record.quiet": True}
+# Overrides that change a model's shape: an arm that sets one compiles a bigger graph, so the
+# selection prefers another arm covering the same methods.
+_SHAPE_KEYS = ("model.depth", "model.n_embd", "model.aspect_ratio", "model.head_dim", "model.preset")
+
+
+def _is_cpu_preset(name: str, values: dict[str, Any]) -> bool:
+    """A preset for CPUs: it pins a CPU/MPS device, or leaves the device to detection but is named
+    for CPUs ("cpu" as a dash-separated word: cpu-tiny, tied-cpu) or switches compilation off."""
+    device = str(values.get("runtime.device", "auto"))
+    if device.startswith(("cpu", "mps")):
+        return True
+    if device.startswith("cuda") or name.startswith("gpu-"):
+        return False
+    return "cpu" in name.split("-") or values.get("runtime.compile") == "off"
+
+
+def gpu_presets() -> list[str]:
+    """Every preset (of every model family) that targets a GPU, sorted by name."""
+    from muonlab.config import all_presets  # noqa: PLC0415
+
+    return sorted(name for name, values in all_presets().items() if not _is_cpu_preset(name, values))
+
+
+def small_preset(family: str) -> str:
+    """The model family's smallest preset (fewest tokens per micro-step, then name): the shape the
+    compile check trains at."""
+    from muonlab.config import all_presets, preset  # noqa: PLC0415
+
+    names = sorted(n for n, v in all_presets().items() if v["family"] == family)
+    if not names:
+        raise ValueError(f"model family {family!r} has no preset")
+    return min(names, key=lambda n: (preset(n).train.tokens_per_micro_step, n))
+
+
+@dataclass(frozen=True)
+class ArmCase:
+    """One arm of the compile check: the preset it runs at and the coverage keys it stands for."""
+
+    arm: str
+    model_family: str
+    preset: str
+    covers: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"arm": self.arm, "model_family": self.model_family, "preset": self.preset,
+                "covers": list(self.covers)}
+
+
+def _keys_by_arm() -> dict[str, set[str]]:
+    """arm -> the keys it covers: `method:<name>` for every registered method it switches on,
+    `group:<arm group>` (muonlab.arms.Arm.family) and `model:<model family>`."""
+    from muonlab.arms import ARMS  # noqa: PLC0415
+    from muonlab.lab.methods import method_catalog  # noqa: PLC0415
+
+    keys = {name: {f"group:{arm.family}", f"model:{arm.overrides.get('family', 'autoresearch')}"}
+            for name, arm in ARMS.items()}
+    for entry in method_catalog():
+        for name in entry["arms"]:
+            keys[name].add(f"method:{entry['name']}")
+    return keys
+
+
+def uncovered_methods() -> list[str]:
+    """Registered methods no arm switches on: the compile check cannot reach them."""
+    from muonlab.lab.methods import method_catalog  # noqa: PLC0415
+
+    return sorted(e["name"] for e in method_catalog() if not e["arms"])
+
+
+def representative_arms() -> list[ArmCase]:
+    """The baseline, then a greedy cover of every key of _keys_by_arm: each pick covers the most
+    keys not yet covered (an arm that changes the model's shape counts as half a pick; ties by
+    name). Deterministic."""
+    from muonlab.arms import ARMS  # noqa: PLC0415
+
+    keys = _keys_by_arm()
+    chosen = ["baseline"]
+    left = set().union(*keys.values()) - keys["baseline"]
+
+    def score(name: str) -> tuple[float, str]:
+        shaped = any(k in ARMS[name].overrides for k in _SHAPE_KEYS)
+        gain = len(keys[name] & left)
+        return (-(gain / 2 if shaped else gain), name)
+
+    while left:
+        best = min((n for n in keys if n not in chosen), key=score)
+        if not keys[best] & left:
+            break  # unreachable: every key comes from some arm
+        chosen.append(best)
+        left -= keys[best]
+    presets: dict[str, str] = {}
+    cases = []
+    for name in chosen:
+        family = ARMS[name].overrides.get("family", "autoresearch")
+        presets.setdefault(family, small_preset(family))
+        cases.append(ArmCase(name, family, presets[family], tuple(sorted(keys[name]))))
+    return cases

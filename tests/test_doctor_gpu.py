@@ -1,0 +1,298 @@
+"""`muonlab doctor --gpu` on a CPU machine (muonlab.doctor): the no-CUDA exit, the report assembled
+from every section with the expensive ones replaced by canned results, a failing section that
+leaves the others running, the time budget, the pytest section's selection and counts, the
+training runs' commands and read-back, and what the compile check covers."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from support.compile_check import train_losses  # tests/ is on sys.path
+
+from muonlab.cli import _resolve_config, build_parser, main
+from muonlab.doctor import gpu, runs, selection
+
+TESTS = Path(__file__).resolve().parent
+
+
+def _no_nan(text: str) -> dict:
+    def refuse(name):
+        raise AssertionError(f"{name} in the report: not strict JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Canned sections (environment, pytest, throughput, presets) on a machine with 'CUDA'; the
+    list records which ran, in order. A test edits `canned` before driving main()."""
+    ran: list[str] = []
+    canned = {
+        "environment": {"device_name": "NVIDIA H100 80GB HBM3", "capability": [9, 0], "torch_version": "2.13.0",
+                        "cuda_version": "12.8", "fa3": {"available": True}, "compile": {"ok": True},
+                        "triton": {"version": "3.5.0"}},
+        "pytest": {"passed": 24, "failed": 0, "errors": 0, "skipped": 1},
+        "throughput": {"preset": "gpu-d8", "num_steps": 50, "tokens_per_second": 1.7e6, "mfu_percent": 41.0,
+                       "peak_vram_mb": 44000.0, "final_train_loss": float("nan"), "run_dir": Path("/runs/x")},
+        "presets": {"runs": {"gpu-d6": {"preset": "gpu-d6", "status": "ok", "step_seconds": 0.2}}},
+    }
+
+    def fake(name):
+        def section(check):
+            ran.append(name)
+            result = canned[name]
+            if isinstance(result, BaseException):
+                raise result
+            return dict(result)
+
+        return section
+
+    monkeypatch.setattr(gpu, "cuda_available", lambda: True)
+    for name in gpu.SECTIONS:
+        monkeypatch.setattr(gpu, f"section_{name}", fake(name))
+    return ran, canned
+
+
+def _drive(tmp_path, monkeypatch, capsys, *extra: str) -> tuple[int, str, str, Path]:
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "report" / "gpu.json"
+    code = main(["doctor", "--gpu", "--out", str(out), "--work-dir", str(tmp_path / "work"), *extra])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err, out
+
+
+# ------------------------------------------------------------------------------ no CUDA
+@pytest.mark.parametrize("json_flag", [False, True], ids=["text", "json"])
+def test_without_cuda_one_line_nothing_run_nothing_written(json_flag, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(gpu, "cuda_available", lambda: False)
+    monkeypatch.setattr(gpu, "run_sections", lambda check: pytest.fail("a section ran without CUDA"))
+    monkeypatch.chdir(tmp_path)
+    code = main(["doctor", "--gpu", "--out", str(tmp_path / "x.json"), *(["--json"] if json_flag else [])])
+    out, err = capsys.readouterr()
+    assert code == 0 and err == ""
+    assert out.count("\n") == 1, out
+    line = json.loads(out)["message"] if json_flag else out.strip()
+    assert line == gpu.NO_CUDA_LINE
+    assert not list(tmp_path.iterdir()), "a file was written without CUDA"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the real CUDA probe says no only without CUDA")
+def test_the_real_probe_says_no_cuda_here(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["doctor", "--gpu"]) == 0
+    assert capsys.readouterr().out.strip() == gpu.NO_CUDA_LINE
+    assert not (tmp_path / gpu.DEFAULT_OUT).exists()
+
+
+# ------------------------------------------------------------------------------ the report
+def test_the_report_assembles_every_section(calls, tmp_path, monkeypatch, capsys):
+    ran, _ = calls
+    code, out, err, path = _drive(tmp_path, monkeypatch, capsys)
+    assert code == 0, err
+    assert ran == list(gpu.SECTIONS)
+    report = _no_nan(path.read_text())
+    assert report["format"] == gpu.FORMAT and report["passed"] is True and report["complete"] is True
+    assert list(report["sections"]) == list(gpu.SECTIONS)
+    for name, section in report["sections"].items():
+        assert section["status"] == "ok" and section["error"] is None and section["seconds"] >= 0, name
+    assert report["sections"]["pytest"]["passed"] == 24
+    assert report["sections"]["throughput"]["final_train_loss"] is None  # NaN is written as null
+    assert report["sections"]["throughput"]["run_dir"] == "/runs/x"
+    assert report["device_name"] == "NVIDIA H100 80GB HBM3" and report["options"]["out"] == str(path)
+    assert [p.name for p in path.parent.iterdir()] == ["gpu.json"]  # atomic: no temp file left
+    summary = out.strip().splitlines()
+    assert summary[-1].startswith("result: passed") and str(path) in summary[-1]
+    assert all(any(line.strip().startswith(name) for line in summary) for name in gpu.SECTIONS)
+    assert "41.0% (upstream 39.8%, target 45%)" in out
+
+
+def test_a_failing_section_gives_exit_1_and_the_others_still_run(calls, tmp_path, monkeypatch, capsys):
+    ran, canned = calls
+    canned["pytest"] = RuntimeError("collection broke")
+    canned["throughput"] = {"status": "failed", "error": "exit 1: error: out of memory"}
+    code, out, _, path = _drive(tmp_path, monkeypatch, capsys, "--json")
+    assert code == 1
+    assert ran == list(gpu.SECTIONS)  # the sections after the failures ran
+    report = _no_nan(path.read_text())
+    assert json.loads(out) == report  # --json prints the report written
+    assert report["passed"] is False and report["failed_sections"] == ["pytest", "throughput"]
+    assert report["sections"]["pytest"]["error"] == "RuntimeError: collection broke"
+    assert report["sections"]["presets"]["status"] == "ok"
+    assert "FAILED (pytest, throughput)" in gpu.format_summary(report)
+
+
+def test_skip_and_the_time_budget(calls, tmp_path, monkeypatch, capsys):
+    ran, _ = calls
+    code, _, _, path = _drive(tmp_path, monkeypatch, capsys, "--skip", "pytest,presets")
+    report = _no_nan(path.read_text())
+    assert code == 0 and ran == ["environment", "throughput"]
+    assert report["complete"] is False and report["skipped_sections"] == ["pytest", "presets"]
+    assert report["sections"]["pytest"] == {"status": "skipped", "reason": "--skip", "error": None,
+                                            "seconds": report["sections"]["pytest"]["seconds"]}
+    ran.clear()
+    code, _, _, path = _drive(tmp_path, monkeypatch, capsys, "--budget-s", "5")  # below MIN_START_S
+    report = _no_nan(path.read_text())
+    assert code == 1 and ran == []
+    assert all(s["error"] == "not run: the time budget of 5 s was spent" for s in report["sections"].values())
+
+
+def test_a_section_limit_is_cut_to_what_is_left_of_the_budget():
+    check = gpu.Check(gpu.GpuCheckOptions(budget_s=100.0), Path("."))
+    assert check.limit(240.0) <= 100.0 and check.limit(10.0) == 10.0
+    check.started -= 95.0
+    assert check.limit(240.0) <= 5.0 and check.remaining() <= 5.0
+
+
+# ------------------------------------------------------------------------------ sections 3 and 4
+def test_the_preset_section_reuses_the_throughput_run_and_survives_a_failed_run(monkeypatch):
+    started: list[tuple[str, int]] = []
+
+    def fake_run(preset, num_steps, timeout_s, cache_dir, **_):
+        started.append((preset, num_steps))
+        ok = preset != "upstream"
+        return {"preset": preset, "num_steps": num_steps, "status": "ok" if ok else "failed",
+                "error": None if ok else "exit 1: boom", "command": ["muonlab", "train"], "mfu_percent": 46.0,
+                "step_seconds": 0.3}
+
+    monkeypatch.setattr(gpu, "training_run", fake_run)
+    check = gpu.Check(gpu.GpuCheckOptions(), Path("."), log=lambda _: None)
+    check.sections["throughput"] = gpu.section_throughput(check)
+    assert check.sections["throughput"]["meets_target"] is True
+    assert check.sections["throughput"]["upstream_mfu_percent"] == 39.8
+    presets = gpu.section_presets(check)
+    assert started[0] == (gpu.THROUGHPUT_PRESET, gpu.THROUGHPUT_STEPS)
+    assert started[1:] == [(p, gpu.PRESET_STEPS) for p in selection.gpu_presets() if p != gpu.THROUGHPUT_PRESET]
+    assert presets["runs"][gpu.THROUGHPUT_PRESET]["same_run_as"] == "throughput"
+    assert presets["status"] == "failed" and presets["error"] == "upstream (exit 1: boom)"
+    assert [r["status"] for n, r in presets["runs"].items() if n != "upstream"] == ["ok"] * (len(presets["runs"]) - 1)
+
+
+def test_every_gpu_run_command_resolves_to_a_compiled_cuda_run_on_local_data():
+    for name in selection.gpu_presets():
+        argv = runs.train_command(name, gpu.PRESET_STEPS)[3:]
+        assert argv[:3] == ["train", "--preset", name]
+        cfg = _resolve_config(build_parser(argv).parse_args(argv))
+        assert (cfg.train.num_steps, cfg.train.time_budget) == (gpu.PRESET_STEPS, None), name
+        assert (cfg.runtime.device, cfg.runtime.compile, cfg.data.source) == ("cuda", "on", "stdlib"), name
+        assert cfg.train.eval_tokens == runs.EVAL_TOKENS
+
+
+@pytest.mark.slow
+def test_a_training_run_is_read_back_and_a_failed_one_says_why(tmp_path):
+    entry = runs.training_run("cpu-tiny", 3, 300.0, tmp_path / "cache", device="cpu", compile_mode="off",
+                              data_flags=())
+    assert entry["status"] == "ok", entry
+    assert entry["steps_done"] == 3 and entry["loss_finite"] is True
+    assert entry["tokens_per_second"] > 0 and 0 < entry["step_seconds"] < 60
+    assert entry["command"][:4] == ["muonlab", "train", "--preset", "cpu-tiny"]
+    assert Path(entry["run_dir"]).is_dir()
+    bad = runs.training_run("cpu-tiny", 3, 300.0, tmp_path / "cache", device="cpu", compile_mode="off",
+                            data_flags=("--depth", "0"))
+    assert bad["status"] == "failed" and bad["error"].startswith("exit 2: error:") and "depth" in bad["error"]
+
+
+def test_a_child_past_its_limit_is_stopped():
+    start = time.monotonic()
+    done = runs.run_process([sys.executable, "-c", "import time; time.sleep(60)"], 1.0)
+    assert done.timed_out and done.returncode is None
+    assert time.monotonic() - start < 30
+
+
+def test_summary_figures_come_from_the_run_summary():
+    figures = runs.read_summary({"tokens_per_second": 2e6, "num_steps": 20, "total_tokens_M": 20 * 0.524288,
+                                 "mfu_percent": 40.0, "final_train_loss": 3.0})
+    assert figures["step_seconds"] == pytest.approx(0.524288e6 / 2e6)
+    assert figures["mfu_percent"] == 40.0 and figures["steps_done"] == 20
+    assert runs.read_summary({"tokens_per_second": math.nan, "num_steps": 3})["step_seconds"] is None
+
+
+# ------------------------------------------------------------------------------ the pytest section
+def test_junit_counts_failures_and_skip_reasons(tmp_path):
+    xml = tmp_path / "r.xml"
+    xml.write_text("""<?xml version="1.0"?><testsuites><testsuite tests="5" failures="1" errors="1" skipped="2">
+      <testcase classname="tests.test_a" name="test_ok"/>
+      <testcase classname="tests.test_a" name="test_bad"><failure message="assert 1 == 2">x</failure></testcase>
+      <testcase classname="tests.test_a" name="test_err"><error message="fixture broke">x</error></testcase>
+      <testcase classname="tests.test_b" name="test_s1"><skipped message="needs FA3"/></testcase>
+      <testcase classname="tests.test_b" name="test_s2"><skipped message="needs FA3"/></testcase>
+    </testsuite></testsuites>""")
+    counts = gpu.parse_junit(xml)
+    assert {k: counts[k] for k in ("passed", "failed", "errors", "skipped")} == dict(passed=1, failed=1, errors=1,
+                                                                                       skipped=2)
+    assert counts["failed_tests"] == ["tests.test_a::test_bad: assert 1 == 2", "tests.test_a::test_err: fixture broke"]
+    assert counts["skip_reasons"] == {"needs FA3": 2}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks what the section reports where every gpu test skips")
+def test_the_gpu_tests_collect_here_and_every_one_skips(tmp_path):
+    check = gpu.Check(gpu.GpuCheckOptions(tests=TESTS, pytest_workers=1).validate(), tmp_path)
+    result = gpu.section_pytest(check, paths=[str(TESTS / "test_gpu_acceptance.py")])
+    assert result["command"][:3] == ["pytest", "-m", "gpu"]
+    assert (result["passed"], result["failed"], result["errors"]) == (0, 0, 0), result  # none errors
+    assert result["skipped"] >= len(selection.representative_arms()) + 2, result  # + attention and LMO cases
+    assert result["skip_reasons"] == {"needs a CUDA device": result["skipped"]}
+    assert result["status"] == "failed" and result["error"] == "every gpu test was skipped"
+
+
+def test_without_a_tests_folder_the_pytest_section_is_skipped_and_says_why(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu, "default_tests_dir", lambda: None)  # an installed package ships no tests
+    monkeypatch.setattr(gpu, "run_process", lambda *a, **k: pytest.fail("pytest ran without a tests folder"))
+    result = gpu.section_pytest(gpu.Check(gpu.GpuCheckOptions(), tmp_path))
+    assert result["status"] == "skipped" and "--tests PATH" in result["reason"]
+
+
+def test_the_checkout_s_tests_folder_is_found():
+    assert gpu.default_tests_dir() == TESTS
+
+
+def test_the_compile_probe_reports_a_failure_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu, "_COMPILE_PROBE", "raise SystemExit('no CUDA device here')")
+    result = gpu._compile_probe(gpu.Check(gpu.GpuCheckOptions(), tmp_path))
+    assert result["ok"] is False and result["error"] == "no CUDA device here"
+
+
+# ------------------------------------------------------------------------------ what is covered
+def test_gpu_presets_are_every_preset_not_meant_for_a_cpu():
+    from muonlab.config import all_presets
+
+    chosen = set(selection.gpu_presets())
+    assert {gpu.THROUGHPUT_PRESET, "nanogpt-124m"} <= chosen  # the tied family's GPU preset too
+    assert {n for n in all_presets() if n.startswith("gpu-")} <= chosen
+    assert not chosen & {"cpu-tiny", "cpu-demo", "tied-cpu"}
+    assert selection._is_cpu_preset("x", {"runtime.device": "cpu"})
+    assert not selection._is_cpu_preset("cpu-ish", {"runtime.device": "cuda"})
+
+
+def test_the_compile_check_covers_every_method_arm_group_and_model_family():
+    from muonlab.arms import ARMS, resolve_config
+    from muonlab.lab.methods import method_catalog
+
+    cases = selection.representative_arms()
+    assert cases[0].arm == "baseline" and len({c.arm for c in cases}) == len(cases)
+    covered = {key for c in cases for key in c.covers}
+    assert {f"method:{e['name']}" for e in method_catalog() if e["arms"]} <= covered
+    assert {f"group:{a.family}" for a in ARMS.values()} <= covered
+    assert {"model:autoresearch", "model:tied"} <= covered
+    for case in cases:
+        assert case.preset == selection.small_preset(case.model_family)
+        cfg = resolve_config(case.arm, case.preset, {**selection.CUDA_OVERRIDES, "train.num_steps": 4})
+        assert (cfg.family, cfg.runtime.device, cfg.runtime.precision) == (case.model_family, "cuda", "bf16")
+    assert selection.small_preset("autoresearch") == "cpu-tiny" and selection.small_preset("tied") == "tied-cpu"
+
+
+def test_the_compile_harness_is_deterministic_and_its_losses_move(one_thread):
+    from muonlab.arms import resolve_config
+
+    cfg = resolve_config("baseline", "cpu-tiny", {"runtime.device": "cpu", "runtime.precision": "fp32",
+                                                   "record.quiet": True, "train.num_steps": 4})
+    first, graphs = train_losses(cfg, compiled=False)
+    second, _ = train_losses(cfg, compiled=False)
+    assert first == second and graphs == 0
+    assert max(abs(x - first[0]) for x in first[1:]) > 0.1, first
