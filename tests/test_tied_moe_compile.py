@@ -13,6 +13,9 @@ from muonlab.tied import TopKMoE, build_tied_model
 from muonlab.tied.gpt import MLP
 from muonlab.tied.moe import UnroutedExpertGrads
 
+# torch's own compile stack calls its deprecated torch.jit.script_method; nothing here uses TorchScript
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+
 D, E = 16, 4
 
 
