@@ -19,7 +19,7 @@ def test_emulated_product_is_a_bf16_gemm_within_one_ulp(shape, monkeypatch):
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(*shape, generator=gen).bfloat16()
     y = torch.randn(shape[0], shape[2], shape[1], generator=gen).bfloat16()
-    got = polar._matmul_for(x)(x, y)
+    got = polar.matmul_for(x)(x, y)
     ref = _bf16_gemm_reference(x, y)
     assert got.dtype == torch.bfloat16
     # one bf16 rounding of the result, plus fp32 summation error (K terms) that the rounding can
@@ -34,9 +34,9 @@ def test_emulated_product_is_a_bf16_gemm_within_one_ulp(shape, monkeypatch):
 def test_the_native_product_is_kept_elsewhere(monkeypatch):
     x = torch.randn(4, 8).bfloat16()
     monkeypatch.setattr(polar, "EMULATE_CPU_BF16_MATMUL", False)
-    assert polar._matmul_for(x) is torch.matmul  # CPUs with AVX512-BF16 / AMX
+    assert polar.matmul_for(x) is torch.matmul  # CPUs with AVX512-BF16 / AMX
     monkeypatch.setattr(polar, "EMULATE_CPU_BF16_MATMUL", True)
-    assert polar._matmul_for(x.float()) is torch.matmul  # fp32 iterations (seed 002 §1.4b) untouched
+    assert polar.matmul_for(x.float()) is torch.matmul  # fp32 iterations (seed 002 §1.4b) untouched
 
 
 def test_polar_express_with_either_product_agrees(monkeypatch):

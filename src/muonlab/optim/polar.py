@@ -40,7 +40,7 @@ FROBENIUS_EPS = 1e-6
 EMULATE_CPU_BF16_MATMUL = not cpu_has_native_bf16()  # decided once per process
 
 
-def _matmul_for(X: torch.Tensor) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+def matmul_for(X: torch.Tensor) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     if X.dtype == torch.bfloat16 and X.device.type == "cpu" and EMULATE_CPU_BF16_MATMUL:
         return lambda x, y: (x.float() @ y.float()).to(torch.bfloat16)
     return torch.matmul
@@ -78,7 +78,7 @@ def polar_express(g: torch.Tensor, steps: int = 5, dtype: torch.dtype = torch.bf
         gram = gram if reuse_gram else None
     else:
         raise ValueError(f"normalize must be one of {normalizations()}, got {normalize!r}")
-    mm = _matmul_for(X)
+    mm = matmul_for(X)
     if g.size(-2) > g.size(-1):
         for a, b, c in POLAR_EXPRESS_COEFFS[:steps]:
             A = mm(X.mT, X) if gram is None else gram

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from muonlab.optim.extensions import PrePolar, register_prepolar
-from muonlab.optim.polar import register_normalization
+from muonlab.optim.polar import matmul_for, register_normalization
 
 AOL_SAFETY = 1.02
 
@@ -31,7 +31,8 @@ def aol_scale(X: torch.Tensor, safety: float = AOL_SAFETY, return_gram: bool = F
     diag(s) A0 diag(s), for the first Polar Express iteration.
     """
     tall = X.size(-2) > X.size(-1)
-    A0 = X.mT @ X if tall else X @ X.mT
+    mm = matmul_for(X)  # the iteration's product: fp32-formed bf16 on CPUs without bf16 units
+    A0 = mm(X.mT, X) if tall else mm(X, X.mT)
     s = A0.abs().sum(dim=-1).clamp_min(torch.finfo(X.dtype).tiny).rsqrt() / safety
     scaled = X * s.unsqueeze(-2) if tall else X * s.unsqueeze(-1)
     if not return_gram:
