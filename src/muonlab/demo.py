@@ -41,20 +41,20 @@ def demo_precision() -> str:
     return "bf16" if cpu_has_native_bf16() else "fp32"
 
 
-def write_loss_curve(run_dir: Path) -> Path:
+def write_loss_curve(record: dict, ledger: Path) -> Path:
     """The run's training loss (raw and smoothed) per step, as loss_curve.png in its directory."""
     from muonlab.lab.plots import plot_loss_curves
+    from muonlab.lab.report.loading import load_curve
 
-    steps, raw, smooth = [], [], []
-    with open(run_dir / "metrics.jsonl") as f:
-        for line in f:
-            rec = json.loads(line)
-            steps.append(rec["step"])
-            raw.append(rec["loss"])
-            smooth.append(rec["smooth_loss"])
+    curves = {}
+    for label, key in (("loss", "loss"), ("smoothed loss (EMA)", "smooth_loss")):
+        curve, note = load_curve(record, ledger.parent, key)
+        if curve is None:
+            raise RuntimeError(note)
+        curves[label] = [(curve.seed, curve.steps, curve.values)]
+    run_dir = Path(record["run_dir"])
     path = run_dir / "loss_curve.png"
-    plot_loss_curves({"loss": [(0, steps, raw)], "smoothed loss (EMA)": [(0, steps, smooth)]}, path,
-                     ylabel="training loss (nats per token)", title=f"muonlab demo: {run_dir.name}")
+    plot_loss_curves(curves, path, ylabel="training loss (nats per token)", title=f"muonlab demo: {run_dir.name}")
     return path
 
 
@@ -89,7 +89,7 @@ def run_demo(cache_dir: str | None = None, log: Callable[[str], None] = print, q
         "prepare_seconds": prepare_seconds,
         "total_seconds": time.time() - t0,
         "run_dir": str(run_dir),
-        "loss_curve": str(write_loss_curve(run_dir)),
+        "loss_curve": str(write_loss_curve(record, ledger_path(cfg))),
         "ledger": str(ledger_path(cfg)),
         "ledger_line": {k: record.get(k) for k in ("run_id", "arm", "seed", "status", "protocol", "config_hash")}
         | {"val_bpb": record.get("metrics", {}).get("val_bpb")},

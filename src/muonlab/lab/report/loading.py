@@ -79,13 +79,16 @@ def find_run_dir(record: Mapping[str, Any], ledger_dir: Path) -> Path | None:
     return None
 
 
-def load_curve(record: Mapping[str, Any], ledger_dir: Path) -> tuple[Curve | None, str | None]:
-    """(curve, None), or (None, a note saying why there is none); bad lines are skipped."""
+def load_curve(record: Mapping[str, Any], ledger_dir: Path, key: str | None = None
+               ) -> tuple[Curve | None, str | None]:
+    """(curve, None), or (None, a note saying why there is none); bad lines are skipped.
+
+    `key` picks the metric; by default smooth_loss where the file has it, else loss."""
     run_id = str(record.get("run_id", "?"))
     run_dir = find_run_dir(record, ledger_dir)
     if run_dir is None:
         return None, f"no run directory with {CURVE_FILE} for run {run_id}"
-    steps, values, bad, key = [], [], 0, None
+    steps, values, bad = [], [], 0
     with open(run_dir / CURVE_FILE, encoding="utf-8", errors="replace") as f:
         for line in f:
             try:
