@@ -18,7 +18,7 @@ def test_the_optimizer_and_model_names_import_from_their_packages():
     # upstream's GPTConfig fields (+ attn_backend and the variants), upstream's setup_optimizer arguments
     fields = list(GPTConfig.__dataclass_fields__)
     assert fields[:7] == ["sequence_len", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd", "window_pattern"]
-    assert set(fields[7:]) == {"attn_backend", "variants"}
+    assert set(fields[7:]) == {"attn_backend", "head_loss", "variants"}
     params = list(inspect.signature(GPT.setup_optimizer).parameters)[1:7]
     assert params == ["unembedding_lr", "embedding_lr", "matrix_lr", "weight_decay", "adam_betas", "scalar_lr"]
     muon_step = __import__("muonlab.optim.muon_adamw", fromlist=["muon_step"]).muon_step

@@ -20,6 +20,9 @@ refactor (c0660f1, the recording commit) and copy it in:
 The AMD EPYC (AVX2) set was recorded again at f8c7999, which forms Polar Express's bf16 products
 in fp32 on CPUs without native bf16 units (an intended numeric change, issue 13): 34 arms moved,
 the 54 that run no bf16 Polar Express on CPU (fp32 iterations, AdamW, AF-Muon) kept their bits.
+It was recorded again when the autoresearch GPT's loss became the fused, chunked soft-capped
+cross-entropy (`model.head_loss=fused`, issue 14; the same loss, summed in another order): the 55
+autoresearch-family arms moved, the 33 tied-family and AF-Muon arms kept their bits.
 
     python tests/golden/make_arm_checksums.py            # record this machine's set (others kept)
     python tests/golden/make_arm_checksums.py --check    # compare, print the arms that differ

@@ -5,11 +5,12 @@ pre-norm attention and a ReLU^2 MLP, all linears bias-free, norms weightless RMS
 Attention: RoPE then QK RMSNorm, ResFormer value embeddings on alternating layers (the
 last always included) mixed into v with a per-head gate 2*sigmoid(W x[:32]), and a
 sliding-window pattern ("S" = half context, "L" = full, last layer always full).
-Logits are soft-capped at 15 and computed in fp32.
+Logits are soft-capped at 15 and computed in fp32; with targets, the loss is by default the fused,
+chunked form of the same computation (muonlab.model.head_loss; `head_loss="reference"`: upstream's ops).
 
 Model variants (`config.variants`) attach at the extension points of
 muonlab.model.extensions: each `self.points.<hook>` is None unless a variant defines it,
-fixed at build time, so the baseline runs upstream's ops exactly.
+fixed at build time, so the baseline runs upstream's ops (the fused loss aside) with no dispatch.
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ import torch.nn.functional as F
 
 from muonlab.model import extensions
 from muonlab.model.attention import causal_attention, resolve_backend
+from muonlab.model.head_loss import softcapped_cross_entropy
 from muonlab.model.rotary import apply_rotary, rotary_tables
 
 LOGIT_SOFTCAP = 15.0
+HEAD_LOSSES = ("fused", "reference")
 VE_GATE_CHANNELS = 32
 
 
@@ -38,6 +41,7 @@ class GPTConfig:
     n_embd: int = 768
     window_pattern: str = "SSSL"
     attn_backend: str = "auto"  # muonlab: "auto" | "fa3" | "sdpa" (same windows either way)
+    head_loss: str = "fused"  # muonlab: "fused" (muonlab.model.head_loss) | "reference" (upstream's ops)
     variants: tuple = ()  # muonlab: configs of registered model variants (muonlab.model.extensions)
 
     def __post_init__(self):
@@ -47,6 +51,8 @@ class GPTConfig:
             raise ValueError(f"n_head={self.n_head} must be a multiple of n_kv_head={self.n_kv_head}")
         if not self.window_pattern or any(c not in "SL" for c in self.window_pattern.upper()):
             raise ValueError(f"window_pattern must use only 'S' and 'L', got {self.window_pattern!r}")
+        if self.head_loss not in HEAD_LOSSES:
+            raise ValueError(f"head_loss must be one of {HEAD_LOSSES}, got {self.head_loss!r}")
         self.variants = tuple(self.variants)
         extensions.check_variants(self)
 
@@ -320,6 +326,10 @@ class GPT(nn.Module):
         x = norm(x)
         if targets is not None and p.loss is not None:
             return p.loss(x, targets, reduction)
+        if targets is not None and self.config.head_loss == "fused":
+            # the same loss without the [B*T, V] fp32 logits and their gradient in memory
+            return softcapped_cross_entropy(x.view(-1, x.size(-1)), self.lm_head.weight, targets.view(-1),
+                                            LOGIT_SOFTCAP, reduction)
         logits = self._logits(x)
         if targets is None:
             return logits

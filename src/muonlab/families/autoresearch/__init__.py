@@ -21,7 +21,8 @@ def gpt_config(cfg, vocab_size: int):
     variants += tuple(REGISTRY[name].config() for name in m.extra_variant_names())  # plug-ins
     return GPTConfig(sequence_len=cfg.train.sequence_len, vocab_size=vocab_size, n_layer=m.depth,
                      n_head=m.n_head, n_kv_head=m.n_kv_head or m.n_head, n_embd=m.model_dim,
-                     window_pattern=m.window_pattern.upper(), attn_backend=m.attn_backend, variants=variants)
+                     window_pattern=m.window_pattern.upper(), attn_backend=m.attn_backend, head_loss=m.head_loss,
+                     variants=variants)
 
 
 def model_variants(m: AutoresearchModelConfig) -> dict:

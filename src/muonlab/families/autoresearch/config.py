@@ -39,6 +39,9 @@ class AutoresearchModelConfig(Section):
     window_pattern: str = setting("SSSL", "sliding-window pattern per layer: S = half context, L = full")
     attn_backend: Literal["auto", "fa3", "sdpa"] = setting(
         "auto", "attention kernel: fa3 = FlashAttention-3 on CUDA or an error, auto = FA3 when it loads, else SDPA")
+    head_loss: Literal["fused", "reference"] = setting(
+        "fused", "LM-head loss: fused = soft-capped cross-entropy in row chunks, its gradient formed in forward "
+        "(never the full [tokens, vocab] fp32 logits); reference = upstream's logits then F.cross_entropy")
     gains: PresubGainsSettings = setting(factory=PresubGainsSettings)
     qk: QKScaleSettings = setting(factory=QKScaleSettings)
     rope: RopeSettings = setting(factory=RopeSettings)
@@ -65,7 +68,10 @@ class AutoresearchModelConfig(Section):
         return self.model_dim // self.head_dim
 
     def inactive(self) -> dict[str, str]:
-        return {"aspect_ratio": "n_embd sets the width"} if self.n_embd is not None else {}
+        out = {"aspect_ratio": "n_embd sets the width"} if self.n_embd is not None else {}
+        if self.memory.loss_chunk_tokens > 0:
+            out["head_loss"] = "loss_chunk_tokens > 0 computes the loss (seed 003's chunked path)"
+        return out
 
     def validate(self) -> None:
         for name in ("depth", "aspect_ratio", "head_dim"):
