@@ -29,7 +29,7 @@ def result():
     """The audit as `muonlab diagnose storage --json` reports it (its default shapes are these)."""
     out = io.StringIO()
     with warnings.catch_warnings(), contextlib.redirect_stdout(out):
-        warnings.simplefilter("ignore")  # dynamo's lru_cache notice about window_mask
+        warnings.simplefilter("ignore")  # torch's own notices from inside the compile stack
         assert main(["diagnose", "storage", "--json"]) == 0
     res = json.loads(out.getvalue())
     assert res["setup"]["n_layer"] == L and set(IMPLS) <= set(res["models"])

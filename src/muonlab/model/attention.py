@@ -118,12 +118,14 @@ def resolve_backend(requested: str, device: torch.device) -> AttentionBackend:
     return AttentionBackend("fa3", func)
 
 
-@functools.lru_cache(maxsize=32)
 def window_mask(seq_len: int, left: int, device: torch.device) -> torch.Tensor:
     """Boolean [T, T] mask, True where query i may attend key j (i - left <= j <= i)."""
     i = torch.arange(seq_len, device=device)[:, None]
     j = torch.arange(seq_len, device=device)[None, :]
     return (j <= i) & (j >= i - left)
+
+
+_cached_window_mask = functools.lru_cache(maxsize=32)(window_mask)
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: tuple[int, int],
@@ -146,6 +148,8 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: 
         # the window covers the whole causal prefix: plain causal attention
         y = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=gqa)
     else:
-        mask = window_mask(T, left, q.device)
+        # eager runs reuse one mask per shape; a compiled graph builds its own (dynamo would
+        # trace through the cache wrapper and warn)
+        mask = (window_mask if torch.compiler.is_compiling() else _cached_window_mask)(T, left, q.device)
         y = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, enable_gqa=gqa)
     return y.transpose(1, 2)
