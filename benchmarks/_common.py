@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import re
 import statistics
 import sys
@@ -39,12 +40,12 @@ def _sdpa_window_attn(q, k, v, causal=True, window_size=(-1, 0)):
     return y.transpose(1, 2)
 
 
-def load_upstream(train_py: str | Path) -> dict:
+def load_upstream(train_py: str | Path, compile: bool = False) -> dict:
     """Execute the model and optimizer definitions of upstream's train.py (not its script part).
 
     The user supplies the file (e.g. a clone of karpathy/autoresearch); nothing of it ships
-    with muonlab. FA3 is replaced by SDPA and torch.compile by the identity, as the reference
-    bundles were recorded.
+    with muonlab. FA3 is replaced by SDPA, and torch.compile (upstream's decorators on its
+    optimizer steps) by the identity unless `compile`, as the reference bundles were recorded.
     """
     source = Path(train_py).read_text()
     cut = source.index("# Hyperparameters")
@@ -60,12 +61,28 @@ def load_upstream(train_py: str | Path) -> dict:
     module.fa3 = _FA3
     sys.modules[module.__name__] = module  # dataclasses look their module up there
     real_compile = torch.compile
-    torch.compile = lambda *a, **k: (a[0] if a and callable(a[0]) else (lambda f: f))
+    if not compile:
+        torch.compile = lambda *a, **k: (a[0] if a and callable(a[0]) else (lambda f: f))
     try:
-        exec(compile(source, str(train_py), "exec"), module.__dict__)
+        exec(builtins.compile(source, str(train_py), "exec"), module.__dict__)
     finally:
         torch.compile = real_compile
     return module.__dict__
+
+
+def peak_tensor_bytes(step, track: tuple = ()) -> int:
+    """Peak bytes of live tensors during one call of `step` (eager), counting what `track`
+    holds (modules, optimizers, tensors) from the start: torch's MemTracker, a dispatch mode
+    that sees every allocation on any device, so it also measures CPU steps (where the
+    process's RSS says little about one step)."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    tracker = MemTracker()
+    tracker.track_external(*track)
+    with tracker:
+        step()
+    peak = tracker.get_tracker_snapshot("peak")
+    return int(sum(stats["Total"] for stats in peak.values()))
 
 
 def optimizer_state_bytes(opt) -> int:
