@@ -1,6 +1,6 @@
 """Cost of seed 002's Over-Encoding on a CPU training step at the demo shapes, and its state bytes.
 
-Two models built from the cpu-demo preset (depth 4, width 256, T 256, B 16, vocab 2048) with
+Two models built from the cpu-demo preset at depth 4, width 256 (T 256, B 16, vocab 2048) with
 the same seed, one plain and one with Over-Encoding (m = 150,855, 4 tables of width 64) and
 its moment-free group, stepped interleaved in one process (count + forward + backward +
 optimizer step, as the training loop does). Reported: median step seconds, the ratio (target
@@ -31,7 +31,8 @@ VOCAB = 2048
 
 
 def _build(oe_m: int, seed: int = 0):
-    cfg = apply_overrides(preset("cpu-demo"), {"oe_m": oe_m})
+    cfg = apply_overrides(preset("cpu-demo"), {"oe_m": oe_m, "model.depth": 4, "model.aspect_ratio": 64,
+                                               "model.head_dim": 128})  # the shape issue 7 measured
     torch.manual_seed(seed)
     model = build_model(cfg, VOCAB, Runtime(torch.device("cpu"), "fp32"))
     return cfg, model, build_optimizer(model, cfg, compile_step=False)

@@ -133,7 +133,7 @@ def test_train_help_shows_the_effective_default_choices_and_groups(capsys):
         main(["train", "--preset", "cpu-demo", "--arm", "exp44_hbieq_bf16", "--help"])
     out = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
     assert "--depth INT" in out
-    assert "(default: 4; model.depth)" in out  # cpu-demo's depth, not the dataclass's 8
+    assert "(default: 2; model.depth)" in out  # cpu-demo's depth, not the dataclass's 8
     assert "(default: stdlib; data.source)" in out
     assert "(default: hbieq; optim.prepolar.kind)" in out  # the arm's
     assert "{standard|lerope_shared|lerope_adapted}" in out

@@ -325,7 +325,7 @@ TIED_PRESETS: dict[str, TiedGPTConfig] = {
     "tied-tiny": TiedGPTConfig(vocab_size=256, n_layer=2, n_head=2, n_embd=64, sequence_len=64),
     "tied-tiny-moe": TiedGPTConfig(vocab_size=256, n_layer=2, n_head=2, n_embd=64, sequence_len=64,
                                    moe=True),
-    # CPU demo, sized like muonlab's `cpu-demo` preset (4 x 256, T 256, vocab 2048), head dim 128
+    # CPU demo at the autoresearch family's 4 x 256 CPU benchmark shape (T 256, vocab 2048), head dim 128
     "tied-cpu": TiedGPTConfig(vocab_size=2048, n_layer=4, n_head=2, n_embd=256, sequence_len=256),
     "tied-cpu-moe": TiedGPTConfig(vocab_size=2048, n_layer=4, n_head=2, n_embd=256,
                                   sequence_len=256, moe=True),
