@@ -104,6 +104,9 @@ CASES = [
     ("negative-untimed", TINY + ["--untimed-steps", "-1"], USAGE, "untimed_steps must be >= 0"),
     ("negative-clip", TINY + ["--grad-clip", "-1"], USAGE, "grad_clip must be >= 0"),
     ("eval-batch-zero", TINY + ["--eval-batch-size", "0"], USAGE, "eval_batch_size must be >= 1"),
+    ("eval-every-negative", TINY + ["--eval-every", "-1"], USAGE, "eval_every must be >= 0"),
+    ("eval-every-tokens-short", TINY + ["--eval-every", "2", "--eval-every-tokens", "8"], USAGE,
+     "eval_every_tokens (8) must be at least sequence_len"),
     ("eval-tokens-too-few", TINY + ["--eval-tokens", "10"], USAGE, "eval_tokens (10) must be at least sequence_len"),
     ("schedule-ratios", TINY + ["--warmup-ratio", "0.7", "--warmdown-ratio", "0.6"], USAGE, "warmup_ratio"),
     # --- data (data/config.py)

@@ -39,7 +39,8 @@ class Family:
     embedding_key: str = "transformer.wte.weight"  # state-dict key of the token table (its rows: the vocabulary)
     attention_backend: Callable = lambda model: "sdpa"  # the attention kernel the built model uses
     prepare_data: Callable = text_data  # (cfg, log) -> the prepared data its loader and evaluation read
-    # (model, data, cfg, runtime, dist) -> {"val": EvalResult, "holdout": EvalResult}; None: bits per byte
+    # (model, data, cfg, runtime, dist, splits=("val", "holdout"), tokens=None) -> {split: EvalResult}
+    # (periodic evaluation asks for splits=("val",) and train.eval_every_tokens); None: bits per byte
     # on val and holdout (muonlab.train.run.evaluate_splits), the metric of both families so far
     evaluate: Callable | None = None
     presets: dict[str, dict[str, Any]] = field(default_factory=dict)

@@ -24,6 +24,9 @@ class TrainingConfig(Section):
     max_loss: float = setting(100.0, "fast fail above this training loss (upstream)")
     eval_tokens: int = setting(40 * 2**19, "tokens scored per split (val and holdout)")
     eval_batch_size: int | None = setting(None, "rows per evaluation step; none: device_batch_size")
+    eval_every: int = setting(0, "score the val split every N optimizer steps (val_bpb, val_ce in metrics.jsonl: "
+                              "the validation curves of `muonlab report`); 0 = only at the end")
+    eval_every_tokens: int | None = setting(None, "tokens scored per periodic evaluation; none: eval_tokens")
 
     @property
     def tokens_per_micro_step(self) -> int:
@@ -39,8 +42,11 @@ class TrainingConfig(Section):
         return self.total_batch_size // per_step
 
     def inactive(self) -> dict[str, str]:
-        return {"time_budget": "num_steps fixes the duration"} if self.num_steps is not None else {
+        out = {"time_budget": "num_steps fixes the duration"} if self.num_steps is not None else {
             "num_steps": "time_budget fixes the duration"}
+        if self.eval_every == 0:
+            out["eval_every_tokens"] = "eval_every is 0 (no periodic evaluation)"
+        return out
 
     def validate(self) -> None:
         for name in ("sequence_len", "device_batch_size", "total_batch_size", "eval_tokens"):
@@ -62,6 +68,11 @@ class TrainingConfig(Section):
             raise UsageError(f"untimed_steps must be >= 0, got {self.untimed_steps}")
         if self.grad_clip < 0:
             raise UsageError(f"grad_clip must be >= 0, got {self.grad_clip}")
+        if self.eval_every < 0:
+            raise UsageError(f"eval_every must be >= 0 (0: off), got {self.eval_every}")
+        if self.eval_every_tokens is not None and self.eval_every_tokens < self.sequence_len:
+            raise UsageError(f"eval_every_tokens ({self.eval_every_tokens}) must be at least sequence_len "
+                             f"({self.sequence_len})")
         if self.eval_batch_size is not None and self.eval_batch_size < 1:
             raise UsageError(f"eval_batch_size must be >= 1, got {self.eval_batch_size}")
 

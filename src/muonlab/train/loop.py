@@ -87,8 +87,12 @@ Checkpointer = Callable[[LoopState, tuple], str]
 def train_loop(cfg: RunConfig, model, optimizer, loader, runtime: Runtime, flops_per_token: int,
                on_step: Callable[[dict], None] | None = None, state: LoopState | None = None,
                pending: tuple | None = None, checkpoint: Checkpointer | None = None,
-               stop_requested: Callable[[], bool] = lambda: False, dist=None) -> LoopState:
+               stop_requested: Callable[[], bool] = lambda: False, dist=None,
+               periodic_eval: Callable[[], dict] | None = None) -> LoopState:
     """Run optimizer steps until done; resumable from (state, pending batch).
+
+    `periodic_eval()` runs after every cfg.train.eval_every-th step, outside the step's timing,
+    and its values join that step's record (so a resumed run redoes them with the step).
 
     `checkpoint(state, pending)` is called every cfg.record.checkpoint_every steps, at the end, and
     when `stop_requested()` turns true (then RunInterrupted is raised). Raises Diverged on
@@ -165,6 +169,8 @@ def train_loop(cfg: RunConfig, model, optimizer, loader, runtime: Runtime, flops
                       dt=dt, tok_per_sec=tok_per_sec, mfu=mfu, epoch=state.epoch, **values)
         if step in trajectory:
             record.update(family.trajectory(model))
+        if periodic_eval is not None and state.step % cfg.train.eval_every == 0:
+            record.update(periodic_eval())
         if on_step is not None and dist.is_main:
             on_step(record)
         if dist.is_main:

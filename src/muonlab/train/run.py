@@ -118,18 +118,21 @@ def signals_deferred():
 
 
 def evaluate_splits(model, data: PreparedData, cfg: RunConfig, runtime: Runtime,
-                    ctx: Dist = Dist()) -> dict[str, EvalResult]:
-    """val_bpb and holdout_bpb, each over at most cfg.train.eval_tokens tokens of its split.
+                    ctx: Dist = Dist(), splits: tuple[str, ...] = ("val", "holdout"),
+                    tokens: int | None = None) -> dict[str, EvalResult]:
+    """val_bpb and holdout_bpb, each over at most `tokens` (default cfg.train.eval_tokens)
+    tokens of its split: always the first ones, so periodic evaluations score the same text.
 
     With several processes, rank r scores batches r, r+W, ... and the sums are reduced, so
     the same tokens are scored whatever the world size.
     """
     token_bytes = data.tokenizer.token_bytes(device=runtime.device)
     batch = cfg.train.eval_batch_size or cfg.train.device_batch_size
+    tokens = tokens or cfg.train.eval_tokens
     model.eval()
     results = {}
-    for split in ("val", "holdout"):
-        rows = data.eval_rows(split, batch, cfg.train.sequence_len, cfg.train.eval_tokens, device=runtime.device)
+    for split in splits:
+        rows = data.eval_rows(split, batch, cfg.train.sequence_len, tokens, device=runtime.device)
         shard = itertools.islice(rows, ctx.rank, None, ctx.world_size) if ctx.active else rows
         results[split] = evaluate_bpb(model, shard, token_bytes, runtime.autocast, runtime.device,
                                       reduce=ctx.all_reduce_ if ctx.active else None)
@@ -292,13 +295,21 @@ def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx: 
         write_metrics(rec)
         sinks.log_step(rec)
 
+    evaluate = family.evaluate or evaluate_splits
+
+    def periodic_eval() -> dict:
+        """The val split after a step (every rank: distributed evaluation is collective)."""
+        val = evaluate(model, data, cfg, runtime, ctx, splits=("val",),
+                       tokens=cfg.train.eval_every_tokens)["val"]
+        return {"val_bpb": val.bpb, "val_ce": val.ce}
+
     t_train = time.time()
     metrics_path = run.path / "metrics.jsonl" if ctx.is_main else Path(os.devnull)
     with metrics_writer(metrics_path) as write_metrics, StopSignals() as stop:
         state = train_loop(cfg, train_model, optimizer, loader, runtime, flops_per_token, on_step=on_step,
                            state=state, pending=pending, checkpoint=save, stop_requested=lambda: stop.requested,
-                           dist=ctx)
-    evals = (family.evaluate or evaluate_splits)(model, data, cfg, runtime, ctx)
+                           dist=ctx, periodic_eval=periodic_eval if cfg.train.eval_every > 0 else None)
+    evals = evaluate(model, data, cfg, runtime, ctx)
     if ctx.is_main:
         run.save_weights(model)
     timed_steps = state.step - min(cfg.train.untimed_steps, state.step)

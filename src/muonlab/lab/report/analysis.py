@@ -110,7 +110,7 @@ def analyse(ledger: Path, baseline: str, metric: str, threshold: float, rule_kin
         "notes": notes,
         "ledger_problems": problems,
     }
-    return report, {s.protocol.id: s.curves for s in studies}
+    return report, {s.protocol.id: {"loss": s.curves, "val_bpb": s.val_curves} for s in studies}
 
 
 def _registry() -> dict[str, Any]:

@@ -83,16 +83,21 @@ def load_curve(record: Mapping[str, Any], ledger_dir: Path, key: str | None = No
                ) -> tuple[Curve | None, str | None]:
     """(curve, None), or (None, a note saying why there is none); bad lines are skipped.
 
-    `key` picks the metric; by default smooth_loss where the file has it, else loss."""
+    `key` picks the metric; by default smooth_loss where the file has it, else loss. Lines
+    without an explicitly named key are not counted as unreadable (periodic metrics such as
+    val_bpb sit on some steps only)."""
     run_id = str(record.get("run_id", "?"))
     run_dir = find_run_dir(record, ledger_dir)
     if run_dir is None:
         return None, f"no run directory with {CURVE_FILE} for run {run_id}"
     steps, values, bad = [], [], 0
+    explicit = key is not None
     with open(run_dir / CURVE_FILE, encoding="utf-8", errors="replace") as f:
         for line in f:
             try:
                 row = json.loads(line)
+                if explicit and isinstance(row, dict) and key not in row:
+                    continue
                 key = key or ("smooth_loss" if "smooth_loss" in row else "loss")
                 step, value = int(row["step"]), float(row[key])
             except (ValueError, KeyError, TypeError):
@@ -102,22 +107,22 @@ def load_curve(record: Mapping[str, Any], ledger_dir: Path, key: str | None = No
                 steps.append(step)
                 values.append(value)
     if not steps:
-        return None, f"run {run_id}: {run_dir / CURVE_FILE} holds no readable loss values"
+        return None, f"run {run_id}: {run_dir / CURVE_FILE} holds no readable {key or 'loss'} values"
     note = f"run {run_id}: skipped {bad} unreadable line(s) of {CURVE_FILE}" if bad else None
     return Curve(record["arm"], record["seed"], run_id, steps, values, key), note
 
 
-def load_curves(runs_by_arm: Mapping[str, list[dict]], arms: list[str], ledger_dir: Path
+def load_curves(runs_by_arm: Mapping[str, list[dict]], arms: list[str], ledger_dir: Path, key: str | None = None
                 ) -> tuple[dict[str, list[Curve]], dict[str, dict], list[str]]:
-    """The curves of the runs used, per arm; a per-arm tally of runs with and without one; and
-    the notes explaining each missing or partly unreadable curve."""
+    """The curves of the runs used, per arm (`key` as in load_curve); a per-arm tally of runs
+    with and without one; and the notes explaining each missing or partly unreadable curve."""
     curves: dict[str, list[Curve]] = {}
     status: dict[str, dict] = {}
     notes: list[str] = []
     for arm in arms:
         found, missing = [], []
         for record in runs_by_arm[arm]:
-            curve, note = load_curve(record, ledger_dir)
+            curve, note = load_curve(record, ledger_dir, key)
             if curve is not None:
                 found.append(curve)
             else:

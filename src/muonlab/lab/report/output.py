@@ -14,15 +14,15 @@ from muonlab.atomic import write_json, write_text
 from muonlab.lab.report.loading import Curve
 from muonlab.lab.report.render import render_markdown
 
-PLOT_FILES = {"loss_curves": "loss_curves.png", "paired_deltas": "paired_deltas.png",
-              "forest": "forest.png"}
+PLOT_FILES = {"loss_curves": "loss_curves.png", "val_curves": "val_curves.png",
+              "paired_deltas": "paired_deltas.png", "forest": "forest.png"}
 
 
 def write_report(report: dict[str, Any], out_dir: str | os.PathLike,
-                 curves: Mapping[str, Mapping[str, list[Curve]]] | None = None) -> dict[str, Any]:
+                 curves: Mapping[str, Mapping[str, Mapping[str, list[Curve]]]] | None = None) -> dict[str, Any]:
     """Write the plots, report.json and report.md into out_dir; record the paths in report.
 
-    `curves` maps study (protocol id) -> arm -> the runs' training-loss curves.
+    `curves` maps study (protocol id) -> "loss" | "val_bpb" -> arm -> the runs' curves.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -45,8 +45,11 @@ def _name(kind: str, suffix: str) -> str:
     return f"{stem}{suffix}.{ext}"
 
 
-def _write_plots(study: dict, report: dict, out: Path, curves: Mapping[str, list[Curve]],
+def _write_plots(study: dict, report: dict, out: Path, study_curves: Mapping[str, Mapping[str, list[Curve]]],
                  suffix: str) -> dict[str, str]:
+    """The study's PNGs; `study_curves` holds "loss" (training) and "val_bpb" (periodic) curves per arm."""
+    curves = study_curves.get("loss", {})
+    val_curves = study_curves.get("val_bpb", {})
     try:
         from muonlab.lab import plots
     except ImportError as exc:  # pragma: no cover - matplotlib is a dependency of the lab
@@ -60,6 +63,11 @@ def _write_plots(study: dict, report: dict, out: Path, curves: Mapping[str, list
         plots.plot_loss_curves({arm: [(c.seed, c.steps, c.values) for c in runs]
                                 for arm, runs in curves.items()},
                                out / written["loss_curves"], ylabel=label)
+    if val_curves:  # seed 004's figures: validation loss per arm, seeds thin, their mean thick
+        written["val_curves"] = _name("val_curves", suffix)
+        plots.plot_loss_curves({arm: [(c.seed, c.steps, c.values) for c in runs] for arm, runs in val_curves.items()},
+                               out / written["val_curves"], ylabel="validation bits per byte",
+                               title="Validation BPB per arm (--eval-every)")
     if study["contrasts"]:
         written["paired_deltas"] = _name("paired_deltas", suffix)
         plots.plot_paired_deltas(study["contrasts"], out / written["paired_deltas"],

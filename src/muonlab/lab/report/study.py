@@ -38,7 +38,8 @@ def rule_for(metric: str, threshold: float, kind: str) -> DecisionRule:
 @dataclass
 class Study:
     report: dict[str, Any]
-    curves: dict[str, list[Curve]]
+    curves: dict[str, list[Curve]]  # training loss per arm
+    val_curves: dict[str, list[Curve]]  # periodic val_bpb per arm (runs with --eval-every)
     values: dict[str, Values]  # metric -> arm -> seed -> value, for contrasts across protocols
     protocol: Protocol
 
@@ -81,6 +82,7 @@ def analyse_study(protocol: Protocol, baseline: str, metric: str, threshold: flo
     if prov:
         warnings.append(prov)
     curves, curve_status, curve_notes = load_curves(runs_by_arm, ordered, ledger_dir)
+    val_curves, val_status, _ = load_curves(runs_by_arm, ordered, ledger_dir, key="val_bpb")
     if curves:
         notes.extend(curve_notes)
     elif chosen:  # a ledger from another machine: one line, not one per run
@@ -108,10 +110,11 @@ def analyse_study(protocol: Protocol, baseline: str, metric: str, threshold: flo
         "failed_runs": [failed_dict(r) for r in failed],
         "arm_settings": arm_settings,
         "curves": curve_status,
+        "validation_curves": {arm: st["runs_with_curves"] for arm, st in val_status.items()},
         "warnings": warnings,
         "notes": notes,
     }
-    return Study(report, curves, values, protocol)
+    return Study(report, curves, val_curves, values, protocol)
 
 
 def _values(runs_by_arm: Mapping[str, list[dict]], ordered: list[str], metric: str) -> tuple[Values, list[str]]:
