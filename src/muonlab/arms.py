@@ -224,8 +224,10 @@ for _mode in ("nostep0", "mom_only_nodisp", "disp_only_nomom", "disp_stepcount_n
 # Seed 004 (AF-Muon, ../shared/seeds/004_*.txt; spec-004 §3): the tied-GPT arms, seeds 43, 44, 45
 # (K.3 and K.8 ran seed 43 only). Run them under a tied preset: `--preset tied-cpu` (CPU) or
 # `nanogpt-124m` (GPU). Table 1: Hybrid Muon / Sign / AF-Muon; K.1 the 2x2 factorial (tied rule x
-# vector rule, zero aux weight decay); K.3 the tied scale s; K.7 cap x scale; K.8 the gradient source.
+# vector rule, zero aux weight decay); K.3 the tied scale s; K.5 batch; K.6 aux lr; K.7 cap x scale;
+# K.8 the gradient source.
 _SEED004, _S43 = (43, 44, 45), (43,)
+_K5_TOKENS = 875 * 512 * 1024  # 458,752,000 tokens: K.5 and K.6 compare there
 _TIED = dict(model_family="tied")
 _AF_ARMS = [
     ("t1_hybrid", dict(_TIED, optimizer="hybrid"), "Hybrid Muon (tied table and vectors on AdamW)", _SEED004),
@@ -241,6 +243,17 @@ _AF_ARMS = [
       for c in (1, 2, 3, 4, 6, 10, float("inf")) for s in (0.5, 1.0)],
     *[(f"k8_{src}", dict(_TIED, optimizer="afmuon", tied_grad_source=src), f"K.8 gradient source: {src}", _S43)
       for src in ("lookup", "softmax", "both")],
+    # K.5: global batch b sequences of 1,024 tokens (micro-batch 16 fixed), compared at the same
+    # 458.8M tokens: 875 x 512 / b steps (14,000 at b = 32 ... 875 at b = 512), seed 43
+    *[(f"k5_{opt}_b{b}", dict(_TIED, optimizer=opt, sequence_len=1024, device_batch_size=16,
+                              total_batch_size=b * 1024, num_steps=_K5_TOKENS // (b * 1024)),
+       f"K.5 batch {b} x 1024 tokens, {_K5_TOKENS // (b * 1024):,} steps, {opt}", _S43)
+      for opt in ("hybrid", "sign", "afmuon") for b in (32, 64, 128, 256, 512)],
+    # K.6: the auxiliary lr at 0.25x..32x of 3e-4 (16x absent), batch 512 at 458.8M tokens (875 steps), seed 43;
+    # Hybrid's covers the tied table and 1-D AdamW, the AdamW-free arms' only the vectors (the tied lr is eq. 6's)
+    *[(f"k6_{opt}_x{str(m).replace('.', 'p')}", dict(_TIED, optimizer=opt, af_vector_lr=3e-4 * m, num_steps=875),
+       f"K.6 aux lr {3e-4 * m:g} ({m}x), {opt}", _S43)
+      for opt in ("hybrid", "sign", "afmuon") for m in (0.25, 0.5, 1, 2, 4, 8, 32)],
 ]
 for _name, _overrides, _what, _seeds in _AF_ARMS:
     register(Arm(name=_name, description=f"seed 004 {_name}: {_what}", overrides=_overrides, paper="seed 004",

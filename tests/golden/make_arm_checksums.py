@@ -83,6 +83,16 @@ def preset_for(arm) -> str:
     return "tied-cpu" if family == "tied" else "cpu-tiny"
 
 
+def preset_batch(preset_name: str) -> dict:
+    """The preset's rows, context and global batch: arms that set their own (seed 004's K.5 batch sweep,
+    T 1024 and up to 512 sequences a step) are checked at the CPU preset's, like their steps."""
+    from muonlab.config import preset
+
+    t = preset(preset_name).train
+    return {"sequence_len": t.sequence_len, "device_batch_size": t.device_batch_size,
+            "total_batch_size": t.total_batch_size}
+
+
 def arm_checksum(arm_name: str, preset_name: str, runs_dir: Path, data_cache: dict) -> tuple[str, dict[str, str]]:
     """Train `arm_name` for STEPS steps under `preset_name` in this process; hash its final weights."""
     from muonlab.arms import resolve_config
@@ -90,7 +100,7 @@ def arm_checksum(arm_name: str, preset_name: str, runs_dir: Path, data_cache: di
     from muonlab.train import run_training
 
     cfg = resolve_config(arm_name, preset_name, {"num_steps": STEPS, "quiet": True, "runs_dir": str(runs_dir),
-                                                 "trajectory_steps": ""})
+                                                 "trajectory_steps": "", **preset_batch(preset_name)})
     if preset_name not in data_cache:
         data_cache[preset_name] = prepare_data(cfg.data, log=lambda _: None)
     result = run_training(cfg, log=lambda _: None, data=data_cache[preset_name])
