@@ -21,7 +21,8 @@ from muonlab.model import GPT
 from muonlab.record.ledger import append_record, read_records
 from muonlab.train.checkpoint import list_checkpoints, verify_checkpoint
 
-TINY = ["train", "--preset", "cpu-tiny", "--num-steps", "40", "--checkpoint-every", "4", "--log-every", "1"]
+TINY = ["train", "--preset", "cpu-tiny", "--num-steps", "40", "--checkpoint-every", "4", "--log-every", "1",
+        "--eval-every", "5", "--eval-every-tokens", "128"]  # periodic evaluations are redone with their steps
 
 
 def runs(tmp_path) -> Path:
@@ -41,6 +42,11 @@ def assert_same_weights(a: Path, b: Path) -> None:
     assert wa.keys() == wb.keys()
     for name in wa:
         assert torch.equal(wa[name], wb[name]), name
+
+
+def val_curve(run_dir: Path) -> list[tuple[int, float]]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r["val_bpb"]) for r in rows if "val_bpb" in r]
 
 
 @pytest.fixture
@@ -83,6 +89,7 @@ def test_killed_run_resumes_bitwise(tmp_path, reference_run, capsys):
     assert resumed["holdout_bpb"] == ref_summary["holdout_bpb"]
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(40))  # redone steps replaced, none duplicated
+    assert val_curve(run_dir) == val_curve(ref_dir) and len(val_curve(ref_dir)) == 8  # after steps 5, 10, .., 40
     rec = [r for r in ledger(tmp_path) if r["run_id"] == "killed"]
     assert [r["status"] for r in rec] == ["ok"] and rec[0]["resumed_from_step"] % 4 == 0
 
