@@ -115,7 +115,7 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class RMSNorm(nn.Module):
-    """x / sqrt(mean(x^2) + eps) * g, normalised in fp32, learnable gain g (init 1)."""
+    """x / sqrt(mean(x^2) + eps) * g, normalised in fp32 (float64 stays float64), learnable gain g (init 1)."""
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -123,7 +123,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
+        xf = x if x.dtype == torch.float64 else x.float()
         normed = xf * torch.rsqrt(xf.square().mean(dim=-1, keepdim=True) + self.eps)
         return normed.to(x.dtype) * self.weight
 
