@@ -114,7 +114,7 @@ def bench_shape(name: str, repeats: int, upstream_path: str | None, precision: s
         if not compiled:  # the tracker is a dispatch mode: eager steps only (one step first: state exists)
             steps[label]()
             peaks[label] = peak_tensor_bytes(steps[label], (model, opt, x, y)) / 2**20
-        if compiled:
+        else:
             built[label] = (torch.compile(model, dynamic=False), opt)
             steps[label] = _make_step(built[label][0], opt, x, y, runtime.autocast, sync)
     med = interleaved(steps, repeats)

@@ -78,8 +78,8 @@ def run_demo(cache_dir: str | None = None, log: Callable[[str], None] = print, q
     result = run_training(cfg, log=log, data=data)
     holdout = data.eval_bytes("holdout", cfg.train.sequence_len, cfg.train.eval_tokens)
     xz_bpb = compress_bits_per_byte(holdout)
-    run_dir = Path(result.run_dir)
-    record = ledger_line(ledger_path(cfg), run_dir.name)
+    run_dir, ledger = Path(result.run_dir), ledger_path(cfg)
+    record = ledger_line(ledger, run_dir.name)
     return {
         "val_bpb": result.summary["val_bpb"],
         "holdout_bpb": result.summary["holdout_bpb"],
@@ -89,8 +89,8 @@ def run_demo(cache_dir: str | None = None, log: Callable[[str], None] = print, q
         "prepare_seconds": prepare_seconds,
         "total_seconds": time.time() - t0,
         "run_dir": str(run_dir),
-        "loss_curve": str(write_loss_curve(record, ledger_path(cfg))),
-        "ledger": str(ledger_path(cfg)),
+        "loss_curve": str(write_loss_curve(record, ledger)),
+        "ledger": str(ledger),
         "ledger_line": {k: record.get(k) for k in ("run_id", "arm", "seed", "status", "protocol", "config_hash")}
         | {"val_bpb": record.get("metrics", {}).get("val_bpb")},
         "precision": cfg.runtime.precision,

@@ -22,7 +22,6 @@ import torch
 import torch.nn.functional as F
 
 
-
 def default_chunk_rows(n_rows: int, vocab: int, width: int) -> int:
     """Rows per chunk such that a chunk's logits hold about as many numbers as x [N, d]:
     ceil(V / d) chunks (Liger-Kernel's rule), each a multiple of 64 rows. Under torch.compile
@@ -39,9 +38,13 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     return x.dtype
 
 
+def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """fp32 for half precision and fp32 (upstream's `.float()`); float64 stays float64."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def _wide(t: torch.Tensor) -> torch.Tensor:
-    """fp32 for half-precision products (upstream's `.float()`); float64 stays float64."""
-    return t if t.dtype == torch.float64 else t.float()
+    return t.to(_accumulation_dtype(t.dtype))
 
 
 def reference_softcapped_cross_entropy(x, weight, targets, softcap: float, reduction: str = "mean"):
@@ -70,7 +73,7 @@ class _FusedSoftcapCE(torch.autograd.Function):
     def forward(ctx, x, weight, targets, softcap, reduction, chunk_rows, dtype):
         n = x.size(0)
         count = (targets != -1).sum()
-        acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+        acc = _accumulation_dtype(x.dtype)
         scale = 1.0 / count.clamp_min(1).to(acc) if reduction == "mean" else torch.ones((), dtype=acc, device=x.device)
         x_c_all, w_c = x.to(dtype), weight.to(dtype)
         grad_x = torch.empty_like(x) if x.requires_grad else None
@@ -126,7 +129,7 @@ def softcapped_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: tor
         x_c_all, w_c = x.to(dtype), weight.to(dtype)
         parts = [_chunk_losses(_chunk_logits(x_c_all[lo:lo + chunk_rows], w_c, softcap)[0],
                                targets[lo:lo + chunk_rows])[0] for lo in range(0, x.size(0), chunk_rows)]
-    losses = torch.cat(parts) if parts else x.new_zeros(0, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32)
+    losses = torch.cat(parts) if parts else x.new_zeros(0, dtype=_accumulation_dtype(x.dtype))
     if reduction == "none":
         return losses
     total = losses.sum()
