@@ -287,6 +287,9 @@ def test_every_preset_builds_and_trains(preset):
         assert (opt.defaults["lr"], opt.defaults["weight_decay"], opt.defaults["eps"]) == (6e-4, 0.1, 1e-8)
         return
     roles = {g["part"]: g["role"] for g in opt.param_groups}
+    if preset == "hybrid_untied":  # Table 15's control: every vocabulary table (here the tied one) on AdamW
+        assert roles == {"matrix": "matrix", "tables": "adamw", "vector": "adamw"}
+        return
     rule_t, rule_v = {"afmuon": ("lmo", "rms"), "sign": ("lmo", "rms"), "hybrid": ("adamw", "adamw")}.get(
         preset, tuple(preset.split("_")[1:]))
     assert roles == {"matrix": "matrix", "tied": "tied" if rule_t == "lmo" else "adamw",

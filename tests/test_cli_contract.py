@@ -110,7 +110,13 @@ CASES = [
     ("eval-tokens-too-few", TINY + ["--eval-tokens", "10"], USAGE, "eval_tokens (10) must be at least sequence_len"),
     ("schedule-ratios", TINY + ["--warmup-ratio", "0.7", "--warmdown-ratio", "0.6"], USAGE, "warmup_ratio"),
     # --- data (data/config.py)
-    ("local-without-path", TINY + ["--source", "local"], USAGE, "needs a path"),
+    ("local-without-path", TINY + ["--source", "local"], USAGE, "needs --path"),
+    ("family-cannot-read-source", ["train", "--preset", "imagegpt-cpu", "--source", "stdlib"], USAGE,
+     "does not read data source 'stdlib'"),
+    ("synthetic-images-one", ["train", "--preset", "imagegpt-cpu", "--synthetic-images", "1"], USAGE,
+     "synthetic_images must be >= 2"),
+    ("memmap-without-path", ["train", "--preset", "hf-cpu", "--source", "memmap"], USAGE, "needs --path"),
+    ("images-without-path", ["train", "--preset", "imagegpt-cpu", "--source", "images"], USAGE, "needs --path"),
     ("local-path-missing", TINY + ["--source", "local", "--path", "/nonexistent/corpus"], USAGE,
      "/nonexistent/corpus"),
     ("max-doc-chars", TINY + ["--source", "local", "--path", "{tmp}", "--max-doc-chars", "3"], USAGE,
@@ -218,7 +224,7 @@ CASES = [
     ("doctor-out-is-a-folder", ["doctor", "--gpu", "--out", "{tmp}"], USAGE, "is a directory"),
     ("doctor-workers", ["doctor", "--gpu", "--pytest-workers", "-1"], USAGE, "--pytest-workers must be >= 0"),
     # --- prepare
-    ("prepare-local-without-path", ["prepare", "--source", "local"], USAGE, "needs a path"),
+    ("prepare-local-without-path", ["prepare", "--source", "local"], USAGE, "needs --path"),
 ]
 
 

@@ -168,7 +168,7 @@ def test_local_corpus_and_chunking(cache, tmp_path):
         (dict(source="local", path="{tmp}/few"), "only 2 document"),
         (dict(source="local", path="{tmp}/tiny", vocab_size=2048), "too small for vocab_size 2048"),
         (dict(source="nope"), "not one of"),
-        (dict(source="local"), "needs a path"),
+        (dict(source="local"), "needs --path"),
         (dict(val_fraction=0.6, holdout_fraction=0.5), "must be < 1"),
         (dict(vocab_size=100), "vocab_size"),
         (dict(num_shards=0), "num_shards"),

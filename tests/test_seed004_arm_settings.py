@@ -23,7 +23,9 @@ def expected(name: str) -> dict:
     """tied: ("lmo", c, s) or ("adamw", lr, wd); vector: ("rms" | "adamw", lr, wd); seeds; train."""
     out = {"seeds": (43, 44, 45), "train": {}, "grad_source": "both"}
     parts = name.split("_")
-    if name.startswith("t1_") or name.startswith(("k5_", "k6_")):
+    if name == "t1_adamw":  # the protein baseline: torch AdamW everywhere, lr 6e-4, betas (0.9, 0.95)
+        out.update(adamw=(6e-4, 0.1, 1e-8, (0.9, 0.95)))
+    elif name.startswith("t1_") or name.startswith(("k5_", "k6_")):
         opt = parts[1]
         vec_lr = K6_LRS[float(parts[2][1:].replace("p", ".")) if "p" in parts[2] else int(parts[2][1:])] \
             if name.startswith("k6_") else AUX_LR
@@ -51,6 +53,8 @@ def expected(name: str) -> dict:
         out.update(tied=("lmo", c, float(parts[2][1:].replace("p", "."))), vector=("rms", AUX_LR, 0.0))
     elif name.startswith("k8_"):
         out.update(tied=("lmo", *AF), vector=("rms", AUX_LR, 0.0), seeds=(43,), grad_source=parts[1])
+    elif name == "t15_untied_hybrid":  # Table 15: three tables and the vectors on Hybrid's AdamW
+        out.update(untied=("adamw", AUX_LR, 0.01))
     else:
         raise AssertionError(f"no paper values typed for {name}")
     return out
@@ -69,15 +73,28 @@ def test_the_papers_ablations_are_all_registered():
 @pytest.mark.parametrize("name", SEED004)
 def test_arm_builds_the_papers_optimizer(name):
     want = expected(name)
-    cfg = resolve_config(name, "tied-cpu", {})
+    cfg = resolve_config(name, "t5-cpu" if "untied" in want else "tied-cpu", {})
     assert ARMS[name].seeds == want["seeds"]
     for key, value in want["train"].items():
         assert getattr(cfg.train, key) == value, key
-    assert cfg.model.grad_source == want["grad_source"]
+    assert getattr(cfg.model, "grad_source", "both") == want["grad_source"]
     model = build_model(cfg, 300, Runtime(torch.device("cpu"), "fp32"))
-    groups = {g["part"]: g for g in build_optimizer(model, cfg, compile_step=False).param_groups}
+    optimizer = build_optimizer(model, cfg, compile_step=False)
+    if "adamw" in want:
+        lr, wd, eps, betas = want["adamw"]
+        assert isinstance(optimizer, torch.optim.AdamW)
+        d = optimizer.defaults
+        assert (d["lr"], d["weight_decay"], d["eps"], d["betas"]) == (lr, wd, eps, betas)
+        return
+    groups = {g["part"]: g for g in optimizer.param_groups}
     assert groups["matrix"]["role"] == "matrix"
     assert (groups["matrix"]["lr"], groups["matrix"]["weight_decay"]) == (MUON_LR, 0.1)
+    if "untied" in want:
+        rule, lr, wd = want["untied"]
+        for part in ("tables", "vector"):
+            assert (groups[part]["role"], groups[part]["lr"], groups[part]["weight_decay"]) == (rule, lr, wd)
+        assert len(groups["tables"]["params"]) == 3  # encoder, decoder and head tables
+        return
     tied, vector = groups["tied"], groups["vector"]
     if want["tied"][0] == "lmo":
         assert tied["role"] == "tied" and (tied["cap"], tied["scale"]) == want["tied"][1:]
@@ -88,3 +105,10 @@ def test_arm_builds_the_papers_optimizer(name):
     rule, lr, wd = want["vector"]
     assert vector["role"] == ("vector" if rule == "rms" else "adamw")
     assert vector["lr"] == pytest.approx(lr, rel=1e-12) and vector["weight_decay"] == wd
+
+
+@pytest.mark.parametrize("preset, rho", [("t5-cpu", 1.0), ("t5-small", 1.0), ("imagegpt-cpu", RHO), ("hf-cpu", RHO)])
+def test_table1_arms_run_under_every_family_with_its_rho(preset, rho):
+    """Seed 004 Table 14: the small T5 runs rho_out / rho_hid = 1; every other setting 60."""
+    cfg = resolve_config("t1_afmuon", preset, {})
+    assert cfg.optim.kind == "afmuon" and cfg.optim.rho == rho

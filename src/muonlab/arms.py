@@ -13,6 +13,7 @@ from typing import Any
 
 from muonlab.config import RunConfig, all_presets, build_config, canonical_overrides
 from muonlab.errors import UsageError
+from muonlab.families import get_family
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,9 @@ class Arm:
     experiment: str | None = None  # the paper's id for the run, e.g. "arm 01"
     family: str = "baseline"
     seeds: tuple[int, ...] = ()  # the paper's seeds: the sweep's default when --seeds is omitted
+    # the model families whose presets the arm runs under when it sets none itself (seed 004's Table-1
+    # arms act on every tied family); its overrides are checked against each at registration
+    model_families: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -38,7 +42,9 @@ def register(arm: Arm) -> Arm:
     if arm.name in ARMS:
         raise ValueError(f"arm {arm.name!r} is already registered")
     arm = Arm(**{**arm.to_dict(), "overrides": canonical_overrides(arm.overrides)})
-    build_config([("arm", arm.overrides)])
+    for family in arm.model_families or (None,):  # under the family's first preset: its data are the family's
+        preset = {"family": family, **next(iter(get_family(family).presets.values()), {})} if family else None
+        build_config(([("preset", preset)] if preset else []) + [("arm", arm.overrides)])
     ARMS[arm.name] = arm
     return arm
 
@@ -230,9 +236,13 @@ _SEED004, _S43 = (43, 44, 45), (43,)
 _K5_TOKENS = 875 * 512 * 1024  # 458,752,000 tokens: K.5 and K.6 compare there
 _TIED = dict(model_family="tied")
 _AF_ARMS = [
-    ("t1_hybrid", dict(_TIED, optimizer="hybrid"), "Hybrid Muon (tied table and vectors on AdamW)", _SEED004),
-    ("t1_sign", dict(_TIED, optimizer="sign"), "SCION-style Sign (c = 1, s = 1)", _SEED004),
-    ("t1_afmuon", dict(_TIED, optimizer="afmuon"), "AF-Muon (c = 3, s = 0.5, rho 60)", _SEED004),
+    # Table 1's arms run under any seed-004 family's preset (tied-cpu, t5-cpu, imagegpt-cpu, hf-cpu, ...)
+    ("t1_hybrid", dict(optimizer="hybrid"), "Hybrid Muon (tied table and vectors on AdamW)", _SEED004),
+    ("t1_sign", dict(optimizer="sign"), "SCION-style Sign (c = 1, s = 1)", _SEED004),
+    ("t1_afmuon", dict(optimizer="afmuon"), "AF-Muon (c = 3, s = 0.5, rho 60)", _SEED004),
+    ("t1_adamw", dict(optimizer="adamw"), "pure AdamW (lr 6e-4; the protein setting's baseline)", _SEED004),
+    # Table 15: the small T5's untied control (three tables, all on Hybrid's AdamW); under a t5 preset
+    ("t15_untied_hybrid", dict(optimizer="hybrid", t5_tied=False), "Table 15 untied T5 control, Hybrid", _SEED004),
     *[(f"k1_{t}_{v}", dict(_TIED, optimizer=f"factorial_{t}_{v}"), f"K.1 factorial: tied {t}, vectors {v}", _SEED004)
       for t in ("lmo", "adamw") for v in ("rms", "adamw")],
     *[(f"k3_s{str(s).replace('.', 'p')}", dict(_TIED, optimizer="afmuon", af_scale=s), f"K.3 tied scale s = {s}", _S43)
@@ -255,6 +265,8 @@ _AF_ARMS = [
        f"K.6 aux lr {3e-4 * m:g} ({m}x), {opt}", _S43)
       for opt in ("hybrid", "sign", "afmuon") for m in (0.25, 0.5, 1, 2, 4, 8, 32)],
 ]
+_TABLE1_FAMILIES = ("tied", "t5", "imagegpt", "hf")
 for _name, _overrides, _what, _seeds in _AF_ARMS:
+    _families = () if "model_family" in _overrides else ("t5",) if _name.startswith("t15") else _TABLE1_FAMILIES
     register(Arm(name=_name, description=f"seed 004 {_name}: {_what}", overrides=_overrides, paper="seed 004",
-                 experiment=_name, family="seed004", seeds=_seeds))
+                 experiment=_name, family="seed004", seeds=_seeds, model_families=_families))

@@ -376,7 +376,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ledger", default=None, help="ledger to analyse (default <cache>/runs/ledger.jsonl)")
     p.add_argument("--baseline", default="baseline", help="reference arm of the contrasts (default baseline)")
-    p.add_argument("--metric", default="val_bpb", help="metrics key to compare: val_bpb (default), holdout_bpb, ...")
+    p.add_argument("--metric", default="auto", help="metrics key to compare: val_bpb, holdout_bpb, val_ce, ...; "
+                   "auto (default): the runs' family metric (val_bpb; val_ce for seed 004's families)")
     p.add_argument("--threshold", type=float, default=0.0005,
                    help="preregistered decision threshold in metric units (default 0.0005 BPB)")
     p.add_argument("--rule", default="ci+threshold", choices=("ci+threshold", "ci", "threshold"),

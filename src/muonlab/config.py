@@ -26,6 +26,7 @@ from typing import Any
 
 from muonlab.data.config import DataConfig
 from muonlab.errors import UsageError
+from muonlab.data.config import TEXT_SOURCES
 from muonlab.families import all_families, get_family
 from muonlab.families.autoresearch.config import AutoresearchModelConfig, MuonAdamWConfig
 from muonlab.record.config import RecordConfig
@@ -43,7 +44,8 @@ ARM_ORIGIN = "arm"  # the layer a run's protocol leaves out (see protocol_values
 
 @dataclass
 class RunConfig(Section):
-    family: str = setting("autoresearch", "model family: autoresearch | tied", flag="model-family")
+    family: str = setting("autoresearch", "model family: autoresearch | tied | t5 | imagegpt | hf",
+                          flag="model-family")
     seed: int = setting(42, "the run's seed")
     arm: str = setting("baseline", "the registered arm this run belongs to", hashed=False)
     model: Section = setting(factory=AutoresearchModelConfig)
@@ -64,7 +66,12 @@ class RunConfig(Section):
             value = getattr(self, f.name)
             if isinstance(value, Section):
                 validate_tree(value)
-        get_family(self.family).validate(self)
+        family = get_family(self.family)
+        sources = family.data_sources if family.data_sources is not None else TEXT_SOURCES
+        if self.data.source not in sources:
+            raise UsageError(f"model family {self.family} does not read data source {self.data.source!r}; "
+                             f"choose from {', '.join(sources)}")
+        family.validate(self)
         return self
 
     def to_dict(self) -> dict[str, Any]:

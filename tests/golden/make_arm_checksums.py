@@ -80,7 +80,9 @@ def weights_digest(state: dict[str, torch.Tensor]) -> tuple[str, dict[str, str]]
 
 def preset_for(arm) -> str:
     family = arm.overrides.get("family", arm.overrides.get("model_family"))  # format 2 or 1 arm keys
-    return "tied-cpu" if family == "tied" else "cpu-tiny"
+    if arm.name == "t15_untied_hybrid":
+        return "t5-cpu"
+    return "tied-cpu" if family == "tied" or arm.paper == "seed 004" else "cpu-tiny"
 
 
 def preset_batch(preset_name: str) -> dict:
@@ -96,13 +98,13 @@ def preset_batch(preset_name: str) -> dict:
 def arm_checksum(arm_name: str, preset_name: str, runs_dir: Path, data_cache: dict) -> tuple[str, dict[str, str]]:
     """Train `arm_name` for STEPS steps under `preset_name` in this process; hash its final weights."""
     from muonlab.arms import resolve_config
-    from muonlab.data.prepare import prepare_data
+    from muonlab.families import get_family
     from muonlab.train import run_training
 
     cfg = resolve_config(arm_name, preset_name, {"num_steps": STEPS, "quiet": True, "runs_dir": str(runs_dir),
                                                  "trajectory_steps": "", **preset_batch(preset_name)})
     if preset_name not in data_cache:
-        data_cache[preset_name] = prepare_data(cfg.data, log=lambda _: None)
+        data_cache[preset_name] = get_family(cfg.family).prepare_data(cfg, log=lambda _: None)
     result = run_training(cfg, log=lambda _: None, data=data_cache[preset_name])
     state = torch.load(result.run_dir / "model.pt", weights_only=True)
     return weights_digest(state)

@@ -9,7 +9,11 @@ from typing import Literal
 from muonlab.errors import UsageError
 from muonlab.settings import Section, setting
 
-SOURCES = ("climbmix", "local", "stdlib", "synthetic")
+TEXT_SOURCES = ("climbmix", "local", "stdlib", "synthetic")  # documents of text, split and tokenized here
+# seed 004's other data (muonlab.data.token_data): token files the user has, images, proteins
+TOKEN_SOURCES = ("memmap", "images", "synthetic_images", "fasta", "synthetic_protein")
+SOURCES = TEXT_SOURCES + TOKEN_SOURCES
+PATH_SOURCES = ("local", "memmap", "images", "fasta")
 
 # Upstream's pre-shuffled ClimbMix shards on the Hugging Face hub.
 CLIMBMIX_URL = "https://huggingface.co/datasets/karpathy/climbmix-400b-shuffle/resolve/main"
@@ -30,7 +34,14 @@ class DataConfig(Section):
 
     source: Literal[SOURCES] = setting("stdlib", "corpus: climbmix (upstream's shards), local (your files), "
                                        "stdlib (the embedded Python stdlib), synthetic (Markov text with a known entropy rate)")
-    path: str | None = setting(None, "local: a file or a folder of .txt/.jsonl/.parquet")
+    path: str | None = setting(None, "local: a file or a folder of .txt/.jsonl/.parquet; memmap: a folder of "
+                               "train.bin, val.bin (or eval.bin) [, holdout.bin] and metadata.json; images: a "
+                               "folder of PNG/JPEG or a .npy/.npz uint8 [N, H, W, 3]; fasta: a FASTA file or folder")
+    eval_path: str | None = setting(None, "images: the evaluation images (the paper's validation split); none "
+                                    "holds out val_fraction of the training images")
+    tokenizer_json: str | None = setting(None, "local / fasta: tokenize with this Hugging Face tokenizer.json "
+                                         "(none: train a BPE on the text; one token per residue for FASTA)")
+    synthetic_images: int = setting(2048, "synthetic_images: how many images (the size is the model's)")
     local_txt_docs: Literal[TXT_MODES] = setting("file", "local .txt: one document per file, or per blank-line paragraph")
     # Best-fit packing crops a document longer than a row and drops its tail, so with long
     # files and a short T most text would never be seen: cut them after the split.
@@ -57,25 +68,46 @@ class DataConfig(Section):
 
     def inactive(self) -> dict[str, str]:
         why = f"the data source is {self.source}"
+        src = self.source
         out = {}
-        if self.source != "local":
-            out.update(path=why, local_txt_docs=why)
-        if self.source == "climbmix":
-            out.update(max_doc_chars=why, val_fraction=why, holdout_fraction=why)
-        else:
+        if src not in PATH_SOURCES:
+            out.update(path=why)
+        if src != "local":
+            out.update(local_txt_docs=why)
+        if src != "images":
+            out.update(eval_path=why)
+        if src not in ("local", "fasta"):
+            out.update(tokenizer_json=why)
+        if src not in ("local", "stdlib", "synthetic"):
+            out.update(max_doc_chars=why)
+        if src in ("climbmix", "memmap") or (src == "images" and self.eval_path):
+            out.update(val_fraction=why if src != "images" else "images: --eval-path gives the evaluation images")
+        if src in ("climbmix", "memmap", "images", "synthetic_images"):
+            out.update(holdout_fraction=why)
+        if src != "climbmix":
             out.update(num_shards=why, base_url=why, download_workers=why, download_retries=why,
                        download_backoff_s=why, download_timeout_s=why)
-        if self.source != "synthetic":
-            out.update({k: why for k in ("synthetic_bytes", "synthetic_seed", "synthetic_words",
-                                         "synthetic_branching", "synthetic_doc_words")})
+        if src != "synthetic":
+            out.update({k: why for k in ("synthetic_words", "synthetic_branching", "synthetic_doc_words")})
+        if src not in ("synthetic", "synthetic_protein"):
+            out.update(synthetic_bytes=why)
+        if src not in ("synthetic", "synthetic_protein", "synthetic_images"):
+            out.update(synthetic_seed=why)
+        if src != "synthetic_images":
+            out.update(synthetic_images=why)
+        if src in TOKEN_SOURCES or (src == "local" and self.tokenizer_json):
+            why_vocab = f"the vocabulary is the data's ({src}{', tokenizer.json' if self.tokenizer_json else ''})"
+            out.update(vocab_size=why_vocab, tokenizer_max_chars=why_vocab, tokenizer_doc_cap=why_vocab)
         return out
 
     def validate(self) -> "DataConfig":  # noqa: D102
         """Raise UsageError with one line naming the first bad field; return self."""
         if self.source not in SOURCES:
             raise UsageError(f"data source {self.source!r} is not one of {', '.join(SOURCES)}")
-        if self.source == "local" and not self.path:
-            raise UsageError("data source 'local' needs a path to a file or folder of .txt/.jsonl/.parquet")
+        if self.source == "local" and not self.path:  # the token sources check theirs when they are read
+            raise UsageError("data source 'local' needs --path (see `muonlab train --help`)")
+        if self.synthetic_images < 2:
+            raise UsageError(f"synthetic_images must be >= 2 (one to hold out), got {self.synthetic_images}")
         if self.local_txt_docs not in TXT_MODES:
             raise UsageError(f"local_txt_docs {self.local_txt_docs!r} is not one of {', '.join(TXT_MODES)}")
         if self.max_doc_chars is not None and self.max_doc_chars < 16:

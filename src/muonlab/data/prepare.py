@@ -48,6 +48,10 @@ class PreparedData:
     corpus: Corpus = field(repr=False)
 
     @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.vocab_size
+
+    @property
     def tokenizer_dir(self) -> Path:
         return self.corpus_dir / f"tokenizer-v{self.tokenizer.vocab_size}"
 
@@ -109,8 +113,11 @@ class PreparedData:
         rank: int = 0,
         world_size: int = 1,
         buffer_size: int = 1000,
+        seed: int = 0,
     ) -> BestFitLoader:
-        """Best-fit packed (x, y, epoch) batches of `split` (train cycles forever)."""
+        """Best-fit packed (x, y, epoch) batches of `split` (train cycles forever). The packed stream
+        has one order whatever the run's seed (upstream's); `seed` is for the token-file loaders'
+        interface (muonlab.data.token_data), which shuffle per seed."""
         _check_split(split)
         self.documents(split)  # validates the split
         return BestFitLoader(

@@ -27,6 +27,10 @@ class EvalResult:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def metrics(self) -> dict[str, float | int]:
+        """Ledger keys without the split prefix (val_bpb, val_ce, ... once prefixed)."""
+        return {"bpb": self.bpb, "ce": self.ce, "ppl": self.ppl, "tokens": self.tokens, "bytes": self.bytes}
+
 
 @torch.no_grad()
 def evaluate_bpb(model, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], token_bytes: torch.Tensor,

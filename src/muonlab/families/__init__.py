@@ -41,9 +41,12 @@ class Family:
     prepare_data: Callable = text_data  # (cfg, log) -> the prepared data its loader and evaluation read
     # (model, data, cfg, runtime, dist, splits=("val", "holdout"), tokens=None) -> {split: EvalResult}
     # (periodic evaluation asks for splits=("val",) and train.eval_every_tokens); None: bits per byte
-    # on val and holdout (muonlab.train.run.evaluate_splits), the metric of both families so far
+    # on val and holdout (muonlab.eval.text.evaluate_text_splits), the autoresearch family's metric
     evaluate: Callable | None = None
     presets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    metric: str = "val_bpb"  # the ledger key a report compares by default (lower is better)
+    summary_metrics: tuple[str, ...] = ()  # metrics keys the run summary shows after upstream's
+    data_sources: tuple[str, ...] | None = None  # the data sources it reads (None: every text source)
 
 
 FAMILIES: dict[str, Family] = {}
@@ -69,4 +72,4 @@ def all_families() -> dict[str, Family]:
 
 
 def _load_builtin() -> None:
-    from muonlab.families import autoresearch, tied  # noqa: F401, PLC0415 (registration)
+    from muonlab.families import autoresearch, hf, imagegpt, t5, tied  # noqa: F401, PLC0415 (registration)

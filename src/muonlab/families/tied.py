@@ -96,6 +96,8 @@ def build_optimizer(model, cfg, compile_step: bool, distributed: bool = False):
         raise UsageError("AF-Muon runs in one process for now; drop torchrun for model family tied")
     if o.kind == "adamw":  # seed 004's protein baseline: plain AdamW everywhere
         optimizer = af_muon.build_optimizer(model, "adamw", lr=o.adamw_lr)
+    elif o.kind == "hybrid" and not af_muon.is_tied(model):  # seed 004 Table 15's untied control
+        optimizer = af_muon.build_optimizer(model, "hybrid_untied", lr=o.matrix_lr, aux_lr=o.vector_lr)
     else:
         lmo = {k: v for k, v in (("cap", o.cap), ("scale", o.scale)) if v is not None and o.tied_rule() == "lmo"}
         if o.kind == "sign":
@@ -155,10 +157,32 @@ PRESETS = {
                  "data.source": "synthetic", "data.vocab_size": 300, "data.synthetic_bytes": 200_000},
 }
 
+def prepare_data(cfg, log=print):
+    """Text through the packed loader (bits per byte), or seed 004's token memmaps as NanoGPT blocks."""
+    from muonlab.families import text_data  # noqa: PLC0415
+    from muonlab.families.token_family import block_batcher, token_data  # noqa: PLC0415
+
+    if cfg.data.source == "memmap":
+        return token_data(cfg, log).with_batcher(block_batcher)
+    return text_data(cfg, log)
+
+
+def evaluate(model, data, cfg, runtime, ctx, splits=("val", "holdout"), tokens=None):
+    from muonlab.data.token_data import TokenData  # noqa: PLC0415
+    from muonlab.families.token_family import evaluate_token_splits  # noqa: PLC0415
+    from muonlab.eval.text import evaluate_text_splits  # noqa: PLC0415
+
+    if isinstance(data, TokenData):
+        return evaluate_token_splits(model, data, cfg, runtime, ctx, splits, tokens)
+    return evaluate_text_splits(model, data, cfg, runtime, ctx, splits, tokens)
+
+
 register_family(Family(
     name="tied", description="seed 004's tied-token GPT (NanoGPT, NanoGPT-MoE) with AF-Muon and its baselines",
     model_config=TiedModelConfig, optim_config=AFMuonConfig, build_model=build_model,
     build_optimizer=build_optimizer, schedule=LRSchedule, step_hooks=step_hooks,
     describe=_describe, depth=lambda cfg: TIED_PRESETS[cfg.model.preset].n_layer,
-    presets=PRESETS, embedding_key="wte.weight",
+    presets=PRESETS, embedding_key="wte.weight", prepare_data=prepare_data, evaluate=evaluate,
+    metric="val_ce", summary_metrics=("val_ce", "val_ppl", "holdout_ce", "holdout_ppl"),
+    data_sources=("climbmix", "local", "stdlib", "synthetic", "memmap"),
 ))

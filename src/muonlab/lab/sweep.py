@@ -145,9 +145,12 @@ def run_sweep(arms: list[str], seeds: list[int], preset_name: str, overrides: di
 
 
 def format_outcomes(outcomes: list[SweepOutcome]) -> str:
-    lines = [f"{'arm':<20} {'seed':>5}  {'action':<15} {'status':<11} {'val_bpb':>9} {'holdout_bpb':>11}"]
+    # bits per byte where the runs have it, else seed 004's validation loss
+    bpb = any("val_bpb" in o.metrics for o in outcomes) or not any("val_ce" in o.metrics for o in outcomes)
+    val_key, hold_key = ("val_bpb", "holdout_bpb") if bpb else ("val_ce", "holdout_ce")
+    lines = [f"{'arm':<20} {'seed':>5}  {'action':<15} {'status':<11} {val_key:>9} {hold_key:>11}"]
     for o in outcomes:
-        val, hold = o.metrics.get("val_bpb"), o.metrics.get("holdout_bpb")
+        val, hold = o.metrics.get(val_key), o.metrics.get(hold_key)
         val_text = "-" if val is None else f"{val:.6f}"
         hold_text = "-" if hold is None else f"{hold:.6f}"
         lines.append(f"{o.job.arm:<20} {o.job.seed:>5}  {o.action:<15} {str(o.status):<11} "

@@ -38,7 +38,7 @@ from muonlab.optim.lmo import clipped_row_lmo
 NS_COEFFS = (3.4445, -4.7750, 2.0315)
 ROLES = ("matrix", "tied", "vector", "adamw")
 PRESETS = ("afmuon", "hybrid", "sign", "factorial_lmo_rms", "factorial_lmo_adamw",
-           "factorial_adamw_rms", "factorial_adamw_adamw", "adamw")
+           "factorial_adamw_rms", "factorial_adamw_adamw", "adamw", "hybrid_untied")
 Named = list[tuple[str, nn.Parameter]]
 
 
@@ -245,6 +245,8 @@ def build_optimizer(model: nn.Module, preset: str = "afmuon", **overrides: Any) 
                                                        weight_decay=o["weight_decay"])
         opt.roles = {"adamw": [n for n, _ in _unique(model)]}  # type: ignore[attr-defined]
         return opt
+    if preset == "hybrid_untied":
+        return _untied_hybrid(model, {**_BUILD, "aux_weight_decay": 0.01, **overrides})
     if preset == "sign" and "cap" in overrides:
         raise ValueError("the sign preset fixes cap = 1")
     o = {**_BUILD, **({"cap": 1.0, "scale": 1.0} if preset == "sign" else {}),
@@ -258,6 +260,44 @@ def build_optimizer(model: nn.Module, preset: str = "afmuon", **overrides: Any) 
                    chunk_rows=o["chunk_rows"]) if rule_t == "lmo" else dict(aux),
               dict(role="vector", lr=o["vector_lr"], eps=o["eps"]) if rule_v == "rms" else dict(aux)]
     for part, group in zip(("matrix", "tied", "vector"), groups):
+        group.update(part=part, params=[p for _, p in parts[part]])
+    opt = AFMuon(groups, momentum=o["momentum"])
+    opt.roles = {k: [n for n, _ in v] for k, v in parts.items()}  # type: ignore[attr-defined]
+    return opt
+
+
+def is_tied(model: nn.Module) -> bool:
+    try:
+        find_tied(model)
+    except ValueError:
+        return False
+    return True
+
+
+def _untied_hybrid(model: nn.Module, o: dict) -> torch.optim.Optimizer:
+    """Seed 004 Table 15's untied control: Muon on the hidden matrices; every vocabulary table
+    (input embeddings and the output head) and every 1-D tensor on Hybrid's AdamW."""
+    out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    tables = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    if out is not None:
+        tables.add(id(out.weight))
+    linear = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
+    linear |= {id(m.in_proj_weight) for m in model.modules()
+               if isinstance(m, nn.MultiheadAttention) and m.in_proj_weight is not None}
+    parts: dict[str, Named] = {"matrix": [], "tables": [], "vector": []}
+    for name, p in _unique(model):
+        if id(p) in tables:
+            parts["tables"].append((name, p))
+        elif p.ndim <= 1:
+            parts["vector"].append((name, p))
+        elif id(p) in linear:
+            parts["matrix"].append((name, p))
+        else:
+            raise ValueError(f"{name}: unrecognised {p.ndim}-D tensor {tuple(p.shape)} has no Hybrid role")
+    aux = dict(role="adamw", lr=o["aux_lr"], betas=o["aux_betas"], eps=o["aux_eps"], weight_decay=o["aux_weight_decay"])
+    groups = [dict(role="matrix", lr=o["lr"], weight_decay=o["weight_decay"], ns_steps=o["ns_steps"]), dict(aux),
+              dict(aux)]
+    for part, group in zip(("matrix", "tables", "vector"), groups):
         group.update(part=part, params=[p for _, p in parts[part]])
     opt = AFMuon(groups, momentum=o["momentum"])
     opt.roles = {k: [n for n, _ in v] for k, v in parts.items()}  # type: ignore[attr-defined]

@@ -201,6 +201,8 @@ def rgb554_decode(tokens: torch.Tensor, image_size: int | None = None, mode: str
 IMAGEGPT_PRESETS: dict[str, ImageGPTConfig] = {
     # tests and demos: 8 x 8 images (64 tokens), the full RGB554 vocabulary, d = 32
     "imagegpt-tiny": ImageGPTConfig(n_layer=2, n_head=2, n_embd=32, image_size=8, sequence_len=64),
+    # the CPU presets' shape: width 128 keeps eq. 6's tied lr (0.6 / d) near the paper's scale
+    "imagegpt-cpu": ImageGPTConfig(n_layer=2, n_head=2, n_embd=128, image_size=8, sequence_len=64),
     # seed 004 App. J.7 (spec-004 §3 row 8): 33,563,648 parameters
     "imagegpt": ImageGPTConfig(),
 }

@@ -12,7 +12,6 @@ written, and a summary that cannot be written never stops the ledger line.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import math
 import os
 import signal
@@ -29,7 +28,8 @@ from muonlab.config import RunConfig, is_legacy, load_config_file, read_config_v
 from muonlab.data.prepare import PreparedData
 from muonlab.device import Runtime, detect_device, mfu_percent, peak_flops, peak_memory_mb, resolve_precision
 from muonlab.errors import MuonlabError, UsageError
-from muonlab.eval import EvalResult, evaluate_bpb
+from muonlab.eval import EvalResult
+from muonlab.eval.text import evaluate_text_splits
 from muonlab.families import get_family
 from muonlab.plugins import load_plugins
 from muonlab.record import ledger, provenance
@@ -41,6 +41,7 @@ from muonlab.train.checkpoint import (latest_checkpoint, newest_complete_checkpo
 from muonlab.train.distributed import Dist, init_from_env, shutdown
 from muonlab.train.loop import Diverged, LoopState, OutOfMemory, train_loop
 
+COUNT_KEYS = ("tokens", "bytes")  # an evaluation's sizes, not its scores
 SUMMARY_KEYS = ("val_bpb", "holdout_bpb", "training_seconds", "total_seconds", "peak_vram_mb",
                 "mfu_percent", "total_tokens_M", "num_steps", "num_params_M", "depth")
 
@@ -56,12 +57,14 @@ class RunResult:
 
 
 def format_summary(summary: dict) -> str:
-    """Upstream's closing block: '---' then one `key: value` line per summary key."""
+    """Upstream's closing block: '---' then one `key: value` line per summary key (a family's own
+    metric, such as seed 004's val_ce, after them)."""
     lines = ["---"]
-    for key in SUMMARY_KEYS:
+    extra = [k for k in summary if k.startswith(("val_", "holdout_")) and k not in SUMMARY_KEYS]
+    for key in (*SUMMARY_KEYS, *extra):
         value = summary.get(key)
         if isinstance(value, float):
-            digits = 6 if key.endswith("bpb") else (2 if key == "mfu_percent" else 1)
+            digits = 6 if key.startswith(("val_", "holdout_")) else (2 if key == "mfu_percent" else 1)
             text = f"{value:.{digits}f}"
         else:
             text = "n/a" if value is None else str(value)
@@ -117,27 +120,10 @@ def signals_deferred():
             signal.raise_signal(received[0])
 
 
-def evaluate_splits(model, data: PreparedData, cfg: RunConfig, runtime: Runtime,
-                    ctx: Dist = Dist(), splits: tuple[str, ...] = ("val", "holdout"),
-                    tokens: int | None = None) -> dict[str, EvalResult]:
-    """val_bpb and holdout_bpb, each over at most `tokens` (default cfg.train.eval_tokens)
-    tokens of its split: always the first ones, so periodic evaluations score the same text.
-
-    With several processes, rank r scores batches r, r+W, ... and the sums are reduced, so
-    the same tokens are scored whatever the world size.
-    """
-    token_bytes = data.tokenizer.token_bytes(device=runtime.device)
-    batch = cfg.train.eval_batch_size or cfg.train.device_batch_size
-    tokens = tokens or cfg.train.eval_tokens
-    model.eval()
-    results = {}
-    for split in splits:
-        rows = data.eval_rows(split, batch, cfg.train.sequence_len, tokens, device=runtime.device)
-        shard = itertools.islice(rows, ctx.rank, None, ctx.world_size) if ctx.active else rows
-        results[split] = evaluate_bpb(model, shard, token_bytes, runtime.autocast, runtime.device,
-                                      reduce=ctx.all_reduce_ if ctx.active else None)
-    model.train()
-    return results
+def evaluate_splits(model, data: PreparedData, cfg: RunConfig, runtime: Runtime, ctx: Dist = Dist(),
+                    splits: tuple[str, ...] = ("val", "holdout"), tokens: int | None = None) -> dict[str, EvalResult]:
+    """Bits per byte of a text family's run (muonlab.eval.text.evaluate_text_splits)."""
+    return evaluate_text_splits(model, data, cfg, runtime, ctx, splits, tokens)
 
 
 def resume_training(run_dir: str | Path, log: Callable[[str], None] = print, fallback: bool = False,
@@ -253,7 +239,7 @@ def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx: 
         torch.cuda.reset_peak_memory_stats(runtime.device)
         torch.set_float32_matmul_precision("high")
     compile_on = _use_compile(cfg, runtime)
-    model = build_model(cfg, data.tokenizer.vocab_size, runtime)
+    model = build_model(cfg, data.vocab_size, runtime)
     family = get_family(cfg.family)
     attention = record["attention_backend"] = family.attention_backend(model)  # "fa3" | "sdpa"
     counts = model.num_scaling_params()
@@ -261,7 +247,7 @@ def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx: 
     optimizer = build_optimizer(model, cfg, compile_step=compile_on, distributed=ctx.active)
     train_model = torch.compile(model, dynamic=False) if compile_on else model
     loader = data.loader(cfg.train.device_batch_size, cfg.train.sequence_len, "train", device=runtime.device,
-                         rank=ctx.rank, world_size=ctx.world_size)
+                         rank=ctx.rank, world_size=ctx.world_size, seed=cfg.seed)
     state, pending = None, None
     if checkpoint is not None:
         model.load_state_dict(checkpoint["model"])
@@ -301,7 +287,7 @@ def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx: 
         """The val split after a step (every rank: distributed evaluation is collective)."""
         val = evaluate(model, data, cfg, runtime, ctx, splits=("val",),
                        tokens=cfg.train.eval_every_tokens)["val"]
-        return {"val_bpb": val.bpb, "val_ce": val.ce}
+        return {f"val_{k}": v for k, v in val.metrics().items() if k not in COUNT_KEYS}
 
     t_train = time.time()
     metrics_path = run.path / "metrics.jsonl" if ctx.is_main else Path(os.devnull)
@@ -316,9 +302,10 @@ def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx: 
     mfu = mfu_percent(flops_per_token, cfg.train.total_batch_size * timed_steps, state.training_seconds,
                       peak_flops(runtime.device), ctx.world_size)
     total_tokens = state.step * cfg.train.total_batch_size
+    scores = {f"{split}_{k}": v for split, result in evals.items() for k, v in result.metrics().items()}
     summary = {
-        "val_bpb": evals["val"].bpb,
-        "holdout_bpb": evals["holdout"].bpb,
+        "val_bpb": scores.get("val_bpb"),
+        "holdout_bpb": scores.get("holdout_bpb"),
         "training_seconds": state.training_seconds,
         "total_seconds": time.time() - t_start,
         "peak_vram_mb": peak_memory_mb(runtime.device),
@@ -327,7 +314,9 @@ def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx: 
         "num_steps": state.step,
         "num_params_M": counts["total"] / 1e6,  # the backbone (seed 002's result.json num_params)
         **({"oe_params_M": counts["oe_tables"] / 1e6} if "oe_tables" in counts else {}),
-        "depth": get_family(cfg.family).depth(cfg),
+        "depth": family.depth(cfg),
+        # the family's own metric (seed 004: validation loss, perplexity, bits per dimension)
+        **{k: scores[k] for k in family.summary_metrics if k in scores},
         "status": "ok",
         "run_id": run.path.name,
         "startup_seconds": t_train - t_start,
@@ -341,11 +330,7 @@ def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx: 
         run.write_summary(summary)
     sinks.close(summary)
     metrics = {
-        "val_bpb": evals["val"].bpb, "holdout_bpb": evals["holdout"].bpb,
-        "val_ce": evals["val"].ce, "holdout_ce": evals["holdout"].ce,
-        "val_ppl": evals["val"].ppl, "holdout_ppl": evals["holdout"].ppl,
-        "val_tokens": evals["val"].tokens, "holdout_tokens": evals["holdout"].tokens,
-        "val_bytes": evals["val"].bytes, "holdout_bytes": evals["holdout"].bytes,
+        **scores,
         "peak_memory_mb": summary["peak_vram_mb"], "training_seconds": state.training_seconds,
         "total_seconds": summary["total_seconds"], "steps": state.step, "tokens": total_tokens,
         "tokens_per_second": summary["tokens_per_second"], "mfu_percent": mfu,

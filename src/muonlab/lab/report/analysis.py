@@ -47,11 +47,13 @@ def analyse(ledger: Path, baseline: str, metric: str, threshold: float, rule_kin
     """
     if not isinstance(metric, str) or not metric:
         raise UsageError(f"metric must be a metrics key such as val_bpb, got {metric!r}")
-    rule = DecisionRule(threshold, rule_kind, higher_is_better=metric in HIGHER_IS_BETTER)
     requests = requests or Requests()
     filters = parse_where(where)
     overrides = _override_keys(arm_overrides)
     records, problems = load_ledger(ledger)
+    if metric == AUTO_METRIC:
+        metric = family_metric(records)
+    rule = DecisionRule(threshold, rule_kind, higher_is_better=metric in HIGHER_IS_BETTER)
     warnings = [f"ledger {p}; skipped" for p in problems]
     notes: list[str] = []
     ok_all = [r for r in records if r["status"] == "ok"]
@@ -110,7 +112,29 @@ def analyse(ledger: Path, baseline: str, metric: str, threshold: float, rule_kin
         "notes": notes,
         "ledger_problems": problems,
     }
-    return report, {s.protocol.id: {"loss": s.curves, "val_bpb": s.val_curves} for s in studies}
+    return report, {s.protocol.id: {"loss": s.curves, "val": s.val_curves} for s in studies}
+
+
+AUTO_METRIC = "auto"
+
+
+def family_metric(records: list[dict]) -> str:
+    """The metric of the model families the ledger's runs belong to (autoresearch: val_bpb; seed
+    004's families: val_ce, the validation loss the paper reports); one, or a usage error."""
+    from muonlab.families import get_family  # noqa: PLC0415
+
+    names = {(r.get("config") or {}).get("family", "autoresearch") for r in records if r.get("status") == "ok"}
+    metrics = {}
+    for name in sorted(n for n in names if isinstance(n, str)):
+        try:
+            metrics[name] = get_family(name).metric
+        except UsageError:  # a family of a plugin not loaded here
+            metrics[name] = "val_bpb"
+    chosen = set(metrics.values()) or {"val_bpb"}
+    if len(chosen) > 1:
+        raise UsageError(f"the ledger's runs score by different metrics ({', '.join(f'{k}: {v}' for k, v in metrics.items())}); "
+                         "pass --metric")
+    return chosen.pop()
 
 
 def _registry() -> dict[str, Any]:

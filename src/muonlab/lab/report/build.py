@@ -11,7 +11,7 @@ from muonlab.lab.report.output import write_report
 from muonlab.lab.report.requests import parse_requests
 
 
-def build_report(ledger_path: str | os.PathLike, baseline: str = "baseline", metric: str = "val_bpb",
+def build_report(ledger_path: str | os.PathLike, baseline: str = "baseline", metric: str = "auto",
                  threshold: float = DEFAULT_THRESHOLD, out_dir: str | os.PathLike | None = None, *,
                  rule: str = "ci+threshold", arm_overrides: Mapping[str, Any] | None = None,
                  where: Sequence[str] | Mapping[str, Any] | None = None, protocol: str | None = None,
@@ -36,7 +36,7 @@ def build_report(ledger_path: str | os.PathLike, baseline: str = "baseline", met
     return report
 
 
-def run_report(ledger_path: str | os.PathLike, baseline: str = "baseline", metric: str = "val_bpb",
+def run_report(ledger_path: str | os.PathLike, baseline: str = "baseline", metric: str = "auto",
                threshold: float = DEFAULT_THRESHOLD, out_dir: str | os.PathLike | None = None,
                **options: Any) -> dict[str, Any]:
     """build_report, writing into `out_dir` (default `<ledger dir>/report/`)."""

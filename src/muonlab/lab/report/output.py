@@ -22,7 +22,7 @@ def write_report(report: dict[str, Any], out_dir: str | os.PathLike,
                  curves: Mapping[str, Mapping[str, Mapping[str, list[Curve]]]] | None = None) -> dict[str, Any]:
     """Write the plots, report.json and report.md into out_dir; record the paths in report.
 
-    `curves` maps study (protocol id) -> "loss" | "val_bpb" -> arm -> the runs' curves.
+    `curves` maps study (protocol id) -> "loss" | "val" -> arm -> the runs' curves.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -40,6 +40,10 @@ def write_report(report: dict[str, Any], out_dir: str | os.PathLike,
     return report["files"]
 
 
+VAL_LABELS = {"val_bpb": "validation bits per byte", "val_ce": "validation loss (nats per token)",
+              "val_bpd": "validation bits per dimension", "val_ppl": "validation perplexity"}
+
+
 def _name(kind: str, suffix: str) -> str:
     stem, ext = PLOT_FILES[kind].rsplit(".", 1)
     return f"{stem}{suffix}.{ext}"
@@ -47,9 +51,9 @@ def _name(kind: str, suffix: str) -> str:
 
 def _write_plots(study: dict, report: dict, out: Path, study_curves: Mapping[str, Mapping[str, list[Curve]]],
                  suffix: str) -> dict[str, str]:
-    """The study's PNGs; `study_curves` holds "loss" (training) and "val_bpb" (periodic) curves per arm."""
+    """The study's PNGs; `study_curves` holds "loss" (training) and "val" (periodic) curves per arm."""
     curves = study_curves.get("loss", {})
-    val_curves = study_curves.get("val_bpb", {})
+    val_curves = study_curves.get("val", {})
     try:
         from muonlab.lab import plots
     except ImportError as exc:  # pragma: no cover - matplotlib is a dependency of the lab
@@ -63,11 +67,12 @@ def _write_plots(study: dict, report: dict, out: Path, study_curves: Mapping[str
         plots.plot_loss_curves({arm: [(c.seed, c.steps, c.values) for c in runs]
                                 for arm, runs in curves.items()},
                                out / written["loss_curves"], ylabel=label)
+    key = study.get("validation_curve_key", "val_bpb")
     if val_curves:  # seed 004's figures: validation loss per arm, seeds thin, their mean thick
         written["val_curves"] = _name("val_curves", suffix)
         plots.plot_loss_curves({arm: [(c.seed, c.steps, c.values) for c in runs] for arm, runs in val_curves.items()},
-                               out / written["val_curves"], ylabel="validation bits per byte",
-                               title="Validation BPB per arm (--eval-every)")
+                               out / written["val_curves"], ylabel=VAL_LABELS.get(key, key),
+                               title=f"{key} per arm (--eval-every)")
     if study["contrasts"]:
         written["paired_deltas"] = _name("paired_deltas", suffix)
         plots.plot_paired_deltas(study["contrasts"], out / written["paired_deltas"],

@@ -31,6 +31,12 @@ HIGHER_IS_BETTER = frozenset({"tokens_per_second", "mfu_percent"})
 Values = dict[str, dict[int, float]]  # arm -> seed -> value
 
 
+def val_curve_key(metric: str) -> str:
+    """The periodic evaluation drawn as validation curves: the compared metric when it is a val_
+    key (seed 004: val_ce), else val_bpb."""
+    return metric if metric.startswith("val_") else "val_bpb"
+
+
 def rule_for(metric: str, threshold: float, kind: str) -> DecisionRule:
     return DecisionRule(threshold, kind, higher_is_better=metric in HIGHER_IS_BETTER)
 
@@ -39,7 +45,7 @@ def rule_for(metric: str, threshold: float, kind: str) -> DecisionRule:
 class Study:
     report: dict[str, Any]
     curves: dict[str, list[Curve]]  # training loss per arm
-    val_curves: dict[str, list[Curve]]  # periodic val_bpb per arm (runs with --eval-every)
+    val_curves: dict[str, list[Curve]]  # periodic val_curve_key(metric) per arm (runs with --eval-every)
     values: dict[str, Values]  # metric -> arm -> seed -> value, for contrasts across protocols
     protocol: Protocol
 
@@ -82,7 +88,7 @@ def analyse_study(protocol: Protocol, baseline: str, metric: str, threshold: flo
     if prov:
         warnings.append(prov)
     curves, curve_status, curve_notes = load_curves(runs_by_arm, ordered, ledger_dir)
-    val_curves, val_status, _ = load_curves(runs_by_arm, ordered, ledger_dir, key="val_bpb")
+    val_curves, val_status, _ = load_curves(runs_by_arm, ordered, ledger_dir, key=val_curve_key(metric))
     if curves:
         notes.extend(curve_notes)
     elif chosen:  # a ledger from another machine: one line, not one per run
@@ -111,6 +117,7 @@ def analyse_study(protocol: Protocol, baseline: str, metric: str, threshold: flo
         "arm_settings": arm_settings,
         "curves": curve_status,
         "validation_curves": {arm: st["runs_with_curves"] for arm, st in val_status.items()},
+        "validation_curve_key": val_curve_key(metric),
         "warnings": warnings,
         "notes": notes,
     }

@@ -1,0 +1,166 @@
+"""Seed 004's small T5 (Table 1 row 5, App. J.5): an encoder-decoder whose one vocabulary table is
+the encoder lookup, the decoder lookup and the output head (a 3-way tie), trained on the
+prefix-to-continuation objective with AF-Muon at rho_out / rho_hid = 1 (Table 14); and the untied
+control of Table 15 (`--t5-tied false`: three tables, all on Hybrid's AdamW).
+
+The loop hands a model (x, y): here x = [source | decoder input] (S + T tokens) and y = the T
+target tokens, so `PackedT5` splits x at S; the loader (`PackedPrefixLoader`) packs the
+windows of `muonlab.data.loaders.prefix_continuation` that way. train.sequence_len is the target
+length T (the paper's 256), so a step's tokens are target tokens, as the paper counts them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import ClassVar, Literal
+
+import torch
+
+from muonlab.errors import UsageError
+from muonlab.families import Family, register_family
+from muonlab.families.tied import AFMuonConfig, LRSchedule, build_optimizer
+from muonlab.families.token_family import TEXT_TOKEN_SOURCES, describe_counts, eval_examples, evaluate_token_splits, token_data
+from muonlab.settings import MethodInfo, Section, setting
+from muonlab.tied.t5 import T5_PRESETS, TiedT5
+
+T5_SHAPES = ("t5-tiny", "t5-small")
+
+
+@dataclass
+class T5ModelConfig(Section):
+    """The small T5's shape (vocabulary from the data, target length from train.sequence_len)."""
+
+    FIELD_METHODS: ClassVar[dict[str, MethodInfo]] = {
+        "tied": MethodInfo("t5_untied_control", "seed 004 Table 15", "muonlab.tied.t5",
+                           ("tests/test_seed004_families.py",), "tied", True)}
+
+    preset: Literal[T5_SHAPES] = setting("t5-tiny", "the T5's shape: t5-tiny (CPU) or t5-small (seed 004 App. J.5)",
+                                         flag="t5-preset")
+    tied: bool = setting(True, "one table for encoder, decoder and head (false: seed 004 Table 15's untied "
+                         "control, trained with --optimizer hybrid)", flag="t5-tied")
+    source_len: int | None = setting(None, "encoder tokens per example (none: the target length, "
+                                     "train.sequence_len; the paper's 256 / 256)", flag="t5-source-len")
+
+    def validate(self) -> None:
+        if self.source_len is not None and self.source_len < 1:
+            raise UsageError(f"t5 source_len must be >= 1, got {self.source_len}")
+
+
+class PackedT5(TiedT5):
+    """TiedT5 called as the loop calls a model: x = [source | decoder input], y = the targets."""
+
+    def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None,  # type: ignore[override]
+                reduction: str = "mean", table_paths=("encoder", "decoder", "head")) -> torch.Tensor:
+        S = self.config.source_len
+        return super().forward(x[:, :S], x[:, S:], targets, reduction, table_paths)
+
+    def num_scaling_params(self) -> dict[str, int]:
+        return describe_counts(self)
+
+    def estimate_flops(self) -> int:
+        """FLOPs per target token, forward + backward: 6 x the matrices a target token's example
+        uses per target (encoder work is shared by S / T) + attention 12 d (L_e S^2 / T + L_d (T + S))."""
+        c = self.config
+        S, T, d = c.source_len, c.target_len, c.n_embd
+        enc = sum(p.numel() for n, p in self.named_parameters() if p.ndim >= 2 and n.startswith("encoder."))
+        dec = sum(p.numel() for n, p in self.named_parameters() if p.ndim >= 2 and n.startswith("decoder."))
+        head = c.vocab_size * d
+        attn = 12 * d * (c.n_encoder_layers * S * S / T + c.n_decoder_layers * (T + S))
+        return int(6 * (enc * S / T + dec + head) + attn)
+
+
+def _shape(cfg, vocab_size: int):
+    base = T5_PRESETS[cfg.model.preset]
+    T = cfg.train.sequence_len
+    return replace(base, vocab_size=vocab_size, target_len=T, source_len=cfg.model.source_len or T,
+                   tied=cfg.model.tied)
+
+
+def build_model(cfg, vocab_size: int, runtime):
+    with torch.device("meta"):
+        model = PackedT5(_shape(cfg, vocab_size))
+    model.to_empty(device=runtime.device)
+    model.init_weights()
+    return model
+
+
+class PackedPrefixLoader:
+    """Prefix-to-continuation batches as (x = [src | tgt_in], y = tgt, epoch), resumable."""
+
+    def __init__(self, mm, B: int, T: int, S: int, seed: int, device, rank: int = 0, world_size: int = 1,
+                 shuffle: bool = True, drop_last: bool = True, num_examples: int | None = None):
+        from muonlab.data.loaders.prefix_continuation import PrefixContinuationLoader  # noqa: PLC0415
+
+        self.inner = PrefixContinuationLoader(mm, batch_size=B, seed=seed, src_len=S, tgt_len=T, bos=0,
+                                              shuffle=shuffle, drop_last=drop_last, num_examples=num_examples,
+                                              rank=rank, world_size=world_size, device=device)
+        self.batches_per_epoch = self.inner.batches_per_epoch
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        src, tgt_in, tgt = next(self.inner)
+        return torch.cat((src, tgt_in), dim=1), tgt, self.inner.epoch
+
+    def state_dict(self) -> dict:
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.inner.load_state_dict(state)
+
+
+def prepare_data(cfg, log=print):
+    S = cfg.model.source_len or cfg.train.sequence_len
+    return token_data(cfg, log).with_batcher(
+        lambda mm, B, T, seed, device, rank, world_size: PackedPrefixLoader(mm, B, T, S, seed, device, rank, world_size))
+
+
+def evaluate(model, data, cfg, runtime, ctx, splits=("val", "holdout"), tokens=None):
+    from muonlab.data.memmap_format import count_blocks  # noqa: PLC0415
+
+    S = cfg.model.source_len or cfg.train.sequence_len
+
+    def eval_loader(mm, B, T, n_tokens, device):
+        n = eval_examples(mm, n_tokens, T, count_blocks(mm, S + T, with_target=False))
+        return PackedPrefixLoader(mm, B, T, S, 0, device, shuffle=False, drop_last=False, num_examples=n)
+
+    return evaluate_token_splits(model, data, cfg, runtime, ctx, splits, tokens, eval_loader=eval_loader)
+
+
+def validate(cfg) -> None:
+    if not cfg.model.tied and cfg.optim.kind not in ("hybrid", "adamw"):
+        raise UsageError(f"the untied T5 control (--t5-tied false) has no tied table for {cfg.optim.kind}: "
+                         "seed 004 Table 15 trains it with --optimizer hybrid")
+
+
+_T5_COMMON = {"family": "t5", "optim.kind": "afmuon", "optim.rho": 1.0, "schedule.warmup_ratio": 0.0,
+              "schedule.warmdown_ratio": 0.0, "train.grad_clip": 1.0}
+PRESETS = {
+    # seconds on a CPU: the tiny T5 on the synthetic Markov text, 16 + 16 tokens per example
+    "t5-cpu": {**_T5_COMMON, "model.preset": "t5-tiny", "train.sequence_len": 16, "train.device_batch_size": 8,
+               "train.total_batch_size": 8 * 16, "train.num_steps": 40, "train.untimed_steps": 1,
+               "train.eval_tokens": 16 * 32, "runtime.device": "cpu", "runtime.precision": "fp32",
+               "runtime.compile": "off", "record.log_every": 10, "data.source": "synthetic",
+               "data.vocab_size": 512, "data.synthetic_bytes": 200_000},
+    # seed 004 App. J.5: 16 examples x 256 target tokens per update, 67,139 updates (275M target tokens),
+    # eval every 5,000 on 1M target tokens, rho ratio 1. The paper's FineWeb / SmolLM2 tokenizer (49,152)
+    # is replaced by ClimbMix with a 49,152-token BPE unless --source memmap / --tokenizer-json say otherwise.
+    "t5-small": {**_T5_COMMON, "model.preset": "t5-small", "train.sequence_len": 256, "train.device_batch_size": 16,
+                 "train.total_batch_size": 16 * 256, "train.num_steps": 67_139, "train.eval_every": 5000,
+                 "train.eval_tokens": 2**20, "record.checkpoint_every": 5000, "data.source": "climbmix",
+                 "data.vocab_size": 49152},
+}
+
+register_family(Family(
+    name="t5", description="seed 004's small T5 with a 3-way tied table (and its untied control)",
+    model_config=T5ModelConfig, optim_config=AFMuonConfig, build_model=build_model, build_optimizer=build_optimizer,
+    schedule=LRSchedule, describe=lambda cfg: (f"t5 {cfg.model.preset}{'' if cfg.model.tied else ' (untied)'}: width "
+                                               f"{T5_PRESETS[cfg.model.preset].n_embd}, "
+                                               f"{T5_PRESETS[cfg.model.preset].n_encoder_layers} + "
+                                               f"{T5_PRESETS[cfg.model.preset].n_decoder_layers} layers"),
+    depth=lambda cfg: T5_PRESETS[cfg.model.preset].n_encoder_layers + T5_PRESETS[cfg.model.preset].n_decoder_layers,
+    validate=validate, embedding_key="wte.weight", prepare_data=prepare_data, evaluate=evaluate, presets=PRESETS,
+    metric="val_ce", summary_metrics=("val_ce", "val_ppl", "holdout_ce", "holdout_ppl"),
+    data_sources=TEXT_TOKEN_SOURCES,
+))
