@@ -167,6 +167,11 @@ def _source(source: Any) -> tuple[int, Any]:
     return len(arr), lambda a, b: np.asarray(arr[a:b])
 
 
+def count_images(source: Any) -> int:
+    """Images in an array, .npy/.npz file or folder, without decoding a folder's files."""
+    return _source(source)[0]
+
+
 def iter_image_chunks(source: Any, chunk_size: int = 4096) -> Iterator[np.ndarray]:
     """uint8 [<= chunk_size, H, W, 3] chunks of an array, .npy/.npz file or image folder."""
     n, read = _source(source)

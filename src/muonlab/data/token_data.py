@@ -24,6 +24,7 @@ from pathlib import Path
 import filelock
 import numpy as np
 
+from muonlab.atomic import write_json
 from muonlab.data.memmap_format import TokenMemmap, TokenMemmapWriter, default_dtype
 from muonlab.errors import UsageError
 
@@ -111,27 +112,38 @@ def memmap_folder(path: str | None) -> TokenData:
     return TokenData("memmap", files, tokenizers.pop(), identity={"folder": str(folder.resolve())})
 
 
-def write_split_streams(out_dir: Path, streams: dict[str, Iterable], vocab_size: int, tokenizer: str,
-                        extra: dict, log: Callable[[str], None] = print) -> dict[str, TokenMemmap]:
-    """Write each split's token chunks to out_dir/{split}.bin once (a `done.json` marks a complete
-    set, under a file lock, so concurrent runs write it once); reuse it afterwards."""
+def write_once(out_dir: Path, write: Callable[[Path], list[str]], log: Callable[[str], None] = print) -> list[str]:
+    """Run `write(out_dir)` (which writes the split files and returns their names) once: under a file
+    lock, so concurrent runs write a set once, and marked complete by `done.json`; afterwards the
+    recorded split names are returned without writing."""
     out_dir.mkdir(parents=True, exist_ok=True)
     done = out_dir / "done.json"
     with filelock.FileLock(str(out_dir / ".lock")):
-        if not done.is_file():
-            for split, chunks in streams.items():
-                with TokenMemmapWriter(out_dir / f"{split}.bin", vocab_size, tokenizer,
-                                       default_dtype(vocab_size), extra) as writer:
-                    for chunk in chunks:
-                        writer.append(np.asarray(chunk, dtype=np.int64))
-                if writer.num_tokens == 0:
-                    raise UsageError(f"the {split} split has no tokens ({out_dir})")
-            done.write_text(json.dumps({"splits": list(streams)}) + "\n")
-            log(f"data: wrote token files to {out_dir}")
-        else:
+        if done.is_file():
             log(f"data: reusing token files at {out_dir}")
-        splits = json.loads(done.read_text())["splits"]
-        return {split: TokenMemmap(out_dir / f"{split}.bin") for split in splits}
+        else:
+            write_json(done, {"splits": write(out_dir)})
+            log(f"data: wrote token files to {out_dir}")
+        return json.loads(done.read_text())["splits"]
+
+
+def write_split_streams(out_dir: Path, make_streams: Callable[[], dict[str, Iterable]], vocab_size: int,
+                        tokenizer: str, extra: dict, log: Callable[[str], None] = print) -> dict[str, TokenMemmap]:
+    """out_dir/{split}.bin of each split's token chunks, written once (`write_once`): `make_streams()`
+    (which may read and tokenize a corpus) is called only when the files do not exist yet."""
+
+    def write(folder: Path) -> list[str]:
+        streams = make_streams()
+        for split, chunks in streams.items():
+            with TokenMemmapWriter(folder / f"{split}.bin", vocab_size, tokenizer,
+                                   default_dtype(vocab_size), extra) as writer:
+                for chunk in chunks:
+                    writer.append(np.asarray(chunk, dtype=np.int64))
+            if writer.num_tokens == 0:
+                raise UsageError(f"the {split} split has no tokens ({folder})")
+        return list(streams)
+
+    return {split: TokenMemmap(out_dir / f"{split}.bin") for split in write_once(out_dir, write, log)}
 
 
 def text_token_data(prepared, log: Callable[[str], None] = print) -> TokenData:
@@ -147,7 +159,7 @@ def text_token_data(prepared, log: Callable[[str], None] = print) -> TokenData:
             for row in tok.encode_batch(list(batch.docs)):
                 yield row
 
-    files = write_split_streams(out_dir, {s: chunks(s) for s in splits}, tok.vocab_size, "bpe",
+    files = write_split_streams(out_dir, lambda: {s: chunks(s) for s in splits}, tok.vocab_size, "bpe",
                                 {"corpus_hash": prepared.corpus_hash, "tokenizer_hash": prepared.tokenizer_hash}, log)
     return TokenData(prepared.manifest["source"], files, f"bpe-{tok.vocab_size}",
                      identity={"corpus_hash": prepared.corpus_hash, "tokenizer_hash": prepared.tokenizer_hash},

@@ -34,10 +34,6 @@ class LossResult:
     def ppl(self) -> float:
         return math.exp(min(self.ce, 700.0))
 
-    @property
-    def bpb(self) -> float:  # no byte counts: the text metric does not exist here
-        return math.nan
-
     def metrics(self) -> dict[str, float | int]:
         """Ledger keys without the split prefix: ce, ppl, tokens and the extras."""
         return {"ce": self.ce, "ppl": self.ppl, "tokens": self.tokens, **self.extra}

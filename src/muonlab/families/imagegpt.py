@@ -18,7 +18,7 @@ import torch
 from muonlab.errors import UsageError
 from muonlab.families import Family, register_family
 from muonlab.families.tied import AFMuonConfig, LRSchedule, build_optimizer
-from muonlab.families.token_family import _tokens_dir, evaluate_token_splits
+from muonlab.families.token_family import evaluate_token_splits, tokens_dir
 from muonlab.settings import Section, setting
 from muonlab.tied.imagegpt import IMAGEGPT_PRESETS, TiedImageGPT
 
@@ -63,7 +63,8 @@ def _loader(mm, B, T, seed, device, rank=0, world_size=1, shuffle=True, drop_las
 
 def prepare_data(cfg, log=print):
     from muonlab.data.images import prepare_image_tokens  # noqa: PLC0415
-    from muonlab.data.token_data import TokenData, memmap_folder  # noqa: PLC0415
+    from muonlab.data.memmap_format import TokenMemmap  # noqa: PLC0415
+    from muonlab.data.token_data import TokenData, memmap_folder, write_once  # noqa: PLC0415
 
     d = cfg.data
     d.validate()
@@ -79,14 +80,12 @@ def prepare_data(cfg, log=print):
         if not d.path:
             raise UsageError("data source 'images' needs --path: a folder of PNG/JPEG or a .npy/.npz uint8 "
                              "[N, H, W, 3] (and --eval-path for the evaluation images)")
-
         paths = [Path(p).expanduser().resolve() for p in (d.path, d.eval_path) if p]
         identity = {"source": "images", "paths": [str(p) for p in paths],
                     "stat": [(p.stat().st_size, p.stat().st_mtime_ns) if p.exists() else None for p in paths],
                     "val_fraction": None if d.eval_path else d.val_fraction}
-    out = _tokens_dir(d, identity)
-    if not (out / "done.json").is_file():
-        out.mkdir(parents=True, exist_ok=True)
+
+    def write(out) -> list[str]:  # train.bin and eval.bin (muonlab.data.images)
         if d.source == "synthetic_images":
             from muonlab.data.synthetic_images import synthetic_images  # noqa: PLC0415
 
@@ -95,14 +94,13 @@ def prepare_data(cfg, log=print):
         elif d.eval_path:
             prepare_image_tokens(out, d.path, eval_source=d.eval_path)
         else:
-            from muonlab.data.images import iter_image_chunks  # noqa: PLC0415
+            from muonlab.data.images import count_images  # noqa: PLC0415
 
-            n = sum(len(c) for c in iter_image_chunks(d.path))
-            prepare_image_tokens(out, d.path, eval_images=max(1, round(n * d.val_fraction)))
-        (out / "done.json").write_text('{"splits": ["train", "val"]}\n')
-        log(f"data: wrote RGB554 image tokens to {out}")
-    from muonlab.data.memmap_format import TokenMemmap  # noqa: PLC0415
+            prepare_image_tokens(out, d.path, eval_images=max(1, round(count_images(d.path) * d.val_fraction)))
+        return ["train", "eval"]
 
+    out = tokens_dir(d, identity)
+    write_once(out, write, log)
     files = {"train": TokenMemmap(out / "train.bin"), "val": TokenMemmap(out / "eval.bin")}
     return TokenData(d.source, files, "rgb554", identity=identity).with_batcher(_loader)
 

@@ -45,8 +45,24 @@ def _split(docs: list[tuple[str, str]], cfg: DataConfig, what: str) -> dict[str,
     return split_documents(docs, cfg.val_fraction, cfg.holdout_fraction, hint=f" ({what})")
 
 
-def _tokens_dir(cfg: DataConfig, identity: dict) -> Path:
+def tokens_dir(cfg: DataConfig, identity: dict) -> Path:
+    """Where the token files of data described by `identity` are cached."""
     return cache_root(cfg.cache_dir) / "tokens" / _short_hash(identity)
+
+
+def _documents_as_tokens(cfg: DataConfig, identity: dict, documents: Callable[[], list[tuple[str, str]]],
+                         encode: Callable, vocab_size: int, tokenizer: str, where: str, log) -> TokenData:
+    """Documents split by their ids (train / val / holdout), each split's encoded documents one stream,
+    written once into the cache; `documents()` is read only when the files do not exist yet."""
+    identity = {**identity, "tokenizer": tokenizer, "val_fraction": cfg.val_fraction,
+                "holdout_fraction": cfg.holdout_fraction}
+
+    def streams():
+        splits = _split(documents(), cfg, where)
+        return {s: encode(splits[s]) for s in ("train", "val", "holdout")}
+
+    files = write_split_streams(tokens_dir(cfg, identity), streams, vocab_size, tokenizer, {"identity": identity}, log)
+    return TokenData(cfg.source, files, tokenizer, identity=identity)
 
 
 def _hf_text(cfg: DataConfig, log) -> TokenData:
@@ -54,13 +70,8 @@ def _hf_text(cfg: DataConfig, log) -> TokenData:
     from muonlab.data.local_source import LocalSource  # noqa: PLC0415
 
     source, tok = LocalSource(cfg.path, cfg.local_txt_docs), HFTokenizer(cfg.tokenizer_json)
-    identity = {"source": "local", **source.identity(), "tokenizer": tok.fingerprint,
-                "val_fraction": cfg.val_fraction, "holdout_fraction": cfg.holdout_fraction}
-    out = _tokens_dir(cfg, identity)
-    splits = None if (out / "done.json").is_file() else _split(source.documents(), cfg, str(source.path))
-    streams = {s: (tok.encode_docs(splits[s]) if splits else ()) for s in ("train", "val", "holdout")}
-    files = write_split_streams(out, streams, tok.vocab_size, tok.name, {"identity": identity}, log)
-    return TokenData("local", files, tok.name, identity=identity)
+    return _documents_as_tokens(cfg, {"source": "local", **source.identity()},
+                                source.documents, tok.encode_docs, tok.vocab_size, tok.name, str(source.path), log)
 
 
 def _protein(cfg: DataConfig, log) -> TokenData:
@@ -86,12 +97,8 @@ def _protein(cfg: DataConfig, log) -> TokenData:
     else:
         name, vocab = "residues", len(fasta.AMINO_ACIDS)
         encode = lambda seqs: (fasta.residue_tokens(s) for s in seqs)  # noqa: E731
-    identity.update(tokenizer=name, val_fraction=cfg.val_fraction, holdout_fraction=cfg.holdout_fraction)
-    out = _tokens_dir(cfg, identity)
-    splits = None if (out / "done.json").is_file() else _split(list(fasta.read_fasta(path)), cfg, str(path))
-    streams = {s: (encode(splits[s]) if splits else ()) for s in ("train", "val", "holdout")}
-    files = write_split_streams(out, streams, vocab, name, {"identity": identity}, log)
-    return TokenData(cfg.source, files, name, identity=identity)
+    return _documents_as_tokens(cfg, identity, lambda: list(fasta.read_fasta(path)), encode, vocab, name,
+                                str(path), log)
 
 
 def token_data(cfg, log: Callable[[str], None] = print) -> TokenData:
@@ -134,7 +141,7 @@ def evaluate_token_splits(model, data: TokenData, cfg, runtime, ctx, splits=("va
         if split not in data.files:
             continue
         loader = eval_loader(data.files[split], B, T, tokens, runtime.device)
-        batches = [next(loader) for _ in range(loader.batches_per_epoch)]
+        batches = (next(loader) for _ in range(loader.batches_per_epoch))  # one pass, in file order
         shard = itertools.islice(batches, ctx.rank, None, ctx.world_size) if ctx.active else batches
         out[split] = finish(evaluate_loss(lambda b: model(b[0], b[1], reduction="none"), shard, runtime.autocast,
                                           runtime.device, reduce=ctx.all_reduce_ if ctx.active else None,

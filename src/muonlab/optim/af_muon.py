@@ -252,16 +252,29 @@ def build_optimizer(model: nn.Module, preset: str = "afmuon", **overrides: Any) 
     o = {**_BUILD, **({"cap": 1.0, "scale": 1.0} if preset == "sign" else {}),
          **({"aux_weight_decay": 0.01} if preset == "hybrid" else {}), **overrides}
     parts = partition_by_role(model, tied=o["tied"], matrices=o["matrices"])
-    aux = dict(role="adamw", lr=o["aux_lr"], betas=o["aux_betas"], eps=o["aux_eps"],
-               weight_decay=o["aux_weight_decay"])
     rule_t, rule_v = _RULES[preset]
-    groups = [dict(role="matrix", lr=o["lr"], weight_decay=o["weight_decay"], ns_steps=o["ns_steps"]),
-              dict(role="tied", lr=o["lr"], cap=o["cap"], scale=o["scale"], rho=o["rho"],
-                   chunk_rows=o["chunk_rows"]) if rule_t == "lmo" else dict(aux),
-              dict(role="vector", lr=o["vector_lr"], eps=o["eps"]) if rule_v == "rms" else dict(aux)]
-    for part, group in zip(("matrix", "tied", "vector"), groups):
+    return _assemble(parts, {
+        "matrix": _matrix_group(o),
+        "tied": dict(role="tied", lr=o["lr"], cap=o["cap"], scale=o["scale"], rho=o["rho"],
+                     chunk_rows=o["chunk_rows"]) if rule_t == "lmo" else _aux_group(o),
+        "vector": dict(role="vector", lr=o["vector_lr"], eps=o["eps"]) if rule_v == "rms" else _aux_group(o)},
+        o["momentum"])
+
+
+def _matrix_group(o: dict) -> dict:
+    return dict(role="matrix", lr=o["lr"], weight_decay=o["weight_decay"], ns_steps=o["ns_steps"])
+
+
+def _aux_group(o: dict) -> dict:
+    """Hybrid's AdamW group (spec §1.7): betas (0.9, 0.95), eps 1e-10, bias-corrected."""
+    return dict(role="adamw", lr=o["aux_lr"], betas=o["aux_betas"], eps=o["aux_eps"], weight_decay=o["aux_weight_decay"])
+
+
+def _assemble(parts: dict[str, Named], groups: dict[str, dict], momentum: float) -> "AFMuon":
+    """One group per part (its `part` and `params`), the optimizer's `.roles` (part -> names)."""
+    for part, group in groups.items():
         group.update(part=part, params=[p for _, p in parts[part]])
-    opt = AFMuon(groups, momentum=o["momentum"])
+    opt = AFMuon(list(groups.values()), momentum=momentum)
     opt.roles = {k: [n for n, _ in v] for k, v in parts.items()}  # type: ignore[attr-defined]
     return opt
 
@@ -294,14 +307,8 @@ def _untied_hybrid(model: nn.Module, o: dict) -> torch.optim.Optimizer:
             parts["matrix"].append((name, p))
         else:
             raise ValueError(f"{name}: unrecognised {p.ndim}-D tensor {tuple(p.shape)} has no Hybrid role")
-    aux = dict(role="adamw", lr=o["aux_lr"], betas=o["aux_betas"], eps=o["aux_eps"], weight_decay=o["aux_weight_decay"])
-    groups = [dict(role="matrix", lr=o["lr"], weight_decay=o["weight_decay"], ns_steps=o["ns_steps"]), dict(aux),
-              dict(aux)]
-    for part, group in zip(("matrix", "tables", "vector"), groups):
-        group.update(part=part, params=[p for _, p in parts[part]])
-    opt = AFMuon(groups, momentum=o["momentum"])
-    opt.roles = {k: [n for n, _ in v] for k, v in parts.items()}  # type: ignore[attr-defined]
-    return opt
+    return _assemble(parts, {"matrix": _matrix_group(o), "tables": _aux_group(o), "vector": _aux_group(o)},
+                     o["momentum"])
 
 
 def _unique(model: nn.Module) -> Named:
