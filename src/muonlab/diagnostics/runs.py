@@ -50,7 +50,8 @@ def load_run(run_dir: str | Path, device: str = "cpu", precision: str = "fp32", 
     path, ckpt = latest_checkpoint(run_dir, fallback=fallback)
     dev = torch.device(device)
     runtime = Runtime(dev, resolve_precision(precision, dev))
-    vocab = ckpt["model"][get_family(cfg.family).embedding_key].shape[0]
+    key = get_family(cfg.family).embedding_key
+    vocab = ckpt["model"][key(cfg) if callable(key) else key].shape[0]
     # a run trained with --attn-backend fa3 is read back on SDPA off CUDA (FA3 exists only there)
     fa3_off_cuda = getattr(cfg.model, "attn_backend", None) == "fa3" and dev.type != "cuda"
     build_cfg = apply_overrides(cfg, {"model.attn_backend": "sdpa"}) if fa3_off_cuda else cfg

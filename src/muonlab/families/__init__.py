@@ -36,7 +36,8 @@ class Family:
     step_hooks: Callable = lambda cfg, model: []  # objects with before_step/after_step(step, optimizer)
     trajectory: Callable = lambda model: {}  # extra per-step record at the trajectory steps
     validate: Callable = lambda cfg: None  # checks across the family's sections
-    embedding_key: str = "transformer.wte.weight"  # state-dict key of the token table (its rows: the vocabulary)
+    # state-dict key of the token table (its rows: the vocabulary), or (cfg) -> that key
+    embedding_key: str | Callable = "transformer.wte.weight"
     attention_backend: Callable = lambda model: "sdpa"  # the attention kernel the built model uses
     prepare_data: Callable = text_data  # (cfg, log) -> the prepared data its loader and evaluation read
     # (model, data, cfg, runtime, dist, splits=("val", "holdout"), tokens=None) -> {split: EvalResult}

@@ -1,7 +1,10 @@
-"""Seed 004's small T5 (Table 1 row 5, App. J.5): an encoder-decoder whose one vocabulary table is
-the encoder lookup, the decoder lookup and the output head (a 3-way tie), trained on the
-prefix-to-continuation objective with AF-Muon at rho_out / rho_hid = 1 (Table 14); and the untied
-control of Table 15 (`--t5-tied false`: three tables, all on Hybrid's AdamW).
+"""Seed 004's shared-vocabulary encoder-decoders (Table 1 rows 5 and 6, App. J.5), each with one
+vocabulary table that is the encoder lookup, the decoder lookup and the output head (a 3-way tie),
+trained on the prefix-to-continuation objective:
+- the small T5 (`t5-tiny`, `t5-small`) with AF-Muon at rho_out / rho_hid = 1 (Table 14), and the
+  untied control of Table 15 (`--t5-tied false`: three tables, all on Hybrid's AdamW);
+- T5Gemma2 (`t5gemma2-tiny`, `t5gemma2-270m`): the Hugging Face google/t5gemma-2-270m-270m
+  configuration at random init, tie forced, rho ratio 60 (App. J.5, Table 16; muonlab.tied.t5gemma2).
 
 The loop hands a model (x, y): here x = [source | decoder input] (S + T tokens) and y = the T
 target tokens, so `PackedT5` splits x at S; the loader (`PackedPrefixLoader`) packs the
@@ -15,15 +18,18 @@ from dataclasses import dataclass, replace
 from typing import ClassVar, Literal
 
 import torch
+from torch import nn
 
 from muonlab.errors import UsageError
 from muonlab.families import Family, register_family
 from muonlab.families.tied import AFMuonConfig, LRSchedule, build_optimizer
 from muonlab.families.token_family import TEXT_TOKEN_SOURCES, describe_counts, eval_examples, evaluate_token_splits, token_data
 from muonlab.settings import MethodInfo, Section, setting
+from muonlab.tied.gpt import lm_loss
 from muonlab.tied.t5 import T5_PRESETS, TiedT5
+from muonlab.tied.t5gemma2 import T5GEMMA2_MODELS
 
-T5_SHAPES = ("t5-tiny", "t5-small")
+T5_SHAPES = ("t5-tiny", "t5-small", *T5GEMMA2_MODELS)
 
 
 @dataclass
@@ -34,7 +40,8 @@ class T5ModelConfig(Section):
         "tied": MethodInfo("t5_untied_control", "seed 004 Table 15", "muonlab.tied.t5",
                            ("tests/test_seed004_families.py",), "tied", True)}
 
-    preset: Literal[T5_SHAPES] = setting("t5-tiny", "the T5's shape: t5-tiny (CPU) or t5-small (seed 004 App. J.5)",
+    preset: Literal[T5_SHAPES] = setting("t5-tiny", "the encoder-decoder: t5-tiny (CPU), t5-small (seed 004 App. "
+                                         "J.5), t5gemma2-tiny (CPU) or t5gemma2-270m (App. J.5, Table 16)",
                                          flag="t5-preset")
     tied: bool = setting(True, "one table for encoder, decoder and head (false: seed 004 Table 15's untied "
                          "control, trained with --optimizer hybrid)", flag="t5-tied")
@@ -69,6 +76,47 @@ class PackedT5(TiedT5):
         return int(6 * (enc * S / T + dec + head) + attn)
 
 
+class PackedT5Gemma2(nn.Module):
+    """A T5Gemma2ForConditionalGeneration called as the loop calls a model (x = [source | decoder
+    input], y = the targets), like `PackedT5`."""
+
+    def __init__(self, model: nn.Module, source_len: int, target_len: int):
+        super().__init__()
+        self.model, self.source_len, self.target_len = model, source_len, target_len
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.model.get_input_embeddings()
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.model.get_output_embeddings()
+
+    def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None, reduction: str = "mean"):
+        S = self.source_len
+        logits = self.model(input_ids=x[:, :S], decoder_input_ids=x[:, S:], use_cache=False).logits
+        return logits if targets is None else lm_loss(logits, targets, reduction)
+
+    def num_scaling_params(self) -> dict[str, int]:
+        return describe_counts(self)
+
+    def estimate_flops(self) -> int:
+        """FLOPs per target token, forward + backward, as PackedT5's: 6 x the trained matrices (encoder
+        ones by S / T; the table once, as the head) + attention 12 h (L_e S^2 / T + L_d (T + S)), h the
+        query width (heads x head dim); the decoder's merged attention sees T + S keys."""
+        S, T = self.source_len, self.target_len
+        text = self.model.config.decoder
+        table = self.get_input_embeddings().weight
+        trained = [(n, p) for n, p in self.named_parameters() if p.requires_grad and p.ndim >= 2 and p is not table]
+        enc = sum(p.numel() for n, p in trained if ".encoder." in n)
+        dec = sum(p.numel() for n, p in trained if ".decoder." in n)
+        h = text.num_attention_heads * text.head_dim
+        attn = 12 * h * text.num_hidden_layers * (S * S / T + T + S)
+        return int(6 * (enc * S / T + dec + table.numel()) + attn)
+
+
+def _is_t5gemma2(cfg) -> bool:
+    return cfg.model.preset in T5GEMMA2_MODELS
+
+
 def _shape(cfg, vocab_size: int):
     base = T5_PRESETS[cfg.model.preset]
     T = cfg.train.sequence_len
@@ -77,6 +125,12 @@ def _shape(cfg, vocab_size: int):
 
 
 def build_model(cfg, vocab_size: int, runtime):
+    if _is_t5gemma2(cfg):
+        from muonlab.tied.t5gemma2 import build_t5gemma2  # noqa: PLC0415
+
+        T = cfg.train.sequence_len
+        model = build_t5gemma2(cfg.model.preset, vocab_size, runtime.device)
+        return PackedT5Gemma2(model, cfg.model.source_len or T, T).to(torch.float32)
     with torch.device("meta"):
         model = PackedT5(_shape(cfg, vocab_size))
     model.to_empty(device=runtime.device)
@@ -129,6 +183,9 @@ def evaluate(model, data, cfg, runtime, ctx, splits=("val", "holdout"), tokens=N
 
 
 def validate(cfg) -> None:
+    if _is_t5gemma2(cfg) and not cfg.model.tied:
+        raise UsageError("T5Gemma2 is trained tied only (seed 004 Table 16); --t5-tied false is the small "
+                         "T5's control (--t5-preset t5-tiny or t5-small)")
     if not cfg.model.tied and cfg.optim.kind not in ("hybrid", "adamw"):
         raise UsageError(f"the untied T5 control (--t5-tied false) has no tied table for {cfg.optim.kind}: "
                          "seed 004 Table 15 trains it with --optimizer hybrid")
@@ -150,17 +207,42 @@ PRESETS = {
                  "train.total_batch_size": 16 * 256, "train.num_steps": 67_139, "train.eval_every": 5000,
                  "train.eval_tokens": 2**20, "record.checkpoint_every": 5000, "data.source": "climbmix",
                  "data.vocab_size": 49152},
+    # T5Gemma2 on CPU: its tiny shape on the synthetic text, 16 + 16 tokens per example, rho 60 as the paper's
+    "t5gemma2-cpu": {**_T5_COMMON, "model.preset": "t5gemma2-tiny", "optim.rho": 60.0, "train.sequence_len": 16,
+                     "train.device_batch_size": 8, "train.total_batch_size": 8 * 16, "train.num_steps": 40,
+                     "train.untimed_steps": 1, "train.eval_tokens": 16 * 32, "runtime.device": "cpu",
+                     "runtime.precision": "fp32", "runtime.compile": "off", "record.log_every": 10,
+                     "data.source": "synthetic", "data.vocab_size": 512, "data.synthetic_bytes": 200_000},
+    # seed 004 App. J.5 / Table 16: 256 + 256 tokens, micro 16 x 128 accumulation = 524,288 target tokens per
+    # update, 1,431 updates (750M target tokens), eval every 250 on 1M target tokens, rho 60. Data: the user's
+    # FineWeb tokenized with the Gemma tokenizer (--source memmap --path DIR; 262,144 ids give the paper's table)
+    "t5gemma2": {**_T5_COMMON, "model.preset": "t5gemma2-270m", "optim.rho": 60.0, "train.sequence_len": 256,
+                 "train.device_batch_size": 16, "train.total_batch_size": 16 * 128 * 256, "train.num_steps": 1431,
+                 "train.eval_every": 250, "train.eval_tokens": 2**20, "record.checkpoint_every": 250,
+                 "data.source": "memmap"},
 }
 
+def _layers(cfg) -> tuple[int, int, int]:
+    """(width, encoder layers, decoder layers) of the configured model."""
+    if _is_t5gemma2(cfg):
+        text = T5GEMMA2_MODELS[cfg.model.preset][0]
+        return text["hidden_size"], text["num_hidden_layers"], text["num_hidden_layers"]
+    shape = T5_PRESETS[cfg.model.preset]
+    return shape.n_embd, shape.n_encoder_layers, shape.n_decoder_layers
+
+
+def _describe(cfg) -> str:
+    width, enc, dec = _layers(cfg)
+    return f"t5 {cfg.model.preset}{'' if cfg.model.tied else ' (untied)'}: width {width}, {enc} + {dec} layers"
+
+
 register_family(Family(
-    name="t5", description="seed 004's small T5 with a 3-way tied table (and its untied control)",
+    name="t5", description="seed 004's encoder-decoders with a 3-way tied table (small T5 and its untied "
+                           "control, T5Gemma2)",
     model_config=T5ModelConfig, optim_config=AFMuonConfig, build_model=build_model, build_optimizer=build_optimizer,
-    schedule=LRSchedule, describe=lambda cfg: (f"t5 {cfg.model.preset}{'' if cfg.model.tied else ' (untied)'}: width "
-                                               f"{T5_PRESETS[cfg.model.preset].n_embd}, "
-                                               f"{T5_PRESETS[cfg.model.preset].n_encoder_layers} + "
-                                               f"{T5_PRESETS[cfg.model.preset].n_decoder_layers} layers"),
-    depth=lambda cfg: T5_PRESETS[cfg.model.preset].n_encoder_layers + T5_PRESETS[cfg.model.preset].n_decoder_layers,
-    validate=validate, embedding_key="wte.weight", prepare_data=prepare_data, evaluate=evaluate, presets=PRESETS,
+    schedule=LRSchedule, describe=_describe, depth=lambda cfg: sum(_layers(cfg)[1:]), validate=validate,
+    embedding_key=lambda cfg: ("model.model.encoder.text_model.embed_tokens.weight" if _is_t5gemma2(cfg)
+                               else "wte.weight"), prepare_data=prepare_data, evaluate=evaluate, presets=PRESETS,
     metric="val_ce", summary_metrics=("val_ce", "val_ppl", "holdout_ce", "holdout_ppl"),
     data_sources=TEXT_TOKEN_SOURCES,
 ))

@@ -172,6 +172,8 @@ def describe_counts(model: torch.nn.Module) -> dict[str, int]:
         table = find_tied(model)[1].numel()
     except ValueError:  # an untied control: its tables are matrices here
         table = 0
-    vectors = sum(p.numel() for p in unique if p.ndim <= 1)
+    frozen = sum(p.numel() for p in unique if not p.requires_grad)  # e.g. T5Gemma2's unused vision tower
+    vectors = sum(p.numel() for p in unique if p.ndim <= 1 and p.requires_grad)
     total = sum(p.numel() for p in unique)
-    return {"tied_table": table, "matrices": total - table - vectors, "vectors": vectors, "total": total}
+    counts = {"tied_table": table, "matrices": total - table - vectors - frozen, "vectors": vectors, "total": total}
+    return {**counts, "frozen": frozen} if frozen else counts

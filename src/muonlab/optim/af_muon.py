@@ -25,6 +25,7 @@ Choices (ours, where the spec leaves room):
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -329,12 +330,13 @@ SOURCES = ("lookup", "softmax", "both")
 class GradientSources:
     """Split the tied table's gradient into its lookup and softmax sources (spec §1.7, K.8).
 
-    For models whose input nn.Embedding module(s) and output head share one Parameter (3-way ties:
-    every nn.Embedding with that weight is hooked). While the context is open, a forward hook on each
-    embedding registers a hook on its output that index-adds dL/d(lookup output) into an fp32 V x d
-    buffer (G_in, across micro-batches; padding_idx rows skipped). G_out = table.grad - G_in, so the
-    capture must start with table.grad None/zero. Lookups not done by an nn.Embedding module (F.embedding)
-    are attributed to softmax; scale_grad_by_freq / max_norm embeddings are rejected.
+    While the context is open, every `F.embedding` call that reads the tied table (what nn.Embedding
+    modules run, so 3-way ties' encoder and decoder lookups too) registers a hook on its raw lookup
+    output that index-adds dL/d(lookup) into an fp32 V x d buffer (G_in, across micro-batches;
+    padding_idx rows skipped). Hooking the raw lookup, not a module's output, keeps a scale applied
+    inside the module (Gemma's sqrt(d) embed_scale in T5Gemma2) in the gradient, as autograd has it.
+    G_out = table.grad - G_in, so the capture must start with table.grad None/zero. Lookups by other
+    ops (indexing the table) are attributed to softmax; scale_grad_by_freq / max_norm are rejected.
     """
 
     def __init__(self, model: nn.Module, tied: str | Tensor | None = None) -> None:
@@ -345,25 +347,27 @@ class GradientSources:
             raise ValueError("no nn.Embedding module uses the tied table")
         if any(m.scale_grad_by_freq or m.max_norm is not None for m in self._mods):
             raise ValueError("scale_grad_by_freq / max_norm embeddings are not supported")
-        self._handles: list[Any] = []
+        self._mode: _LookupCapture | None = None
 
     def __enter__(self) -> GradientSources:
-        self._handles = [m.register_forward_hook(self._on_forward) for m in self._mods]
+        self._mode = _LookupCapture(self)
+        self._mode.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for h in self._handles:
-            h.remove()
+        if self._mode is not None:
+            self._mode.__exit__(*exc)
+            self._mode = None
 
-    def _on_forward(self, module: nn.Embedding, args: tuple[Any, ...], out: Tensor) -> None:
+    def _on_lookup(self, ids: Tensor, pad: int | None, out: Tensor) -> None:
         if not out.requires_grad:
             return
-        ids, pad = args[0].reshape(-1), module.padding_idx
+        ids = ids.reshape(-1)
+        keep = None if pad is None else ids != pad
 
         def add(grad: Tensor) -> None:
             g = grad.reshape(-1, grad.shape[-1]).float()
-            keep = ids if pad is None else ids[ids != pad]
-            self.lookup.index_add_(0, keep, g if pad is None else g[ids != pad])
+            self.lookup.index_add_(0, ids if keep is None else ids[keep], g if keep is None else g[keep])
         out.register_hook(add)
 
     def reset(self) -> None:  # between optimizer steps
@@ -387,6 +391,25 @@ class GradientSources:
             raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
         if source != "both":
             self.table.grad = self.sources()[source].to(self.table.dtype)
+
+
+class _LookupCapture(torch.overrides.TorchFunctionMode):
+    """Sees every F.embedding call while open; hands those that read the tied table to their capture."""
+
+    def __init__(self, capture: GradientSources) -> None:
+        super().__init__()
+        self.capture = capture
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func is torch.nn.functional.embedding:
+            bound = inspect.signature(func).bind(*args, **kwargs)
+            if bound.arguments["weight"] is self.capture.table:
+                if bound.arguments.get("scale_grad_by_freq") or bound.arguments.get("max_norm") is not None:
+                    raise ValueError("scale_grad_by_freq / max_norm embeddings are not supported")
+                self.capture._on_lookup(bound.arguments["input"], bound.arguments.get("padding_idx"), out)
+        return out
 
 
 def gradient_sources(model: nn.Module, batch_fn: Callable[[nn.Module], Tensor], *,
