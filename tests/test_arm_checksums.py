@@ -52,7 +52,7 @@ def _initial_weights(arm_name: str, preset_name: str, data_cache: dict) -> dict[
     from muonlab.train.build import build_model
 
     cfg = resolve_config(arm_name, preset_name,
-                         {"num_steps": golden_script.STEPS, **golden_script.preset_batch(preset_name)})
+                         {"num_steps": golden_script.STEPS, **golden_script.preset_batch(preset_name, arm_name)})
     torch.manual_seed(cfg.seed)
     model = build_model(cfg, data_cache[preset_name].tokenizer.vocab_size, Runtime(torch.device("cpu"), "fp32"))
     return golden_script.weights_digest(model.state_dict())[1]

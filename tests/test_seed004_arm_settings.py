@@ -17,6 +17,11 @@ MUON_LR, AUX_LR, RHO = 0.02, 3e-4, 60.0  # Table 1 / §3: Muon lr 0.02, vector (
 AF, SIGN = (3.0, 0.5), (1.0, 1.0)  # (c, s)
 K6_LRS = {0.25: 7.5e-5, 0.5: 1.5e-4, 1: 3e-4, 2: 6e-4, 4: 1.2e-3, 8: 2.4e-3, 32: 9.6e-3}  # K.6, 16x absent
 K5_STEPS = {32: 14000, 64: 7000, 128: 3500, 256: 1750, 512: 875}  # K.5 at 458.8M tokens
+K24_STEPS = 953  # K.2, K.4: 500M tokens at 524,288 a step
+K2_VOCAB = {"v50k": 50_000, "v100k": 100_000, "v150k": 150_000}
+# parameters (millions) the paper gives: K.2 per vocabulary at d 768, K.4 per width with the 50k BPE
+K2_PARAMS_M = {50_000: 123.4, 100_000: 161.8, 150_000: 200.2}
+K4_PARAMS_M = {768: 123.4, 1024: 202.2, 1536: 416.6}
 
 
 def expected(name: str) -> dict:
@@ -41,6 +46,15 @@ def expected(name: str) -> dict:
             out["train"] = {"num_steps": 875}
         if name[:2] in ("k5", "k6"):
             out["seeds"] = (43,)
+    elif name.startswith(("k2_", "k4_")):  # Sign (1, 1) against AF (3, 0.5); batch 512 x 1024, 500M tokens
+        out.update(tied=("lmo", *(SIGN if parts[1] == "sign" else AF)), vector=("rms", AUX_LR, 0.0))
+        out["train"] = {"num_steps": K24_STEPS}
+        if name.startswith("k2_"):
+            v = K2_VOCAB[parts[2]]
+            out["train"].update(total_batch_size=512 * 1024, sequence_len=1024, device_batch_size=16 if v == 50_000 else 8)
+            out["data"] = {"vocab_size": v}
+        else:
+            out["model"] = {"n_embd": int(parts[2][1:])}
     elif name.startswith("k1_"):  # K.1: zero auxiliary weight decay in all four arms
         tied, vec = parts[1], parts[2]
         out["tied"] = ("lmo", *AF) if tied == "lmo" else ("adamw", AUX_LR, 0.0)
@@ -73,12 +87,20 @@ def test_the_papers_ablations_are_all_registered():
 @pytest.mark.parametrize("name", SEED004)
 def test_arm_builds_the_papers_optimizer(name):
     want = expected(name)
-    cfg = resolve_config(name, "t5-cpu" if "untied" in want else "tied-cpu", {})
+    # K.2's vocabularies and K.4's widths are checked at the paper's preset (the CPU one's head dim is 32)
+    preset = "t5-cpu" if "untied" in want else "nanogpt-124m" if name[:2] in ("k2", "k4") else "tied-cpu"
+    cfg = resolve_config(name, preset, {})
     assert ARMS[name].seeds == want["seeds"]
     for key, value in want["train"].items():
         assert getattr(cfg.train, key) == value, key
     assert getattr(cfg.model, "grad_source", "both") == want["grad_source"]
-    model = build_model(cfg, 300, Runtime(torch.device("cpu"), "fp32"))
+    for section in ("data", "model"):
+        for key, value in want.get(section, {}).items():
+            assert getattr(getattr(cfg, section), key) == value, key
+    if name[:2] in ("k2", "k4"):  # shape only: the paper's widths and tables are large for a CPU test
+        model = build_model(cfg, 300, Runtime(torch.device("meta"), "fp32"))
+    else:
+        model = build_model(cfg, 300, Runtime(torch.device("cpu"), "fp32"))
     optimizer = build_optimizer(model, cfg, compile_step=False)
     if "adamw" in want:
         lr, wd, eps, betas = want["adamw"]
@@ -112,3 +134,16 @@ def test_table1_arms_run_under_every_family_with_its_rho(preset, rho):
     """Seed 004 Table 14: the small T5 runs rho_out / rho_hid = 1; every other setting 60."""
     cfg = resolve_config("t1_afmuon", preset, {})
     assert cfg.optim.kind == "afmuon" and cfg.optim.rho == rho
+
+
+@pytest.mark.parametrize("name", [n for n in SEED004 if n[:2] in ("k2", "k4")])
+def test_k2_k4_models_have_the_papers_parameter_counts(name):
+    """K.2: 123.4M / 161.8M / 200.2M at 50k / 100k / 150k tokens (d 768); K.4: 123.4M / 202.2M / 416.6M at
+    d 768 / 1024 / 1536 with the 50k vocabulary (12 layers, MLP 4d, head dim 128)."""
+    cfg = resolve_config(name, "nanogpt-124m", {})
+    vocab = cfg.data.vocab_size if name.startswith("k2_") else 50_000
+    model = build_model(cfg, vocab, Runtime(torch.device("meta"), "fp32"))
+    params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    want = K2_PARAMS_M[vocab] if name.startswith("k2_") else K4_PARAMS_M[cfg.model.n_embd]
+    assert round(params / 1e6, 1) == want
+    assert model.config.n_embd // model.config.n_head == 128 and model.config.n_layer == 12  # K.4's head dim

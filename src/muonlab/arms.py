@@ -230,10 +230,11 @@ for _mode in ("nostep0", "mom_only_nodisp", "disp_only_nomom", "disp_stepcount_n
 # Seed 004 (AF-Muon, ../shared/seeds/004_*.txt; spec-004 §3): the tied-GPT arms, seeds 43, 44, 45
 # (K.3 and K.8 ran seed 43 only). Run them under a tied preset: `--preset tied-cpu` (CPU) or
 # `nanogpt-124m` (GPU). Table 1: Hybrid Muon / Sign / AF-Muon; K.1 the 2x2 factorial (tied rule x
-# vector rule, zero aux weight decay); K.3 the tied scale s; K.5 batch; K.6 aux lr; K.7 cap x scale;
-# K.8 the gradient source.
+# vector rule, zero aux weight decay); K.2 vocabulary; K.3 the tied scale s; K.4 width; K.5 batch;
+# K.6 aux lr; K.7 cap x scale; K.8 the gradient source.
 _SEED004, _S43 = (43, 44, 45), (43,)
 _K5_TOKENS = 875 * 512 * 1024  # 458,752,000 tokens: K.5 and K.6 compare there
+_K24_STEPS = 500_000_000 // (512 * 1024)  # K.2 and K.4: 500M tokens at 524,288 a step, 953 steps
 _TIED = dict(model_family="tied")
 _AF_ARMS = [
     # Table 1's arms run under any seed-004 family's preset (tied-cpu, t5-cpu, imagegpt-cpu, hf-cpu, ...)
@@ -259,6 +260,17 @@ _AF_ARMS = [
                               total_batch_size=b * 1024, num_steps=_K5_TOKENS // (b * 1024)),
        f"K.5 batch {b} x 1024 tokens, {_K5_TOKENS // (b * 1024):,} steps, {opt}", _S43)
       for opt in ("hybrid", "sign", "afmuon") for b in (32, 64, 128, 256, 512)],
+    # K.2: ByteLevel BPE vocabularies of 50k / 100k / 150k tokens (a BPE trained on the run's corpus at that
+    # size; with your own token files use t1_sign / t1_afmuon with each --path), micro-batch 16 / 8 / 8, batch 512
+    # x 1024 tokens, 500M tokens (953 steps), d 768; Sign against AF-Muon, seeds 43-45
+    *[(f"k2_{opt}_v{v // 1000}k", dict(_TIED, optimizer=opt, vocab_size=v, sequence_len=1024,
+                                       device_batch_size=16 if v == 50_000 else 8, total_batch_size=512 * 1024,
+                                       num_steps=_K24_STEPS),
+       f"K.2 vocabulary {v:,}, {opt}", _SEED004)
+      for opt in ("sign", "afmuon") for v in (50_000, 100_000, 150_000)],
+    # K.4: width d 768 / 1024 / 1536 (12 layers, MLP 4d, head dim 128: 6 / 8 / 12 heads), 500M tokens, seeds 43-45
+    *[(f"k4_{opt}_d{d}", dict(_TIED, optimizer=opt, tied_n_embd=d, num_steps=_K24_STEPS), f"K.4 width {d}, {opt}",
+       _SEED004) for opt in ("sign", "afmuon") for d in (768, 1024, 1536)],
     # K.6: the auxiliary lr at 0.25x..32x of 3e-4 (16x absent), batch 512 at 458.8M tokens (875 steps), seed 43;
     # Hybrid's covers the tied table and 1-D AdamW, the AdamW-free arms' only the vectors (the tied lr is eq. 6's)
     *[(f"k6_{opt}_x{str(m).replace('.', 'p')}", dict(_TIED, optimizer=opt, af_vector_lr=3e-4 * m, num_steps=875),

@@ -85,14 +85,23 @@ def preset_for(arm) -> str:
     return "tied-cpu" if family == "tied" or arm.paper == "seed 004" else "cpu-tiny"
 
 
-def preset_batch(preset_name: str) -> dict:
-    """The preset's rows, context and global batch: arms that set their own (seed 004's K.5 batch sweep,
-    T 1024 and up to 512 sequences a step) are checked at the CPU preset's, like their steps."""
+def preset_batch(preset_name: str, arm_name: str | None = None) -> dict:
+    """What the check holds at the CPU preset's values: its rows, context and global batch (seed 004's K.5
+    batch sweep sets T 1024 and up to 512 sequences a step) and, where the arm sets them, its vocabulary
+    (K.2's 50k-150k BPE cannot be trained on the CPU corpus) and tied width (K.4's d up to 1536, orthogonalised
+    in bf16 on a CPU): such arms are checked at the CPU preset's, like their steps."""
+    from muonlab.arms import get_arm
     from muonlab.config import preset
 
-    t = preset(preset_name).train
-    return {"sequence_len": t.sequence_len, "device_batch_size": t.device_batch_size,
-            "total_batch_size": t.total_batch_size}
+    p = preset(preset_name)
+    held = {"sequence_len": p.train.sequence_len, "device_batch_size": p.train.device_batch_size,
+            "total_batch_size": p.train.total_batch_size}
+    overrides = get_arm(arm_name).overrides if arm_name else {}
+    if "data.vocab_size" in overrides:
+        held["vocab_size"] = p.data.vocab_size
+    if "model.n_embd" in overrides and overrides.get("family") == "tied":
+        held["tied_n_embd"] = p.model.n_embd
+    return held
 
 
 def arm_checksum(arm_name: str, preset_name: str, runs_dir: Path, data_cache: dict) -> tuple[str, dict[str, str]]:
@@ -102,7 +111,7 @@ def arm_checksum(arm_name: str, preset_name: str, runs_dir: Path, data_cache: di
     from muonlab.train import run_training
 
     cfg = resolve_config(arm_name, preset_name, {"num_steps": STEPS, "quiet": True, "runs_dir": str(runs_dir),
-                                                 "trajectory_steps": "", **preset_batch(preset_name)})
+                                                 "trajectory_steps": "", **preset_batch(preset_name, arm_name)})
     if preset_name not in data_cache:
         data_cache[preset_name] = get_family(cfg.family).prepare_data(cfg, log=lambda _: None)
     result = run_training(cfg, log=lambda _: None, data=data_cache[preset_name])

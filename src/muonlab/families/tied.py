@@ -4,7 +4,7 @@ table, trained with AF-Muon or its baselines (muonlab.optim.af_muon)."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar, Literal
 
 import torch
@@ -32,6 +32,22 @@ class TiedModelConfig(Section):
     grad_source: Literal["both", "lookup", "softmax"] = setting(
         "both", "seed 004 K.8: the tied table's gradient source (lookup = input-only, softmax = output-only)",
         flag="tied-grad-source")
+    n_embd: int | None = setting(None, "the width d (none: the preset's); heads keep the preset's head dim and "
+                                 "the MLP its 4d (seed 004 K.4: d 768, 1024, 1536 at head dim 128)",
+                                 flag="tied-n-embd")
+
+    def validate(self) -> None:
+        head_dim = TIED_PRESETS[self.preset].n_embd // TIED_PRESETS[self.preset].n_head
+        if self.n_embd is not None and (self.n_embd < 1 or self.n_embd % head_dim):
+            raise UsageError(f"tied_n_embd must be a positive multiple of {self.preset}'s head dim {head_dim}, "
+                             f"got {self.n_embd}")
+
+    def shape(self):
+        """The preset's TiedGPTConfig with this section's width (vocabulary and context set at build)."""
+        base = TIED_PRESETS[self.preset]
+        if self.n_embd is None:
+            return base
+        return replace(base, n_embd=self.n_embd, n_head=self.n_embd // (base.n_embd // base.n_head))
 
 
 @dataclass
@@ -81,7 +97,7 @@ def build_model(cfg, vocab_size: int, runtime):
     from muonlab.tied import build_tied_model  # noqa: PLC0415
 
     with torch.device("meta"):
-        model = build_tied_model(cfg.model.preset, vocab_size=vocab_size, sequence_len=cfg.train.sequence_len,
+        model = build_tied_model(cfg.model.shape(), vocab_size=vocab_size, sequence_len=cfg.train.sequence_len,
                                  grad_source=cfg.model.grad_source)
     model.to_empty(device=runtime.device)
     model.init_weights()
@@ -135,7 +151,7 @@ def step_hooks(cfg, model) -> list:
 
 
 def _describe(cfg) -> str:
-    shape = TIED_PRESETS[cfg.model.preset]
+    shape = cfg.model.shape()
     return f"tied {cfg.model.preset}: width {shape.n_embd}, depth {shape.n_layer}{', MoE' if shape.moe else ''}"
 
 
@@ -181,7 +197,7 @@ register_family(Family(
     name="tied", description="seed 004's tied-token GPT (NanoGPT, NanoGPT-MoE) with AF-Muon and its baselines",
     model_config=TiedModelConfig, optim_config=AFMuonConfig, build_model=build_model,
     build_optimizer=build_optimizer, schedule=LRSchedule, step_hooks=step_hooks,
-    describe=_describe, depth=lambda cfg: TIED_PRESETS[cfg.model.preset].n_layer,
+    describe=_describe, depth=lambda cfg: cfg.model.shape().n_layer,
     presets=PRESETS, embedding_key="wte.weight", prepare_data=prepare_data, evaluate=evaluate,
     metric="val_ce", summary_metrics=("val_ce", "val_ppl", "holdout_ce", "holdout_ppl"),
     data_sources=("climbmix", "local", "stdlib", "synthetic", "memmap"),
