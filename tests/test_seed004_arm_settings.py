@@ -69,6 +69,8 @@ def expected(name: str) -> dict:
         out.update(tied=("lmo", *AF), vector=("rms", AUX_LR, 0.0), seeds=(43,), grad_source=parts[1])
     elif name == "t15_untied_hybrid":  # Table 15: three tables and the vectors on Hybrid's AdamW
         out.update(untied=("adamw", AUX_LR, 0.01))
+    elif name == "k9_reuse_hybrid":  # K.9: Muon 0.02 / aux 3e-4, wd 0.1 / 0.01; input, positional and head tables
+        out.update(untied=("adamw", AUX_LR, 0.01), seeds=(43,))
     else:
         raise AssertionError(f"no paper values typed for {name}")
     return out
@@ -88,7 +90,7 @@ def test_the_papers_ablations_are_all_registered():
 def test_arm_builds_the_papers_optimizer(name):
     want = expected(name)
     # K.2's vocabularies and K.4's widths are checked at the paper's preset (the CPU one's head dim is 32)
-    preset = "t5-cpu" if "untied" in want else "nanogpt-124m" if name[:2] in ("k2", "k4") else "tied-cpu"
+    preset = "reuse-cpu" if name.startswith("k9_") else "t5-cpu" if "untied" in want else "nanogpt-124m" if name[:2] in ("k2", "k4") else "tied-cpu"
     cfg = resolve_config(name, preset, {})
     assert ARMS[name].seeds == want["seeds"]
     for key, value in want["train"].items():

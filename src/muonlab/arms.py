@@ -242,6 +242,8 @@ _AF_ARMS = [
     ("t1_sign", dict(optimizer="sign"), "SCION-style Sign (c = 1, s = 1)", _SEED004),
     ("t1_afmuon", dict(optimizer="afmuon"), "AF-Muon (c = 3, s = 0.5, rho 60)", _SEED004),
     ("t1_adamw", dict(optimizer="adamw"), "pure AdamW (lr 6e-4; the protein setting's baseline)", _SEED004),
+    # K.9: the shared-MLP boundary control (one MLP reused at four depths, untied), Hybrid Muon, one seed
+    ("k9_reuse_hybrid", dict(model_family="reuse", optimizer="hybrid"), "K.9 homogeneous reuse, Hybrid Muon", _S43),
     # Table 15: the small T5's untied control (three tables, all on Hybrid's AdamW); under a t5 preset
     ("t15_untied_hybrid", dict(optimizer="hybrid", t5_tied=False), "Table 15 untied T5 control, Hybrid", _SEED004),
     *[(f"k1_{t}_{v}", dict(_TIED, optimizer=f"factorial_{t}_{v}"), f"K.1 factorial: tied {t}, vectors {v}", _SEED004)

@@ -172,6 +172,8 @@ def cmd_report(args) -> int:
 
 # tool: (module, runner, formatter, what it is, its own options)
 _RUN = (("--run", dict(required=True, metavar="RUN_DIR", help="the run directory to read")),)
+_DEVICE = (("--device", dict(default="cpu", help="where to rebuild the run (cpu, cuda, ...; default cpu)")),
+           ("--precision", dict(default="fp32", choices=("fp32", "bf16"), help="fp32 or bf16 autocast (default fp32)")))
 DIAGNOSTICS = {
     "conditioning": ("conditioning", lambda m, a: m.run(), "format_table",
                      "seed 000 §4.3 synthetic conditioning benchmark (kappa, defect, cosine per conditioner)", ()),
@@ -200,6 +202,18 @@ DIAGNOSTICS = {
               "seed 002 checkpoint audits (stable rank, mean-row energy, q_tau profile, terminal scalars)", _RUN),
     "afmuon": ("afmuon", lambda m, a: m.run(a.run), "format_table",
                "AF-Muon LMO statistics of a tied run (capped coordinates, clipped rows, cosine with Sign)", _RUN),
+    "reuse": ("reuse", lambda m, a: m.run(a.run, polar=a.polar), "format_table",
+              "seed 004 K.9 / Table 39: per-depth gradients of a shared-MLP run's reused matrices (cosines, "
+              "cancellation, Muon once vs per use)",
+              (*_RUN, ("--polar", dict(default="ns", choices=("ns", "svd"),
+                                       help="Muon's direction: its Newton-Schulz map (default) or the exact polar factor")))),
+    "tied": ("tied_table", lambda m, a: m.run(a.run, micro_batches=a.micro_batches, device=a.device,
+                                              precision=a.precision), "format_table",
+             "a tied run's table RMS / max and matrix RMS (seed 004 Table 3), lookup vs softmax gradient rows and "
+             "cosine (K.8), MoE router statistics (Table 19)",
+             (*_RUN, ("--micro-batches", dict(type=int, default=None,
+                                              help="micro-batches to measure (default: one optimizer step's worth)")),
+              *_DEVICE)),
 }
 
 

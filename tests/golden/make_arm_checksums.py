@@ -82,6 +82,8 @@ def preset_for(arm) -> str:
     family = arm.overrides.get("family", arm.overrides.get("model_family"))  # format 2 or 1 arm keys
     if arm.name == "t15_untied_hybrid":
         return "t5-cpu"
+    if family == "reuse":
+        return "reuse-cpu"
     return "tied-cpu" if family == "tied" or arm.paper == "seed 004" else "cpu-tiny"
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Iterable
 
 import torch
@@ -23,13 +23,15 @@ class EvalResult:
     nats: float
     bytes: int
     tokens: int  # scored tokens (non-special targets)
+    extra: dict[str, float] = field(default_factory=dict)  # a family's extras (e.g. MoE router statistics)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     def metrics(self) -> dict[str, float | int]:
         """Ledger keys without the split prefix (val_bpb, val_ce, ... once prefixed)."""
-        return {"bpb": self.bpb, "ce": self.ce, "ppl": self.ppl, "tokens": self.tokens, "bytes": self.bytes}
+        return {"bpb": self.bpb, "ce": self.ce, "ppl": self.ppl, "tokens": self.tokens, "bytes": self.bytes,
+                **self.extra}
 
 
 @torch.no_grad()

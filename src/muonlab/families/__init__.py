@@ -44,6 +44,7 @@ class Family:
     # (periodic evaluation asks for splits=("val",) and train.eval_every_tokens); None: bits per byte
     # on val and holdout (muonlab.eval.text.evaluate_text_splits), the autoresearch family's metric
     evaluate: Callable | None = None
+    final_metrics: Callable = lambda model: {}  # (model) -> numbers of the trained weights for the ledger
     presets: dict[str, dict[str, Any]] = field(default_factory=dict)
     metric: str = "val_bpb"  # the ledger key a report compares by default (lower is better)
     summary_metrics: tuple[str, ...] = ()  # metrics keys the run summary shows after upstream's
@@ -73,4 +74,4 @@ def all_families() -> dict[str, Family]:
 
 
 def _load_builtin() -> None:
-    from muonlab.families import autoresearch, hf, imagegpt, t5, tied  # noqa: F401, PLC0415 (registration)
+    from muonlab.families import autoresearch, hf, imagegpt, reuse, t5, tied  # noqa: F401, PLC0415 (registration)

@@ -11,6 +11,7 @@ import torch
 
 from muonlab.errors import UsageError
 from muonlab.families import Family, register_family
+from muonlab.tied.table_stats import TABLE3_KEYS, table_stats
 from muonlab.settings import MethodInfo, Section, setting
 from muonlab.tied import TIED_PRESETS
 
@@ -184,13 +185,21 @@ def prepare_data(cfg, log=print):
 
 
 def evaluate(model, data, cfg, runtime, ctx, splits=("val", "holdout"), tokens=None):
+    """Loss (and bits per byte on text) per split; an MoE's router statistics of the same pass beside them
+    (seed 004 Table 19: router entropy, max expert fraction, load CV, unused experts)."""
     from muonlab.data.token_data import TokenData  # noqa: PLC0415
     from muonlab.families.token_family import evaluate_token_splits  # noqa: PLC0415
     from muonlab.eval.text import evaluate_text_splits  # noqa: PLC0415
+    from muonlab.tied.moe import RouterCounts  # noqa: PLC0415
 
-    if isinstance(data, TokenData):
-        return evaluate_token_splits(model, data, cfg, runtime, ctx, splits, tokens)
-    return evaluate_text_splits(model, data, cfg, runtime, ctx, splits, tokens)
+    score = evaluate_token_splits if isinstance(data, TokenData) else evaluate_text_splits
+    out = {}
+    for split in splits:
+        with RouterCounts(model) as router:
+            out.update(score(model, data, cfg, runtime, ctx, (split,), tokens))
+        if split in out:
+            out[split].extra.update(router.stats(ctx.all_reduce_ if ctx.active else None))
+    return out
 
 
 register_family(Family(
@@ -199,6 +208,6 @@ register_family(Family(
     build_optimizer=build_optimizer, schedule=LRSchedule, step_hooks=step_hooks,
     describe=_describe, depth=lambda cfg: cfg.model.shape().n_layer,
     presets=PRESETS, embedding_key="wte.weight", prepare_data=prepare_data, evaluate=evaluate,
-    metric="val_ce", summary_metrics=("val_ce", "val_ppl", "holdout_ce", "holdout_ppl"),
+    metric="val_ce", summary_metrics=("val_ce", "val_ppl", "holdout_ce", "holdout_ppl", *TABLE3_KEYS), final_metrics=table_stats,
     data_sources=("climbmix", "local", "stdlib", "synthetic", "memmap"),
 ))

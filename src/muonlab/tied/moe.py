@@ -146,6 +146,43 @@ class TopKMoE(nn.Module):
         return out
 
 
+class RouterCounts:
+    """First-choice token counts per expert of every TopKMoE layer, summed over the forwards run while
+    the context is open (an evaluation pass), and Table 19's router statistics from them."""
+
+    def __init__(self, model: nn.Module):
+        self.layers = [m for m in model.modules() if isinstance(m, TopKMoE)]
+        self.counts: torch.Tensor | None = None
+        self._handles: list = []
+
+    def __enter__(self) -> RouterCounts:
+        if self.layers:  # zeros on every rank, so a rank with no batch still joins the reduction
+            self.counts = torch.zeros(len(self.layers), self.layers[0].n_experts, dtype=torch.float64,
+                                      device=self.layers[0].router.weight.device)
+        self._handles = [layer.register_forward_hook(self._add) for layer in self.layers]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for h in self._handles:
+            h.remove()
+
+    def _add(self, layer: TopKMoE, args, out) -> None:
+        self.counts[self.layers.index(layer)] += layer.last_counts.double()
+
+    def stats(self, reduce=None) -> dict[str, float]:
+        """router_stats per layer over the summed counts (summed across ranks by `reduce`): entropy, max
+        fraction and CV averaged over the layers, unused experts summed over them (our choice: the
+        paper's Table 19 gives one value per run)."""
+        if not self.layers:
+            return {}
+        if reduce is not None:
+            reduce(self.counts)
+        per_layer = [router_stats(c) for c in self.counts]
+        out = {k: sum(s[k] for s in per_layer) / len(per_layer) for k in per_layer[0]}
+        out["router_unused_experts"] = sum(s["router_unused_experts"] for s in per_layer)
+        return out
+
+
 class UnroutedExpertGrads:
     """Step hook: before the optimizer step, `.grad` None for each expert that no token of the
     step's micro-batches chose (exact zeros from the dense dispatch under compile; None already

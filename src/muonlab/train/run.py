@@ -40,6 +40,7 @@ from muonlab.train.checkpoint import (latest_checkpoint, newest_complete_checkpo
                                       set_rng_state)
 from muonlab.train.distributed import Dist, init_from_env, shutdown
 from muonlab.train.loop import Diverged, LoopState, OutOfMemory, train_loop
+from muonlab.tied.table_stats import TABLE3_KEYS
 
 COUNT_KEYS = ("tokens", "bytes")  # an evaluation's sizes, not its scores
 SUMMARY_KEYS = ("val_bpb", "holdout_bpb", "training_seconds", "total_seconds", "peak_vram_mb",
@@ -61,10 +62,11 @@ def format_summary(summary: dict) -> str:
     metric, such as seed 004's val_ce, after them)."""
     lines = ["---"]
     extra = [k for k in summary if k.startswith(("val_", "holdout_")) and k not in SUMMARY_KEYS]
+    extra += [k for k in TABLE3_KEYS if k in summary]  # seed 004 Table 3's weight statistics
     for key in (*SUMMARY_KEYS, *extra):
         value = summary.get(key)
         if isinstance(value, float):
-            digits = 6 if key.startswith(("val_", "holdout_")) else (2 if key == "mfu_percent" else 1)
+            digits = 6 if key.startswith(("val_", "holdout_")) or key in TABLE3_KEYS else (2 if key == "mfu_percent" else 1)
             text = f"{value:.{digits}f}"
         else:
             text = "n/a" if value is None else str(value)
@@ -303,6 +305,7 @@ def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx: 
                       peak_flops(runtime.device), ctx.world_size)
     total_tokens = state.step * cfg.train.total_batch_size
     scores = {f"{split}_{k}": v for split, result in evals.items() for k, v in result.metrics().items()}
+    scores.update(family.final_metrics(model))  # e.g. seed 004 Table 3's tied-table and matrix RMS
     summary = {
         "val_bpb": scores.get("val_bpb"),
         "holdout_bpb": scores.get("holdout_bpb"),
