@@ -123,3 +123,39 @@ def test_diagnose_tied_refuses_an_untied_run(tmp_path, capsys):
     assert main(["diagnose", "tied", "--run", str(run_dir)]) == 2
     err = capsys.readouterr().err.strip()
     assert "no tied table" in err and "\n" not in err
+
+
+# --- Table 27: optimizer state and step time ------------------------------------------------------
+def test_overhead_state_is_one_fp32_buffer_per_tensor_plus_adamws_second_moment(capsys):
+    """Analytic (meta) state = the state real steps create = 4 bytes per trained element, and Hybrid
+    4 more per element of its AdamW tensors (the tied table and the vectors)."""
+    from muonlab.diagnostics.overhead import ArmStepper, default_vocab
+
+    assert main(["diagnose", "overhead", "--preset", "tied-cpu", "--steps", "1", "--warmup", "0", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    model = ArmStepper("t1_afmuon", "tied-cpu", default_vocab("tied-cpu"), torch.device("cpu")).model
+    elements = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    adamw = model.wte.weight.numel() + sum(p.numel() for p in model.parameters() if p.ndim <= 1)
+    want = {"t1_afmuon": 4 * elements, "t1_sign": 4 * elements, "t1_hybrid": 4 * (elements + adamw)}
+    for arm, row in res["arms"].items():
+        assert row["state_bytes"] == row["measured_state_bytes"] == want[arm], arm
+        assert row["step_s"] > 0 and row["peak_gib"] is None  # peak memory is measured on CUDA only
+    assert res["state_ratio"] == pytest.approx(want["t1_afmuon"] / want["t1_hybrid"], rel=1e-12)
+
+
+def test_overhead_at_the_paper_shapes_beside_table27():
+    """Qwen2.5-0.5B and Llama-3.2-1B: the saving the paper prints follows from the shapes (spec-004 §4's
+    check); NanoGPT's printed sizes do not, and the table names the difference."""
+    from muonlab.diagnostics.overhead import format_table, measure
+
+    for preset in ("qwen2.5-0.5b", "llama-3.2-1b"):
+        res = measure(preset, steps=0)
+        assert abs(res["state_saved"] - res["paper"]["state_saved"]) < 0.002, preset
+    res = measure("nanogpt-124m", steps=0)
+    assert res["arms"]["t1_afmuon"]["state_bytes"] == 4 * 123_587_328  # spec §3: 123,587,328 parameters
+    assert "+1.6 points" in format_table(res)
+
+
+def test_overhead_refuses_negative_steps(capsys):
+    assert main(["diagnose", "overhead", "--preset", "tied-cpu", "--steps", "-1"]) == 2
+    assert "--steps >= 0" in capsys.readouterr().err

@@ -207,6 +207,18 @@ DIAGNOSTICS = {
               "cancellation, Muon once vs per use)",
               (*_RUN, ("--polar", dict(default="ns", choices=("ns", "svd"),
                                        help="Muon's direction: its Newton-Schulz map (default) or the exact polar factor")))),
+    "overhead": ("overhead", lambda m, a: m.measure(a.preset, device=a.device, precision=a.precision, steps=a.steps,
+                                                    warmup=a.warmup, micro_steps=a.micro_steps, vocab=a.vocab),
+                 "format_table", "seed 004 Table 27: optimizer-state bytes (analytic) and step time / peak memory "
+                 "(measured) of Hybrid, Sign and AF-Muon on a seed-004 preset",
+                 (("--preset", dict(required=True, help="the setting (a seed-004 preset: tied-cpu, nanogpt-124m, "
+                                                        "smollm2-135m, t5gemma2, ...)")),
+                  ("--steps", dict(type=int, default=30, help="timed steps per arm (paper 30; 0: state only)")),
+                  ("--warmup", dict(type=int, default=5, help="untimed steps first (paper 5)")),
+                  ("--micro-steps", dict(type=int, default=None,
+                                         help="micro-batches a step (default: the preset's accumulation)")),
+                  ("--vocab", dict(type=int, default=None, help="table rows (default: the preset's setting's)")),
+                  *_DEVICE)),
     "tied": ("tied_table", lambda m, a: m.run(a.run, micro_batches=a.micro_batches, device=a.device,
                                               precision=a.precision), "format_table",
              "a tied run's table RMS / max and matrix RMS (seed 004 Table 3), lookup vs softmax gradient rows and "
