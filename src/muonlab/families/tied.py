@@ -109,8 +109,9 @@ def build_optimizer(model, cfg, compile_step: bool, distributed: bool = False):
     from muonlab.optim import af_muon  # noqa: PLC0415
 
     o = cfg.optim
-    if distributed:
-        raise UsageError("AF-Muon runs in one process for now; drop torchrun for model family tied")
+    if distributed and o.kind == "adamw":
+        raise UsageError("optimizer adamw (torch's AdamW) runs in one process; under torchrun use the AF-Muon "
+                         "optimizers (afmuon, hybrid, sign, factorial_*)")
     if o.kind == "adamw":  # seed 004's protein baseline: plain AdamW everywhere
         optimizer = af_muon.build_optimizer(model, "adamw", lr=o.adamw_lr)
     elif o.kind == "hybrid" and not af_muon.is_tied(model):  # seed 004 Table 15's untied control
@@ -121,6 +122,13 @@ def build_optimizer(model, cfg, compile_step: bool, distributed: bool = False):
             lmo.pop("cap", None)  # fixed at 1 by the optimizer (validated above)
         optimizer = af_muon.build_optimizer(model, o.kind, lr=o.matrix_lr, vector_lr=o.vector_lr,
                                             aux_lr=o.vector_lr, rho=o.rho, **lmo)
+    if distributed:  # the same groups, averaged, clipped and sharded across the ranks by the optimizer
+        from muonlab.optim.af_muon_distributed import DistAFMuon  # noqa: PLC0415
+
+        dist_opt = DistAFMuon(optimizer.param_groups, max_grad_norm=cfg.train.grad_clip or None,
+                              clip_params=model.parameters())
+        dist_opt.roles = optimizer.roles
+        optimizer = dist_opt
     for group in optimizer.param_groups:
         group["initial_lr"] = group["lr"]  # the lab's schedule scales every group from here
     return optimizer

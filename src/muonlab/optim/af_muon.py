@@ -95,14 +95,16 @@ class AFMuon(torch.optim.Optimizer):
             if {"matrix": p.ndim < 2, "tied": p.ndim != 2, "vector": p.ndim > 1, "adamw": False}[role]:
                 raise ValueError(f"{role} group got a {p.ndim}-D tensor of shape {tuple(p.shape)}")
 
-    def _state(self, p: Tensor, role: str) -> dict[str, Any]:
+    def _state(self, p: Tensor, role: str, like: Tensor | None = None) -> dict[str, Any]:
+        """p's state, created shaped like `like` (default p; a row shard under DistAFMuon)."""
         st = self.state[p]
         if not st:
+            like = p if like is None else like
             f32 = dict(dtype=torch.float32, memory_format=torch.preserve_format)
             if role == "adamw":
-                st.update(step=0, exp_avg=torch.zeros_like(p, **f32), exp_avg_sq=torch.zeros_like(p, **f32))
+                st.update(step=0, exp_avg=torch.zeros_like(like, **f32), exp_avg_sq=torch.zeros_like(like, **f32))
             else:
-                st["momentum_buffer"] = torch.zeros_like(p, **f32)
+                st["momentum_buffer"] = torch.zeros_like(like, **f32)
         return st
 
     def init_state(self) -> None:
@@ -115,29 +117,34 @@ class AFMuon(torch.optim.Optimizer):
         with torch.enable_grad():
             loss = closure() if closure is not None else None
         for g in self.param_groups:
-            role, lr, mu = g["role"], g["lr"], g["momentum"]
             for p in g["params"]:
-                if p.grad is None:
-                    continue
-                grad, st = (p.grad.to_dense() if p.grad.is_sparse else p.grad).float(), self._state(p, role)
-                if role == "adamw":
-                    _adamw(p, grad, st, lr, g["betas"], g["eps"], g["weight_decay"])
-                    continue
-                buf = st["momentum_buffer"]
-                if role == "matrix":
-                    buf.mul_(mu).add_(grad, alpha=1 - mu)
-                    O = newton_schulz(grad * (1 - mu) + buf * mu, g["ns_steps"])
-                    p.mul_(1 - lr * g["weight_decay"])
-                    p.add_(O.to(p.dtype), alpha=-lr * shape_factor(p))
-                    continue
-                buf.mul_(mu).add_(grad)
-                if role == "tied":
-                    U = clipped_row_lmo(buf, g["cap"], chunk_rows=g["chunk_rows"])
-                    p.add_(U.to(p.dtype), alpha=-tied_lr(lr, g, p))
-                else:
-                    rms = buf.norm() / math.sqrt(buf.numel())
-                    p.add_((buf / rms.clamp_min(g["eps"])).to(p.dtype), alpha=-lr)
+                if p.grad is not None:
+                    grad = (p.grad.to_dense() if p.grad.is_sparse else p.grad).float()
+                    self._update(g, p, grad, self._state(p, g["role"]))
         return loss
+
+    @staticmethod
+    def _update(g: dict[str, Any], p: Tensor, grad: Tensor, st: dict[str, Any]) -> None:
+        """One tensor's step in place (p may be a row shard of a table: every rule but "matrix" acts per row
+        or per element, and a shard keeps the table's width d for eq. 6)."""
+        role, lr, mu = g["role"], g["lr"], g["momentum"]
+        if role == "adamw":
+            _adamw(p, grad, st, lr, g["betas"], g["eps"], g["weight_decay"])
+            return
+        buf = st["momentum_buffer"]
+        if role == "matrix":
+            buf.mul_(mu).add_(grad, alpha=1 - mu)
+            O = newton_schulz(grad * (1 - mu) + buf * mu, g["ns_steps"])
+            p.mul_(1 - lr * g["weight_decay"])
+            p.add_(O.to(p.dtype), alpha=-lr * shape_factor(p))
+            return
+        buf.mul_(mu).add_(grad)
+        if role == "tied":
+            U = clipped_row_lmo(buf, g["cap"], chunk_rows=g["chunk_rows"])
+            p.add_(U.to(p.dtype), alpha=-tied_lr(lr, g, p))
+        else:
+            rms = buf.norm() / math.sqrt(buf.numel())
+            p.add_((buf / rms.clamp_min(g["eps"])).to(p.dtype), alpha=-lr)
 
 
 def tied_lr(lr: float, group: dict[str, Any], table: Tensor) -> float:

@@ -103,8 +103,11 @@ def train_loop(cfg: RunConfig, model, optimizer, loader, runtime: Runtime, flops
     dist = dist or Dist()
     family = get_family(cfg.family)
     trajectory = cfg.record.trajectory_step_set()
-    if cfg.train.grad_clip > 0 and dist.active:
-        raise MuonlabError("grad_clip needs the averaged gradient: it runs in one process only for now")
+    # under torchrun only the optimizer holds the averaged gradient: it clips (DistAFMuon), or clipping is refused
+    clip_here = cfg.train.grad_clip > 0 and not dist.active
+    if cfg.train.grad_clip > 0 and dist.active and getattr(optimizer, "max_grad_norm", None) != cfg.train.grad_clip:
+        raise MuonlabError("grad_clip under torchrun needs an optimizer that clips the averaged gradient "
+                           "(the seed-004 families' AF-Muon and its baselines); this one does not")
     # the methods' hooks around the step (e.g. Over-Encoding visit counts, seed 002's step-0 controls)
     hooks = family.step_hooks(cfg, model)
     micro_hooks = [h.before_micro_step for h in hooks if hasattr(h, "before_micro_step")]
@@ -136,7 +139,7 @@ def train_loop(cfg: RunConfig, model, optimizer, loader, runtime: Runtime, flops
             else:
                 progress = time_progress(state.training_seconds, cfg.train.time_budget)
             values = schedule.apply(optimizer, step, progress)
-            if cfg.train.grad_clip > 0:  # seed 004: global gradient-norm clip before the step
+            if clip_here:  # seed 004: global gradient-norm clip before the step
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
             for hook in before:
                 hook(step, optimizer)

@@ -1,0 +1,130 @@
+"""DistAFMuon (seed 004 issue 15 item 6): AF-Muon and its baselines across ranks, with gradient clipping
+on the averaged gradient. Two gloo processes on CPU against one process: bit for bit."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from muonlab.optim.af_muon import build_optimizer
+from muonlab.optim.af_muon_distributed import DistAFMuon
+from muonlab.tied import build_tied_model
+
+pytestmark = pytest.mark.multiprocess
+
+
+def _model():
+    torch.manual_seed(0)
+    model = build_tied_model("tied-tiny")
+    model.init_weights()
+    return model
+
+
+def _grads(model, seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {n: torch.randn(p.shape, generator=g) * 0.3 for n, p in model.named_parameters()}
+
+
+def _steps(preset: str, opt_of, grads_of, steps: int = 3):
+    """Model and optimizer after `steps` steps; grads_of(step) -> {name: gradient}."""
+    model = _model()
+    opt = opt_of(model, preset)
+    for step in range(steps):
+        for n, p in model.named_parameters():
+            p.grad = grads_of(step)[n].clone()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return model, opt
+
+
+def _rank_main(rank: int, world: int, init_file: str, preset: str, out: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        def dist_opt(model, p):
+            base = build_optimizer(model, p)
+            return DistAFMuon(base.param_groups, max_grad_norm=1.0, clip_params=model.parameters())
+        model, opt = _steps(preset, dist_opt, lambda step: _grads(model_ref, 100 * step + rank))
+        full = opt.full_state_dict()
+        fresh_model = _model()  # a fresh optimizer loads the full layout and gives it back whole
+        fresh = dist_opt(fresh_model, preset)
+        fresh.load_state_dict(full)
+        again = fresh.full_state_dict()
+        if rank == 0:
+            torch.save({"params": dict(model.named_parameters()), "state": full, "again": again}, out)
+    finally:
+        dist.destroy_process_group()
+
+
+model_ref = _model()
+
+
+@pytest.mark.parametrize("preset", ["afmuon", "hybrid", "sign"])
+def test_two_ranks_step_as_one_process_fed_the_mean_gradient(tmp_path, preset):
+    out = str(tmp_path / "rank0.pt")
+    mp.spawn(_rank_main, args=(2, str(tmp_path / "init"), preset, out), nprocs=2, join=True)
+    got = torch.load(out, weights_only=True)
+
+    def clipped_single(model, p):
+        opt = build_optimizer(model, p)
+        inner = opt.step
+
+        def step():  # the single process clips the mean gradient, then steps
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            inner()
+        opt.step = step
+        return opt
+    mean = lambda step: {n: (g0 + g1) / 2 for (n, g0), g1 in  # noqa: E731
+                         zip(_grads(model_ref, 100 * step).items(), _grads(model_ref, 100 * step + 1).values())}
+    model, opt = _steps(preset, clipped_single, mean)
+    for n, p in model.named_parameters():
+        assert torch.equal(got["params"][n], p.detach()), n
+    want = opt.state_dict()
+    for state in (got["state"], got["again"]):  # the gathered layout is the one-process layout
+        assert state["state"].keys() == want["state"].keys()
+        for i, st in want["state"].items():
+            for key, value in st.items():
+                other = state["state"][i][key]
+                assert torch.equal(other, value) if torch.is_tensor(value) else other == value, (i, key)
+
+
+def _train(tmp_path, name, nproc, arm):
+    env = dict(os.environ, MUONLAB_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS="1")
+    argv = ["train", "--preset", "tied-cpu", "--arm", arm, "--num-steps", "6", "--run-name", name, "--json"]
+    launcher = ([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--standalone",
+                 "-m", "muonlab"] if nproc > 1 else [sys.executable, "-m", "muonlab"])
+    done = subprocess.run(launcher + argv, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout), tmp_path / "cache" / "runs" / name
+
+
+@pytest.mark.slow
+def test_torchrun_af_muon_run_equals_the_one_process_run(tmp_path):
+    """`torchrun --nproc_per_node 2 -m muonlab train --preset tied-cpu` (gloo; grad clip 1.0, one micro-batch
+    per rank) gives the 1-process run's weights, checkpointed state and val loss bit for bit."""
+    single, s_dir = _train(tmp_path, "single", 1, "t1_afmuon")
+    double, d_dir = _train(tmp_path, "double", 2, "t1_afmuon")
+    assert double["summary"]["val_ce"] == single["summary"]["val_ce"]
+    ws, wd = (torch.load(d / "model.pt", weights_only=True) for d in (s_dir, d_dir))
+    assert all(torch.equal(ws[k], wd[k]) for k in ws)
+    cs, cd = (torch.load(sorted(glob.glob(str(d / "checkpoints" / "*.pt")))[-1], weights_only=True)["optimizer"]
+              for d in (s_dir, d_dir))
+    assert cs["state"].keys() == cd["state"].keys()
+    assert all(torch.equal(v, cd["state"][i][k]) for i, st in cs["state"].items() for k, v in st.items())
+
+
+@pytest.mark.slow
+def test_torchrun_refuses_torchs_adamw_with_one_line(tmp_path):
+    env = dict(os.environ, MUONLAB_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
+                           "-m", "muonlab", "train", "--preset", "tied-cpu", "--arm", "t1_adamw", "--num-steps", "2"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0
+    assert "optimizer adamw (torch's AdamW) runs in one process; under torchrun" in done.stderr
