@@ -159,3 +159,52 @@ def test_overhead_at_the_paper_shapes_beside_table27():
 def test_overhead_refuses_negative_steps(capsys):
     assert main(["diagnose", "overhead", "--preset", "tied-cpu", "--steps", "-1"]) == 2
     assert "--steps >= 0" in capsys.readouterr().err
+
+
+# --- records that tell the truth -----------------------------------------------------------------
+def test_the_record_gives_the_optimizer_as_built(moe_run):
+    (record,) = [json.loads(line) for line in open(moe_run.parent / "ledger.jsonl")]
+    groups = {g["part"]: g for g in record["optimizer_groups"]}
+    summary = json.loads((moe_run / "summary.json").read_text())
+    assert summary["optimizer_groups"] == record["optimizer_groups"]
+    d = 64  # tied-tiny-moe's width
+    assert groups["tied"]["effective_lr"] == pytest.approx(0.02 * 60 * 0.5 / d, rel=1e-12)  # eq. 6
+    assert (groups["tied"]["cap"], groups["tied"]["scale"], groups["tied"]["rho"]) == (3.0, 0.5, 60.0)
+    assert (groups["matrix"]["lr"], groups["matrix"]["momentum"], groups["matrix"]["weight_decay"]) == (0.02, 0.95, 0.1)
+    assert "cap" not in groups["matrix"] and "weight_decay" not in groups["tied"]  # what the role does not read
+    assert (groups["vector"]["lr"], groups["vector"]["eps"]) == (3e-4, 1e-8)
+    assert sum(g["elements"] for g in record["optimizer_groups"]) == record["metrics"]["param_counts"]["total"]
+
+
+def _width_and_depth(model) -> tuple[int, int]:
+    """The built model's width and depth, read off each model class."""
+    cfg = getattr(model, "config", None)
+    if hasattr(model, "model") and hasattr(model.model.config, "num_hidden_layers"):  # Hugging Face causal LM
+        return model.model.config.hidden_size, model.model.config.num_hidden_layers
+    if hasattr(model, "model"):  # T5Gemma2: encoder + decoder stacks
+        text = model.model.config.decoder
+        return text.hidden_size, len(model.model.model.encoder.text_model.layers) + len(model.model.model.decoder.layers)
+    if hasattr(cfg, "n_encoder_layers"):
+        return cfg.n_embd, cfg.n_encoder_layers + cfg.n_decoder_layers
+    return model.get_input_embeddings().weight.shape[1], cfg.n_layer
+
+
+@pytest.mark.parametrize("preset, extra", [("tied-cpu", {}), ("tied-cpu", {"tied_n_embd": 128}), ("t5-cpu", {}),
+                                           ("t5gemma2-cpu", {}), ("imagegpt-cpu", {}), ("hf-cpu", {}),
+                                           ("reuse-cpu", {})])
+def test_the_logged_shape_is_the_built_models(preset, extra):
+    import re
+
+    from muonlab.arms import resolve_config
+    from muonlab.device import Runtime
+    from muonlab.families import get_family
+    from muonlab.train.build import build_model
+
+    cfg = resolve_config("t1_hybrid" if preset != "reuse-cpu" else "k9_reuse_hybrid", preset, extra)
+    model = build_model(cfg, 300, Runtime(torch.device("meta"), "fp32"))
+    width, depth = _width_and_depth(model)
+    assert model.get_input_embeddings().weight.shape[1] == width
+    assert f"width {width}" in cfg.describe_model()
+    layers = [int(n) for n in re.findall(r"(\d+) (?:\+ (\d+) )?layers|depth (\d+)|at (\d+) depths",
+                                         cfg.describe_model())[0] if n]
+    assert sum(layers) == depth == get_family(cfg.family).depth(cfg)

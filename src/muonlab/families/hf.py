@@ -33,7 +33,8 @@ class HFModelConfig(Section):
     """Which Hugging Face configuration (vocabulary from the data, context from train.sequence_len)."""
 
     preset: Literal[HF_SHAPES] = setting("tiny-llama", "the model's public configuration: smollm2-135m, "
-                                         "qwen2.5-0.5b, llama-3.2-1b, protein-llama, or tiny-llama (CPU)",
+                                         "qwen2.5-0.5b, llama-3.2-1b, protein-llama, or tiny-llama / tiny-qwen2 "
+                                         "(CPU)",
                                          flag="hf-preset")
 
 
@@ -98,6 +99,10 @@ PRESETS = {
     "hf-cpu": {**_COMMON, **_CPU, "model.preset": "tiny-llama", "train.sequence_len": 64,
                "train.device_batch_size": 8, "train.total_batch_size": 8 * 64, "train.eval_tokens": 64 * 32,
                "data.source": "synthetic", "data.vocab_size": 512, "data.synthetic_bytes": 200_000},
+    # Qwen2.5's architecture on CPU (q/k/v biases: vectors for AF-Muon, AdamW for Hybrid), as hf-cpu otherwise
+    "qwen2.5-cpu": {**_COMMON, **_CPU, "model.preset": "tiny-qwen2", "train.sequence_len": 64,
+                    "train.device_batch_size": 8, "train.total_batch_size": 8 * 64, "train.eval_tokens": 64 * 32,
+                    "data.source": "synthetic", "data.vocab_size": 512, "data.synthetic_bytes": 200_000},
     # the protein setting on CPU: the same Llama on a synthetic Markov proteome, one token per residue
     "protein-cpu": {**_COMMON, **_CPU, "model.preset": "tiny-llama", "train.sequence_len": 64,
                     "train.device_batch_size": 8, "train.total_batch_size": 8 * 64, "train.eval_tokens": 64 * 32,

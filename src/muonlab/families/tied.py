@@ -181,6 +181,9 @@ PRESETS = {
                  "runtime.precision": "fp32", "runtime.compile": "off", "record.log_every": 1,
                  "data.source": "synthetic", "data.vocab_size": 300, "data.synthetic_bytes": 200_000},
 }
+# NanoGPT-MoE (App. J.6: top-1 over four ReLU^2 experts, load-balancing 0.01) at the CPU size, and at the paper's
+PRESETS["tied-moe-cpu"] = {**PRESETS["tied-cpu"], "model.preset": "tied-tiny-moe"}
+PRESETS["nanogpt-124m-moe"] = {**PRESETS["nanogpt-124m"], "model.preset": "nanogpt-124m-moe"}
 
 def prepare_data(cfg, log=print):
     """Text through the packed loader (bits per byte), or seed 004's token memmaps as NanoGPT blocks."""

@@ -38,6 +38,11 @@ from muonlab.optim.lmo import clipped_row_lmo
 
 NS_COEFFS = (3.4445, -4.7750, 2.0315)
 ROLES = ("matrix", "tied", "vector", "adamw")
+# the group settings each role's update reads (the others are defaults it carries and ignores)
+ROLE_KEYS = {"matrix": ("lr", "momentum", "weight_decay", "ns_steps"),
+             "tied": ("lr", "momentum", "cap", "scale", "rho", "d", "chunk_rows"),
+             "vector": ("lr", "momentum", "eps"),
+             "adamw": ("lr", "betas", "eps", "weight_decay")}
 PRESETS = ("afmuon", "hybrid", "sign", "factorial_lmo_rms", "factorial_lmo_adamw",
            "factorial_adamw_rms", "factorial_adamw_adamw", "adamw", "hybrid_untied")
 Named = list[tuple[str, nn.Parameter]]

@@ -8,7 +8,8 @@ values the spec quotes. Needs the optional `transformers` dependency (`pip insta
     Qwen2.5-0.5B   Qwen2, d 896, 24 layers, 14 heads / 2 KV, MLP 4864, vocab 151,936 (q/k/v biases)
     Llama-3.2-1B   Llama, d 2048, 16 layers, 32 heads / 8 KV, MLP 8192, vocab 128,256: 1,235,814,400
     protein Llama  Llama, d 960, 32 layers, 15 heads / 5 KV, MLP 2560, RoPE 1e5, vocab 50,257 (~363M)
-    tiny-llama     a CPU-sized Llama for tests and demos
+    tiny-llama     a CPU-sized Llama (SmolLM2's and Llama-3.2's architecture) for tests and demos
+    tiny-qwen2     a CPU-sized Qwen2 (Qwen2.5's architecture: q/k/v biases)
 
 Choices where the spec is silent: RoPE scaling of Llama-3.2 (its "llama3" long-context scaling)
 is omitted, since training runs at 1,024 tokens where it is inactive; max_position_embeddings
@@ -36,6 +37,10 @@ HF_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
                                           rope_theta=100000.0, rms_norm_eps=1e-5)),
     "tiny-llama": ("LlamaConfig", dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                        num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5)),
+    # Qwen2.5's architecture (q/k/v biases, RoPE 1e6, RMSNorm 1e-6) at the CPU size
+    "tiny-qwen2": ("Qwen2Config", dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, rope_theta=1000000.0,
+                                       rms_norm_eps=1e-6)),
 }
 
 

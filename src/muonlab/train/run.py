@@ -33,6 +33,7 @@ from muonlab.eval.text import evaluate_text_splits
 from muonlab.families import get_family
 from muonlab.plugins import load_plugins
 from muonlab.record import ledger, provenance
+from muonlab.record.optimizer_groups import optimizer_groups
 from muonlab.record.rundir import RunDir, ledger_path, metrics_writer, new_run_id, runs_dir
 from muonlab.record.sinks import SinkGroup, parse_sinks
 from muonlab.train.build import build_model, build_optimizer
@@ -247,6 +248,7 @@ def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx: 
     counts = model.num_scaling_params()
     flops_per_token = model.estimate_flops()
     optimizer = build_optimizer(model, cfg, compile_step=compile_on, distributed=ctx.active)
+    record["optimizer_groups"] = optimizer_groups(optimizer)  # as built (before any schedule moves it)
     train_model = torch.compile(model, dynamic=False) if compile_on else model
     loader = data.loader(cfg.train.device_batch_size, cfg.train.sequence_len, "train", device=runtime.device,
                          rank=ctx.rank, world_size=ctx.world_size, seed=cfg.seed)
@@ -328,6 +330,7 @@ def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx: 
         "final_train_loss": state.smooth_loss,
         "entropy_bpb": data.entropy_bits_per_byte,
         "attention_backend": attention,
+        "optimizer_groups": record["optimizer_groups"],
     }
     if ctx.is_main:
         run.write_summary(summary)
