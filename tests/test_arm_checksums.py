@@ -1,7 +1,8 @@
 """Every registered arm reproduces its golden parameter checksum after 3 steps, bit for bit.
 
 The golden file was recorded by tests/golden/make_arm_checksums.py before the structure refactor
-(issue 12); this test reruns that script's own harness, so the two cannot drift.
+(issue 12); this test reruns that script's own harness, so the two cannot drift. Arms whose checked
+configs hash alike (every setting that can change a number) form one group, trained once.
 """
 
 from __future__ import annotations
@@ -69,8 +70,22 @@ def _recording_threads():
     torch.set_num_threads(threads)
 
 
+# arms whose checked configs are one (e.g. K.5's batch arms at the CPU batch are t1's): one run per group
+GROUPS = golden_script.arm_groups(next(iter(_SETS.values()))["arms"])
+
+
+def test_arms_of_one_config_share_one_golden_checksum():
+    """Each group's members have its first arm's config hash (by construction) and recorded digest, so
+    training the first checks them all; an arm whose settings change leaves its group and is trained."""
+    for fingerprint, entry in _SETS.items():
+        for first, members in GROUPS.items():
+            digests = {entry["arms"][name]["digest"] for name in members}
+            assert len(digests) == 1, f"{entry['machine']}: {members} share a config but not a checksum"
+    assert sum(len(m) for m in GROUPS.values()) == len(next(iter(_SETS.values()))["arms"])
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("arm_name", sorted(next(iter(_SETS.values()))["arms"]))
+@pytest.mark.parametrize("arm_name", sorted(GROUPS))
 def test_arm_trains_to_its_golden_checksum(arm_name, data_cache, shared_cache, tmp_path, monkeypatch):
     monkeypatch.setenv("MUONLAB_CACHE", str(shared_cache))  # prepare each preset's data once
     expected = (GOLDEN or next(iter(_SETS.values()))["arms"])[arm_name]

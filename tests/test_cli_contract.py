@@ -298,7 +298,8 @@ UNREACHABLE = {
     ("lab/executors.py", "needs the `submitit` package"): "submitit is a dependency",
     ("record/sinks.py", "needs the"): "only where the optional sink packages are missing",
     ("record/sinks.py", "metric sink needs"): "only where the optional sink packages are missing",
-    ("families/tied.py", "runs in one process; under torchrun"): "needs torchrun (tests/test_af_muon_distributed.py)",
+    ("families/tied.py", "runs in one process; under torchrun"): "needs torchrun (driven in "
+                                                                 "tests/test_af_muon_distributed.py)",
     ("lab/sweep.py", "share one ledger"): "arms of one preset share its ledger",
     ("train/config.py", "device_batch_size x \""): "needs torchrun (tests/test_distributed_train.py)",
     # library entry points whose command-line twins are refused by the parser's choices first

@@ -114,6 +114,7 @@ def arm_checksum(arm_name: str, preset_name: str, runs_dir: Path, data_cache: di
 
     cfg = resolve_config(arm_name, preset_name, {"num_steps": STEPS, "quiet": True, "runs_dir": str(runs_dir),
                                                  "trajectory_steps": "", **preset_batch(preset_name, arm_name)})
+    assert cfg.config_hash() == checked_config(arm_name).config_hash()  # the record keys do not act
     if preset_name not in data_cache:
         data_cache[preset_name] = get_family(cfg.family).prepare_data(cfg, log=lambda _: None)
     result = run_training(cfg, log=lambda _: None, data=data_cache[preset_name])
@@ -126,6 +127,27 @@ def recording_threads() -> int:
     return min(2, os.cpu_count() or 1)
 
 
+def checked_config(arm_name: str):
+    """The config an arm is checked with: its CPU preset, STEPS steps, the held settings."""
+    from muonlab.arms import get_arm, resolve_config
+
+    preset_name = preset_for(get_arm(arm_name))
+    return resolve_config(arm_name, preset_name, {"num_steps": STEPS, "trajectory_steps": "",
+                                                  **preset_batch(preset_name, arm_name)})
+
+
+def arm_groups(arm_names) -> dict[str, list[str]]:
+    """Arms whose checked configs have one hash (every setting that can change a number), under the
+    first of them by name: e.g. K.5's batch arms at the CPU preset's batch are t1's config. One run
+    per group gives every member's weights (the run is deterministic given its config)."""
+    groups: dict[str, list[str]] = {}
+    by_hash: dict[str, str] = {}
+    for name in sorted(arm_names):
+        first = by_hash.setdefault(checked_config(name).config_hash(), name)
+        groups.setdefault(first, []).append(name)
+    return groups
+
+
 def compute_all(arm_names=None) -> dict[str, dict]:
     from muonlab.arms import ARMS
 
@@ -133,10 +155,11 @@ def compute_all(arm_names=None) -> dict[str, dict]:
     out, cache = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         os.environ.setdefault("MUONLAB_CACHE", str(Path(tmp) / "cache"))
-        for name in sorted(arm_names or ARMS):
-            preset_name = preset_for(ARMS[name])
-            digest, per_name = arm_checksum(name, preset_name, Path(tmp) / "runs", cache)
-            out[name] = {"preset": preset_name, "steps": STEPS, "digest": digest, "tensors": per_name}
+        for first, members in arm_groups(arm_names or ARMS).items():
+            preset_name = preset_for(ARMS[first])
+            digest, per_name = arm_checksum(first, preset_name, Path(tmp) / "runs", cache)
+            for name in members:
+                out[name] = {"preset": preset_name, "steps": STEPS, "digest": digest, "tensors": per_name}
     return out
 
 

@@ -18,6 +18,7 @@ is set to the training context the caller passes (default 2048).
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -62,7 +63,7 @@ def build_hf_model(name: str, device: str | torch.device | None = None, **overri
     from transformers import AutoModelForCausalLM
 
     cfg = hf_config(name, **overrides)
-    with torch.device(device or "cpu"):
+    with contextlib.nullcontext() if device is None else torch.device(device):  # None: the ambient device
         model = AutoModelForCausalLM.from_config(cfg)
     if model.get_output_embeddings().weight is not model.get_input_embeddings().weight:
         raise RuntimeError(f"{name}: the output embedding is not tied to the input embedding")

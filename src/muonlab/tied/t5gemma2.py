@@ -21,6 +21,7 @@ Needs the optional `transformers` dependency (`pip install 'muonlab[hf]'`).
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -70,10 +71,10 @@ def t5gemma2_config(name: str, vocab_size: int | None = None):
 def build_t5gemma2(name: str, vocab_size: int | None = None, device: str | torch.device | None = None) -> nn.Module:
     """A random-init T5Gemma2ForConditionalGeneration whose encoder lookup, decoder lookup and head
     are one Parameter; the vision tower and projector frozen (see the module docstring)."""
-    from transformers import T5Gemma2ForConditionalGeneration
+    from transformers import AutoModelForSeq2SeqLM
 
-    with torch.device(device or "cpu"):
-        model = T5Gemma2ForConditionalGeneration(t5gemma2_config(name, vocab_size))
+    with contextlib.nullcontext() if device is None else torch.device(device):  # None: the ambient device
+        model = AutoModelForSeq2SeqLM.from_config(t5gemma2_config(name, vocab_size))
     encoder = model.model.encoder
     for module in (encoder.vision_tower, encoder.multi_modal_projector):
         module.requires_grad_(False)
