@@ -15,13 +15,13 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/muonlab demo
 
-# the whole suite, one worker per core (pytest-xdist); GPU tests skip without CUDA
+# the whole suite, one worker per core (pytest-xdist; a file per worker, so a module fixture is built once); GPU tests skip without CUDA
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -q -n auto
+	$(VENV)/bin/python -m pytest -q -n auto --dist loadfile
 
 # the suite less the slow and multi-process tests (about a minute on 2 cores)
 test-fast: $(STAMP)
-	$(VENV)/bin/python -m pytest -q -n auto -m "not slow and not multiprocess"
+	$(VENV)/bin/python -m pytest -q -n auto --dist loadfile -m "not slow and not multiprocess"
 
 # every CUDA path on this machine's GPU in about 8 minutes: writes gpu_check.json (nothing without CUDA)
 gpu-check: $(STAMP)
