@@ -41,8 +41,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from muonlab.optim.af_muon import AFMuon
-
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+from muonlab.optim.distributed import _all_gather, group_world
 
 
 class DistAFMuon(AFMuon):
@@ -56,9 +55,7 @@ class DistAFMuon(AFMuon):
         self.process_group = process_group
 
     def world(self) -> tuple[int, int]:
-        if not (dist.is_available() and dist.is_initialized()):
-            return 0, 1
-        return dist.get_rank(self.process_group), dist.get_world_size(self.process_group)
+        return group_world(self.process_group)
 
     # --- who owns what -------------------------------------------------------------------------
     def _entries(self) -> list[tuple[dict, Tensor, str, Any]]:

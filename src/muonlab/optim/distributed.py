@@ -79,6 +79,13 @@ _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_sc
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
+def group_world(process_group=None) -> tuple[int, int]:
+    """(rank, world size) in the process group, (0, 1) when torch.distributed is not in use."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return 0, 1
+    return dist.get_rank(process_group), dist.get_world_size(process_group)
+
+
 def owned_range(n: int, rank: int, world_size: int) -> tuple[int, int]:
     """The matrices [start, stop) of an n-stack that `rank` owns: contiguous chunks of ceil(n/W)."""
     chunk = -(-n // world_size)
@@ -110,10 +117,7 @@ class DistMuonAdamW(MuonAdamW):
         self.process_group = process_group
 
     def world(self) -> tuple[int, int]:
-        """(rank, world size) of the process group, (0, 1) when torch.distributed is not in use."""
-        if not (dist.is_available() and dist.is_initialized()):
-            return 0, 1
-        return dist.get_rank(self.process_group), dist.get_world_size(self.process_group)
+        return group_world(self.process_group)
 
     def _params(self) -> list[torch.Tensor]:
         # the order torch's Optimizer.state_dict numbers parameters in

@@ -45,12 +45,18 @@ HF_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-def hf_config(name: str, max_positions: int = 2048, **overrides: Any):
-    """The transformers config of `name`, tied embeddings on."""
+def require_transformers():
+    """The optional `transformers` module, or an ImportError that says how to install it."""
     try:
         import transformers
     except ImportError as exc:  # the optional dependency
         raise ImportError("the Hugging Face families need transformers: pip install 'muonlab[hf]'") from exc
+    return transformers
+
+
+def hf_config(name: str, max_positions: int = 2048, **overrides: Any):
+    """The transformers config of `name`, tied embeddings on."""
+    transformers = require_transformers()
     if name not in HF_MODELS:
         raise ValueError(f"unknown Hugging Face family {name!r}; choose from {', '.join(HF_MODELS)}")
     cls_name, values = HF_MODELS[name]

@@ -55,10 +55,9 @@ _MM_TOKENS = {"t5gemma2-270m": 256, "t5gemma2-tiny": 4}  # image tokens after th
 
 def t5gemma2_config(name: str, vocab_size: int | None = None):
     """The transformers T5Gemma2Config of `name`, tied embeddings forced on."""
-    try:
-        from transformers import T5Gemma2Config
-    except ImportError as exc:  # the optional dependency
-        raise ImportError("the T5Gemma2 setting needs transformers: pip install 'muonlab[hf]'") from exc
+    from muonlab.tied.hf import require_transformers
+
+    T5Gemma2Config = require_transformers().T5Gemma2Config
     if name not in T5GEMMA2_MODELS:
         raise ValueError(f"unknown T5Gemma2 shape {name!r}; choose from {', '.join(T5GEMMA2_MODELS)}")
     text, vision = T5GEMMA2_MODELS[name]
@@ -71,8 +70,9 @@ def t5gemma2_config(name: str, vocab_size: int | None = None):
 def build_t5gemma2(name: str, vocab_size: int | None = None, device: str | torch.device | None = None) -> nn.Module:
     """A random-init T5Gemma2ForConditionalGeneration whose encoder lookup, decoder lookup and head
     are one Parameter; the vision tower and projector frozen (see the module docstring)."""
-    from transformers import AutoModelForSeq2SeqLM
+    from muonlab.tied.hf import require_transformers
 
+    AutoModelForSeq2SeqLM = require_transformers().AutoModelForSeq2SeqLM
     with contextlib.nullcontext() if device is None else torch.device(device):  # None: the ambient device
         model = AutoModelForSeq2SeqLM.from_config(t5gemma2_config(name, vocab_size))
     encoder = model.model.encoder
