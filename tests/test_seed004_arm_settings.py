@@ -55,18 +55,22 @@ def expected(name: str) -> dict:
             out["data"] = {"vocab_size": v}
         else:
             out["model"] = {"n_embd": int(parts[2][1:])}
-    elif name.startswith("k1_"):  # K.1: zero auxiliary weight decay in all four arms
+    elif name.startswith("k1_"):  # K.1: zero auxiliary weight decay in all four arms; 2,000 steps (1.05B tokens)
         tied, vec = parts[1], parts[2]
         out["tied"] = ("lmo", *AF) if tied == "lmo" else ("adamw", AUX_LR, 0.0)
         out["vector"] = ("rms", AUX_LR, 0.0) if vec == "rms" else ("adamw", AUX_LR, 0.0)
-    elif name.startswith("k3_"):
+        out["train"] = {"num_steps": 2000}
+    elif name.startswith("k3_"):  # K.3: seed 43, the 50k BPE, 500M tokens
         out.update(tied=("lmo", 3.0, float(parts[1][1:].replace("p", "."))), vector=("rms", AUX_LR, 0.0),
-                   seeds=(43,))
-    elif name.startswith("k7_"):
+                   seeds=(43,), data={"vocab_size": 50_000})
+        out["train"] = {"num_steps": K24_STEPS, "device_batch_size": 16}
+    elif name.startswith("k7_"):  # K.7: 750 steps (393.2M tokens), eval every 125
         c = math.inf if parts[1] == "cinf" else float(parts[1][1:])
         out.update(tied=("lmo", c, float(parts[2][1:].replace("p", "."))), vector=("rms", AUX_LR, 0.0))
-    elif name.startswith("k8_"):
+        out["train"] = {"num_steps": 750, "eval_every": 125}
+    elif name.startswith("k8_"):  # K.8: seed 43, compared at 458.8M tokens (875 steps)
         out.update(tied=("lmo", *AF), vector=("rms", AUX_LR, 0.0), seeds=(43,), grad_source=parts[1])
+        out["train"] = {"num_steps": 875}
     elif name == "t15_untied_hybrid":  # Table 15: three tables and the vectors on Hybrid's AdamW
         out.update(untied=("adamw", AUX_LR, 0.01))
     elif name == "k9_reuse_hybrid":  # K.9: Muon 0.02 / aux 3e-4, wd 0.1 / 0.01; input, positional and head tables
@@ -90,7 +94,7 @@ def test_the_papers_ablations_are_all_registered():
 def test_arm_builds_the_papers_optimizer(name):
     want = expected(name)
     # K.2's vocabularies and K.4's widths are checked at the paper's preset (the CPU one's head dim is 32)
-    preset = "reuse-cpu" if name.startswith("k9_") else "t5-cpu" if "untied" in want else "nanogpt-124m" if name[:2] in ("k2", "k4") else "tied-cpu"
+    preset = "reuse-cpu" if name.startswith("k9_") else "t5-cpu" if "untied" in want else "nanogpt-124m" if name[:2] in ("k2", "k3", "k4") else "tied-cpu"
     cfg = resolve_config(name, preset, {})
     assert ARMS[name].seeds == want["seeds"]
     for key, value in want["train"].items():
@@ -99,7 +103,7 @@ def test_arm_builds_the_papers_optimizer(name):
     for section in ("data", "model"):
         for key, value in want.get(section, {}).items():
             assert getattr(getattr(cfg, section), key) == value, key
-    if name[:2] in ("k2", "k4"):  # shape only: the paper's widths and tables are large for a CPU test
+    if name[:2] in ("k2", "k3", "k4"):  # shape only: the paper's widths and tables are large for a CPU test
         model = build_model(cfg, 300, Runtime(torch.device("meta"), "fp32"))
     else:
         model = build_model(cfg, 300, Runtime(torch.device("cpu"), "fp32"))

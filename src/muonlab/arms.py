@@ -246,16 +246,21 @@ _AF_ARMS = [
     ("k9_reuse_hybrid", dict(model_family="reuse", optimizer="hybrid"), "K.9 homogeneous reuse, Hybrid Muon", _S43),
     # Table 15: the small T5's untied control (three tables, all on Hybrid's AdamW); under a t5 preset
     ("t15_untied_hybrid", dict(optimizer="hybrid", t5_tied=False), "Table 15 untied T5 control, Hybrid", _SEED004),
-    *[(f"k1_{t}_{v}", dict(_TIED, optimizer=f"factorial_{t}_{v}"), f"K.1 factorial: tied {t}, vectors {v}", _SEED004)
-      for t in ("lmo", "adamw") for v in ("rms", "adamw")],
-    *[(f"k3_s{str(s).replace('.', 'p')}", dict(_TIED, optimizer="afmuon", af_scale=s), f"K.3 tied scale s = {s}", _S43)
-      for s in (0.5, 0.43, 0.375, 0.25, 0.1875, 0.125)],
+    # K.1: 2,000 steps (1.05B tokens)
+    *[(f"k1_{t}_{v}", dict(_TIED, optimizer=f"factorial_{t}_{v}", num_steps=2000),
+       f"K.1 factorial: tied {t}, vectors {v}", _SEED004) for t in ("lmo", "adamw") for v in ("rms", "adamw")],
+    # K.3: K.2's 50k BPE at 500M tokens (micro 16), seed 43
+    *[(f"k3_s{str(s).replace('.', 'p')}", dict(_TIED, optimizer="afmuon", af_scale=s, vocab_size=50_000,
+                                               device_batch_size=16, num_steps=_K24_STEPS),
+       f"K.3 tied scale s = {s}", _S43) for s in (0.5, 0.43, 0.375, 0.25, 0.1875, 0.125)],
+    # K.7: 750 steps (393.2M tokens), eval every 125
     *[(f"k7_c{c if c != float('inf') else 'inf'}_s{str(s).replace('.', 'p')}",
-       dict(_TIED, optimizer="sign" if c == 1 and s == 1.0 else "afmuon", af_cap=c, af_scale=s),
-       f"K.7 cap c = {c}, scale s = {s}", _SEED004)
+       dict(_TIED, optimizer="sign" if c == 1 and s == 1.0 else "afmuon", af_cap=c, af_scale=s, num_steps=750,
+            eval_every=125), f"K.7 cap c = {c}, scale s = {s}", _SEED004)
       for c in (1, 2, 3, 4, 6, 10, float("inf")) for s in (0.5, 1.0)],
-    *[(f"k8_{src}", dict(_TIED, optimizer="afmuon", tied_grad_source=src), f"K.8 gradient source: {src}", _S43)
-      for src in ("lookup", "softmax", "both")],
+    # K.8: compared at 458.8M tokens (875 steps of 512 x 1024), seed 43
+    *[(f"k8_{src}", dict(_TIED, optimizer="afmuon", tied_grad_source=src, num_steps=875),
+       f"K.8 gradient source: {src}", _S43) for src in ("lookup", "softmax", "both")],
     # K.5: global batch b sequences of 1,024 tokens (micro-batch 16 fixed), compared at the same
     # 458.8M tokens: 875 x 512 / b steps (14,000 at b = 32 ... 875 at b = 512), seed 43
     *[(f"k5_{opt}_b{b}", dict(_TIED, optimizer=opt, sequence_len=1024, device_batch_size=16,
