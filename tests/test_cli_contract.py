@@ -167,6 +167,7 @@ CASES = [
     # --- the tied family (AF-Muon)
     ("sign-cap", TIED + ["--arm", "t1_sign", "--af-cap", "2"], USAGE, "sign fixes af_cap = 1"),
     ("af-cap-below-one", TIED + ["--af-cap", "0.5"], USAGE, "af_cap >= 1"),
+    ("paper-run-needs-a-preset", ["paper", "run", "004-k8"], USAGE, "muonlab paper run takes one TABLE and --preset"),
     ("tied-width-not-heads", TIED + ["--tied-n-embd", "100"], USAGE, "multiple of tied-tiny's head dim 32"),
     ("t5gemma2-untied", ["train", "--preset", "t5gemma2-cpu", "--t5-tied", "false", "--optimizer", "hybrid"], USAGE,
      "T5Gemma2 is trained tied only"),

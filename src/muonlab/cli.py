@@ -144,6 +144,57 @@ def cmd_sweep(args) -> int:
     return 0 if all(o.status == "ok" for o in outcomes) else 1
 
 
+def cmd_paper(args) -> int:
+    """`muonlab paper [score|run|tables] [TABLE ...]`: the scorecard against the seed papers' tables."""
+    from pathlib import Path
+
+    from muonlab.arms import resolve_config
+    from muonlab.atomic import write_text
+    from muonlab.lab.paper import format_scorecard, load_tables, scorecard, select_tables
+    from muonlab.record.ledger import read_records_tolerant
+    from muonlab.record.rundir import ledger_path
+
+    args.action = args.tables.pop(0) if args.tables and args.tables[0] in ("score", "run", "tables") else "score"
+    if args.action == "tables":
+        rows = [{"id": t.id, "paper": t.paper, "source": t.source, "preset": t.preset, "arms": [a.arm for a in t.arms]}
+                for t in load_tables().values()]
+        _emit(args, {"tables": rows}, "\n".join(f"{r['id']:<18} {r['paper']}: {r['source']} (preset {r['preset']})"
+                                                for r in rows))
+        return 0
+    tables = select_tables(args.tables)
+    overrides = collect_overrides(args)  # e.g. --ledger, --runs-dir, or settings that change the protocol
+    if args.action == "run":
+        from muonlab.lab.sweep import format_outcomes, run_sweep
+
+        if len(tables) != 1 or args.preset is None:
+            raise UsageError("muonlab paper run takes one TABLE and --preset (the protocol to run it under)")
+        (table,) = tables
+        seeds = sorted({s for a in table.arms for s in (a.seeds or _arm_seeds(a.arm))})
+        outcomes = run_sweep([a.arm for a in table.arms], seeds, args.preset, {"quiet": True, **overrides},
+                             executor=args.executor, parallel=args.parallel, retry_failed=args.retry_failed,
+                             slurm=_parse_slurm_options(args.slurm), log=_log_for(args))
+        if not args.json:
+            print(format_outcomes(outcomes), file=sys.stderr)
+    ledger = ledger_path(resolve_config(tables[0].arms[0].arm, args.preset or tables[0].preset, overrides))
+    records = read_records_tolerant(ledger)[0] if ledger.is_file() else []
+    card = scorecard(tables, records, preset=args.preset, threshold=args.threshold, overrides=overrides)
+    card["ledger"] = str(ledger)
+    text = format_scorecard(card)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        write_text(out / "scorecard.md", text + "\n")
+        write_text(out / "scorecard.json", json.dumps(card, indent=2) + "\n")
+    _emit(args, card, text)
+    return 0
+
+
+def _arm_seeds(arm: str) -> tuple[int, ...]:
+    from muonlab.arms import get_arm
+
+    return get_arm(arm).seeds
+
+
 def cmd_report(args) -> int:
     from pathlib import Path
 
@@ -431,6 +482,24 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--tsv", default=None, metavar="PATH", help="also export upstream-style results.tsv")
     p.add_argument("--json", action="store_true", help="print the report's numbers as JSON")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("paper", help="the seed papers' tables beside the ledger's runs (a scorecard); run what is missing",
+                       description="muonlab paper [score] [TABLE ...]: the scorecard (default: every table, under each "
+                                   "table's paper preset); muonlab paper run TABLE --preset P: run the table's missing "
+                                   "(arm, seed) runs as a resumable sweep, then score it; muonlab paper tables: list them")
+    p.add_argument("tables", nargs="*", metavar="[score|run|tables] TABLE",
+                   help="score (default), run or tables, then table ids (muonlab paper tables lists them)")
+    p.add_argument("--preset", default=None, help="the protocol the runs were made under (default: each table's "
+                                                  "paper preset; another, e.g. a CPU preset, is said to differ)")
+    p.add_argument("--threshold", type=float, default=0.0005, help="the decision rule's θ (default 0.0005)")
+    p.add_argument("--out", default=None, help="also write scorecard.md and scorecard.json there")
+    p.add_argument("--executor", default="local", choices=("local", "slurm"), help="paper run: where runs go")
+    p.add_argument("--parallel", type=int, default=None, help="paper run: runs at a time (local)")
+    p.add_argument("--retry-failed", action="store_true", help="paper run: run failed (arm, seed)s again")
+    p.add_argument("--slurm", action="append", default=[], metavar="KEY=VALUE", help="paper run: submitit parameter")
+    p.add_argument("--json", action="store_true", help="print the scorecard as JSON")
+    add_config_flags(p, base, families, skip=("arm",))  # settings on top of the preset: run and score under them
+    p.set_defaults(func=cmd_paper)
 
     p = sub.add_parser("diagnose", help="read-only diagnostics of the seed papers (a sub-command per tool)")
     tools = p.add_subparsers(dest="tool", metavar="TOOL", parser_class=_Parser)

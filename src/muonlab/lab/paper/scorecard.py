@@ -1,0 +1,143 @@
+"""The scorecard: each paper table beside the ledger's runs of the same arms, seeds and protocol.
+
+Per arm: the paper's mean ± sample SD over its seeds (or its printed mean), the measured mean ± SD over
+the ledger's latest `ok` run of each of those seeds under the protocol, the difference and the difference
+in units of the paper's seed SD, and the seeds with no run yet. Per printed contrast: the paper's gain and
+p as printed, the same paired contrast recomputed from the paper's per-seed numbers (mean Δ = arm -
+baseline, p, decision by the report's rule), and the measured one. The protocol is the table's paper preset
+unless `preset` names another (a CPU preset: the output then says that the protocol differs).
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from typing import Any, Iterable
+
+from muonlab.errors import UsageError
+from muonlab.lab.paper.tables import PaperTable
+from muonlab.lab.stats import DecisionRule, paired_contrast, summarize_arm
+
+
+def expected_protocol(arm: str, preset: str, overrides: dict[str, Any] | None = None) -> str | None:
+    """The protocol id the arm's runs under the preset (and settings) carry (None: it does not run there)."""
+    return _protocol(arm, preset, tuple(sorted((overrides or {}).items())))
+
+
+@lru_cache(maxsize=None)
+def _protocol(arm: str, preset: str, overrides: tuple) -> str | None:
+    from muonlab.arms import resolve_config
+
+    try:
+        return resolve_config(arm, preset, dict(overrides)).protocol_id()
+    except UsageError:
+        return None
+
+
+def _measured(records: Iterable[dict], arm: str, protocol: str | None, metric: str) -> tuple[dict[int, float], int]:
+    """{seed: value} of the latest ok run per seed under the protocol; and the ok runs of other protocols."""
+    values, elsewhere = {}, 0
+    for rec in records:
+        if rec.get("arm") != arm or rec.get("status") != "ok":
+            continue
+        value = (rec.get("metrics") or {}).get(metric)
+        if rec.get("protocol") != protocol or value is None:
+            elsewhere += 1
+            continue
+        values[int(rec["seed"])] = float(value)  # later lines win: the latest run of a seed
+    return values, elsewhere
+
+
+def _stats(values: dict[int, float]) -> dict[str, Any]:
+    if not values:
+        return {"n": 0, "mean": None, "sd": None, "seeds": []}
+    s = summarize_arm("", values)
+    return {"n": s.n, "mean": s.mean, "sd": s.sd, "seeds": list(s.seeds)}
+
+
+def score_table(table: PaperTable, records: list[dict], preset: str | None = None,
+                rule: DecisionRule | None = None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    from muonlab.arms import get_arm
+
+    rule = rule or DecisionRule()
+    preset = preset or table.preset
+    rows, measured_values, missing = [], {}, []
+    for paper_arm in table.arms:
+        protocol = expected_protocol(paper_arm.arm, preset, overrides)
+        seeds = paper_arm.seeds or get_arm(paper_arm.arm).seeds
+        found, elsewhere = _measured(records, paper_arm.arm, protocol, table.metric)
+        found = {s: v for s, v in found.items() if s in seeds}
+        measured_values[paper_arm.arm] = found
+        missing += [(paper_arm.arm, s) for s in seeds if s not in found] if protocol else []
+        paper = _stats(paper_arm.values) if paper_arm.values else {"n": paper_arm.n, "mean": paper_arm.mean,
+                                                                    "sd": None, "seeds": list(seeds)}
+        measured = _stats(found)
+        diff = None if measured["mean"] is None else measured["mean"] - paper["mean"]
+        rows.append({"arm": paper_arm.arm, "paper": paper, "measured": measured, "difference": diff,
+                     "difference_in_paper_sd": diff / paper["sd"] if diff is not None and paper["sd"] else None,
+                     "runs_of_other_protocols": elsewhere, "runs_under_preset": protocol is not None})
+    contrasts = []
+    for c in table.contrasts:
+        arm, base = table.arm(c.arm), table.arm(c.baseline)
+        paper = paired_contrast(arm.values, base.values, f"{c.arm} - {c.baseline}", rule)
+        measured = paired_contrast(measured_values[c.arm], measured_values[c.baseline], f"{c.arm} - {c.baseline}",
+                                   rule)
+        contrasts.append({"arm": c.arm, "baseline": c.baseline, "printed_gain": c.gain, "printed_p": c.p,
+                          "paper": _contrast(paper), "measured": _contrast(measured)})
+    # the runs' protocol is the paper's only if the preset and settings resolve to the paper preset's
+    differs = any(expected_protocol(a.arm, preset, overrides) != expected_protocol(a.arm, table.preset)
+                  for a in table.arms)
+    settings = "".join(f" --{k.replace('_', '-')} {v}" for k, v in sorted((overrides or {}).items()))
+    return {"id": table.id, "paper": table.paper, "source": table.source, "metric": table.metric,
+            "paper_preset": table.preset, "preset": preset, "settings": overrides or {}, "protocol_differs": differs,
+            "note": (f"protocol differs: these runs are preset {preset}{settings}, the paper's is {table.preset}; they "
+                     "compare in kind, not in value") if differs else None,
+            "rows": rows, "contrasts": contrasts, "missing": [{"arm": a, "seed": s} for a, s in missing]}
+
+
+def _contrast(c) -> dict[str, Any]:
+    return {"n": c.n, "mean_delta": c.mean_delta, "sd_delta": c.sd_delta, "p_value": c.p_value,
+            "decision": c.decision}
+
+
+def scorecard(tables: list[PaperTable], records: list[dict], preset: str | None = None,
+              threshold: float = 0.0005, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    rule = DecisionRule(threshold=threshold)
+    return {"rule": rule.describe(), "tables": [score_table(t, records, preset, rule, overrides) for t in tables]}
+
+
+def _num(v: float | None, digits: int = 4) -> str:
+    return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{digits}f}"
+
+
+def _pm(stats: dict) -> str:
+    if stats["mean"] is None:
+        return "no runs"
+    return f"{_num(stats['mean'])} ± {_num(stats['sd'])} (n {stats['n']})"
+
+
+def format_scorecard(card: dict[str, Any]) -> str:
+    """Markdown: one section per table."""
+    lines = [f"# Scorecard against the seed papers (decision rule: {card['rule']})"]
+    for t in card["tables"]:
+        lines += ["", f"## {t['id']}: {t['paper']}, {t['source']} ({t['metric']}, preset {t['preset']})"]
+        if t["note"]:
+            lines.append(f"_{t['note']}_")
+        lines += ["", "| arm | paper | measured | difference | in paper SDs |", "| --- | --- | --- | --- | --- |"]
+        for r in t["rows"]:
+            measured = _pm(r["measured"]) if r["runs_under_preset"] else f"does not run under {t['preset']}"
+            lines.append(f"| {r['arm']} | {_pm(r['paper'])} | {measured} | {_num(r['difference'])} | "
+                         f"{_num(r['difference_in_paper_sd'], 2)} |")
+        if t["contrasts"]:
+            lines += ["", "| contrast | printed gain, p | paper Δ, p, decision | measured Δ, p, decision |",
+                      "| --- | --- | --- | --- |"]
+            for c in t["contrasts"]:
+                p, m = c["paper"], c["measured"]
+                printed = f"{_num(c['printed_gain'])}, {_num(c['printed_p'], 4) if c['printed_p'] else '–'}"
+                lines.append(f"| {c['arm']} − {c['baseline']} | {printed} | {_num(p['mean_delta'])}, "
+                             f"{_num(p['p_value'])}, {p['decision']} | {_num(m['mean_delta'])}, "
+                             f"{_num(m['p_value'])}, {m['decision']} (n {m['n']}) |")
+        if t["missing"]:
+            lines.append("")
+            lines.append("no runs yet: " + ", ".join(f"{m['arm']}@{m['seed']}" for m in t["missing"]))
+    return "\n".join(lines)

@@ -1,0 +1,127 @@
+"""`muonlab paper` (issue 16 item 1): the seed papers' tables as data, and the scorecard of a ledger against
+them. The papers' own per-seed numbers, fed back as a ledger, score zero deviation; a shifted ledger gives
+the shift back; the tables reproduce the papers' printed paired tests."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from muonlab.arms import ARMS
+from muonlab.cli import main
+from muonlab.config import all_presets
+from muonlab.lab.paper import load_tables, scorecard
+from muonlab.lab.paper.scorecard import expected_protocol
+from muonlab.lab.stats import paired_contrast
+
+TABLES = load_tables()
+
+
+def test_every_table_names_registered_arms_presets_and_the_papers_seeds():
+    assert {t.paper for t in TABLES.values()} >= {"seed 004"}
+    for t in TABLES.values():
+        assert t.preset in all_presets(), t.id
+        for a in t.arms:
+            assert a.arm in ARMS, (t.id, a.arm)
+            assert set(a.seeds) <= set(ARMS[a.arm].seeds), (t.id, a.arm)  # the paper's seeds are the arm's
+            assert (a.mean is None) == bool(a.values), (t.id, a.arm)  # per-seed values or a printed mean
+        for c in t.contrasts:
+            assert t.arm(c.arm).values and t.arm(c.baseline).values, (t.id, c)
+
+
+@pytest.mark.parametrize("table_id", [t.id for t in TABLES.values() if t.contrasts])
+def test_the_per_seed_numbers_give_the_printed_tests(table_id):
+    """Each printed gain (baseline - arm) and p follows from the typed per-seed values (rounded to 4 places)."""
+    t = TABLES[table_id]
+    for c in t.contrasts:
+        r = paired_contrast(t.arm(c.arm).values, t.arm(c.baseline).values)
+        assert abs(-r.mean_delta - c.gain) <= 1.01e-4, c
+        if c.p is not None:
+            assert r.p_value == pytest.approx(c.p, rel=0.05), c
+
+
+def _ledger(shift: dict[str, float] | None = None, preset_of=lambda t: t.preset) -> list[dict]:
+    """The papers' own per-seed numbers as ledger lines (status ok, the protocol of the table's preset)."""
+    lines = []
+    for t in TABLES.values():
+        for a in t.arms:
+            protocol = expected_protocol(a.arm, preset_of(t))
+            for seed, value in a.values.items():
+                lines.append({"arm": a.arm, "seed": seed, "status": "ok", "protocol": protocol,
+                              "metrics": {t.metric: value + (shift or {}).get(a.arm, 0.0)}})
+    return lines
+
+
+def test_the_papers_own_numbers_score_zero_deviation():
+    card = scorecard(list(TABLES.values()), _ledger())
+    for t in card["tables"]:
+        assert not t["protocol_differs"]
+        for r in t["rows"]:
+            if r["paper"]["mean"] is not None and r["paper"]["sd"] is not None:
+                assert r["measured"]["n"] == r["paper"]["n"] and abs(r["difference"]) < 1e-12, (t["id"], r)
+                assert abs(r["difference_in_paper_sd"]) < 1e-9
+        for c in t["contrasts"]:
+            assert c["measured"] == c["paper"], (t["id"], c["arm"], c["baseline"])
+        per_seed = {r["arm"] for r in t["rows"] if r["paper"]["sd"] is not None or r["paper"]["n"] == 1}
+        assert not [m for m in t["missing"] if m["arm"] in per_seed]
+
+
+def test_a_shifted_ledger_gives_the_shift_back():
+    shift = 0.05  # AF-Muon 0.0258 better than Hybrid in the paper: 0.0242 worse once shifted
+    card = scorecard([TABLES["004-t1-nanogpt"]], _ledger({"t1_afmuon": shift}))
+    (t,) = card["tables"]
+    rows = {r["arm"]: r for r in t["rows"]}
+    assert rows["t1_afmuon"]["difference"] == pytest.approx(shift, abs=1e-12)
+    assert rows["t1_afmuon"]["difference_in_paper_sd"] == pytest.approx(shift / rows["t1_afmuon"]["paper"]["sd"])
+    assert rows["t1_hybrid"]["difference"] == pytest.approx(0, abs=1e-12)
+    (c,) = t["contrasts"]
+    assert c["measured"]["mean_delta"] - c["paper"]["mean_delta"] == pytest.approx(shift, abs=1e-12)
+    assert c["measured"]["decision"] == "worse" and c["paper"]["decision"] == "improves"
+
+
+def test_runs_of_another_protocol_are_left_out_and_missing_seeds_listed():
+    table = TABLES["004-t1-nanogpt"]
+    lines = [r for r in _ledger() if r["arm"] != "t1_sign" and not (r["arm"] == "t1_afmuon" and r["seed"] == 45)]
+    lines.append({"arm": "t1_sign", "seed": 43, "status": "ok", "protocol": "another", "metrics": {"val_ce": 1.0}})
+    (t,) = scorecard([table], lines)["tables"]
+    rows = {r["arm"]: r for r in t["rows"]}
+    assert rows["t1_sign"]["measured"]["n"] == 0 and rows["t1_sign"]["runs_of_other_protocols"] == 1
+    assert rows["t1_afmuon"]["measured"]["seeds"] == [43, 44]
+    assert {(m["arm"], m["seed"]) for m in t["missing"]} == {("t1_sign", 43), ("t1_sign", 44), ("t1_sign", 45),
+                                                             ("t1_afmuon", 45)}
+
+
+def test_a_cpu_preset_is_said_to_differ(tmp_path, capsys):
+    ledger = tmp_path / "ledger.jsonl"
+    ledger.write_text("".join(json.dumps(r) + "\n" for r in _ledger(preset_of=lambda t: "tied-cpu")))
+    assert main(["paper", "004-t1-nanogpt", "--preset", "tied-cpu", "--ledger", str(ledger), "--out",
+                 str(tmp_path / "out"), "--json"]) == 0
+    (t,) = json.loads(capsys.readouterr().out)["tables"]
+    assert t["protocol_differs"] and "protocol differs" in t["note"] and t["rows"][0]["measured"]["n"] == 3
+    text = (tmp_path / "out" / "scorecard.md").read_text()
+    assert "protocol differs" in text and "t1_afmuon − t1_hybrid" in text
+    assert json.loads((tmp_path / "out" / "scorecard.json").read_text())["tables"][0]["id"] == "004-t1-nanogpt"
+
+
+def test_usage_errors_are_one_line(capsys):
+    assert main(["paper", "no-such-table"]) == 2
+    assert "unknown paper table" in capsys.readouterr().err
+    assert main(["paper", "run", "004-k8"]) == 2
+    assert "--preset" in capsys.readouterr().err
+    assert main(["paper", "tables"]) == 0 and "004-t1-t5gemma2" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_paper_run_launches_the_missing_runs_then_scores(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("MUONLAB_CACHE", str(tmp_path))
+    argv = ["paper", "run", "004-k8", "--preset", "tied-cpu", "--num-steps", "4", "--json"]  # a short CPU check
+    assert main(argv) == 0
+    (t,) = json.loads(capsys.readouterr().out)["tables"]
+    assert not t["missing"] and all(r["measured"]["n"] == 1 and math.isfinite(r["measured"]["mean"])
+                                    for r in t["rows"])
+    assert t["protocol_differs"] and "--num-steps 4" in t["note"]
+    assert main(argv) == 0  # resumable: the second call runs nothing and scores the same
+    again = json.loads(capsys.readouterr().out)["tables"][0]
+    assert again["rows"] == t["rows"]
