@@ -169,7 +169,7 @@ def cmd_paper(args) -> int:
         if len(tables) != 1 or args.preset is None:
             raise UsageError("muonlab paper run takes one TABLE and --preset (the protocol to run it under)")
         (table,) = tables
-        seeds = sorted({s for a in table.arms for s in (a.seeds or _arm_seeds(a.arm))})
+        seeds = sorted({s for a in table.arms for s in a.run_seeds})
         outcomes = run_sweep([a.arm for a in table.arms], seeds, args.preset, {"quiet": True, **overrides},
                              executor=args.executor, parallel=args.parallel, retry_failed=args.retry_failed,
                              slurm=_parse_slurm_options(args.slurm), log=_log_for(args))
@@ -187,12 +187,6 @@ def cmd_paper(args) -> int:
         write_text(out / "scorecard.json", json.dumps(card, indent=2) + "\n")
     _emit(args, card, text)
     return 0
-
-
-def _arm_seeds(arm: str) -> tuple[int, ...]:
-    from muonlab.arms import get_arm
-
-    return get_arm(arm).seeds
 
 
 def cmd_report(args) -> int:

@@ -21,6 +21,8 @@ import time
 
 import torch
 
+from muonlab.optim.af_muon import state_bytes
+
 ARMS = ("t1_hybrid", "t1_sign", "t1_afmuon")
 GIB = 2**30
 # seed 004 Table 27: optimizer state (GiB) Hybrid -> Sign/AF, step time (s) H / S / AF, peak allocated (GiB) H -> AF
@@ -58,11 +60,6 @@ def _build(arm: str, preset_name: str, vocab: int, device: torch.device, overrid
     torch.manual_seed(cfg.seed)
     model = build_model(cfg, vocab, Runtime(device, "fp32"))
     return cfg, model, build_optimizer(model, cfg, compile_step=False)
-
-
-def state_bytes(optimizer) -> int:
-    return sum(t.numel() * t.element_size() for st in optimizer.state.values() for t in st.values()
-               if isinstance(t, torch.Tensor) and t.ndim > 0)
 
 
 def analytic_state(preset_name: str, vocab: int | None = None, arms=ARMS) -> dict[str, int]:

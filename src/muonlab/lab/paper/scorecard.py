@@ -16,6 +16,7 @@ from typing import Any, Iterable
 
 from muonlab.errors import UsageError
 from muonlab.lab.paper.tables import PaperTable
+from muonlab.lab.report.loading import metric_value
 from muonlab.lab.stats import DecisionRule, paired_contrast, summarize_arm
 
 
@@ -40,11 +41,11 @@ def _measured(records: Iterable[dict], arm: str, protocol: str | None, metric: s
     for rec in records:
         if rec.get("arm") != arm or rec.get("status") != "ok":
             continue
-        value = (rec.get("metrics") or {}).get(metric)
+        value = metric_value(rec, metric)
         if rec.get("protocol") != protocol or value is None:
             elsewhere += 1
             continue
-        values[int(rec["seed"])] = float(value)  # later lines win: the latest run of a seed
+        values[int(rec["seed"])] = value  # later lines win: the latest run of a seed
     return values, elsewhere
 
 
@@ -57,14 +58,12 @@ def _stats(values: dict[int, float]) -> dict[str, Any]:
 
 def score_table(table: PaperTable, records: list[dict], preset: str | None = None,
                 rule: DecisionRule | None = None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    from muonlab.arms import get_arm
-
     rule = rule or DecisionRule()
     preset = preset or table.preset
     rows, measured_values, missing = [], {}, []
     for paper_arm in table.arms:
         protocol = expected_protocol(paper_arm.arm, preset, overrides)
-        seeds = paper_arm.seeds or get_arm(paper_arm.arm).seeds
+        seeds = paper_arm.run_seeds
         found, elsewhere = _measured(records, paper_arm.arm, protocol, table.metric)
         found = {s: v for s, v in found.items() if s in seeds}
         measured_values[paper_arm.arm] = found

@@ -26,6 +26,13 @@ class PaperArm:
     def seeds(self) -> tuple[int, ...]:
         return tuple(self.values)
 
+    @property
+    def run_seeds(self) -> tuple[int, ...]:
+        """The seeds to run and score: the paper's, or (a printed mean only) the arm's registered seeds."""
+        from muonlab.arms import get_arm
+
+        return self.seeds or get_arm(self.arm).seeds
+
 
 @dataclass(frozen=True)
 class PrintedContrast:
