@@ -125,3 +125,16 @@ def test_paper_run_launches_the_missing_runs_then_scores(tmp_path, capsys, monke
     assert main(argv) == 0  # resumable: the second call runs nothing and scores the same
     again = json.loads(capsys.readouterr().out)["tables"][0]
     assert again["rows"] == t["rows"]
+
+
+def test_the_difference_is_counted_in_the_papers_seed_sd():
+    """One seed moved: the mean moves by a third of it, in units of the paper's SD (not the measured one)."""
+    lines = _ledger()
+    for r in lines:
+        if r["arm"] == "t1_afmuon" and r["seed"] == 45 and r["protocol"] == expected_protocol("t1_afmuon", "nanogpt-124m"):
+            r["metrics"]["val_ce"] += 0.03
+    (t,) = scorecard([TABLES["004-t1-nanogpt"]], lines)["tables"]
+    row = next(r for r in t["rows"] if r["arm"] == "t1_afmuon")
+    assert row["difference"] == pytest.approx(0.01, abs=1e-12)
+    assert row["measured"]["sd"] > 5 * row["paper"]["sd"]
+    assert row["difference_in_paper_sd"] == pytest.approx(0.01 / row["paper"]["sd"], rel=1e-9)
