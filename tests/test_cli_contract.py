@@ -151,6 +151,8 @@ CASES = [
     ("lr-scale", TINY + ["--lr-scale", "0"], USAGE, "lr_scale must be > 0"),
     ("adamw-matrix-lr", TINY + ["--matrix-optimizer", "adamw", "--adamw-matrix-lr", "-1"], USAGE, "adamw_matrix_lr"),
     ("step0-mode-unknown", TINY + ["--step0-mode", "nope"], USAGE, "step0_mode must be one of"),
+    ("homotopy-first-t", TINY + ["--prepolar", "hbieq", "--homotopy-first-t", "2"], USAGE,
+     "homotopy_first_t must be 0 or 1"),
     ("prepolar-unknown", TINY + ["--prepolar", "nope"], USAGE, "prepolar must be one of"),
     ("step0-needs-routing", TINY + ["--step0-mode", "nostep0"], USAGE, "set routing"),
     ("table-whiten-needs-oe", TINY + ["--table-whiten", "neumann"], USAGE, "set oe_m"),

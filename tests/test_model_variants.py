@@ -211,3 +211,18 @@ def test_bad_variant_settings_raise():
                 dict(qk_scale="pair_tied_linear", n_kv_head=1)):
         with pytest.raises(ValueError):
             small(**bad)
+
+
+@pytest.mark.parametrize("kind", ["state", "branch"])
+def test_radius_gates_use_ordinary_autograd_unless_told_to_detach(kind):
+    """Seed 003: the gate arms use ordinary autograd, so with b != 0 the stream's gradient carries the
+    path through z_t(v); --gate-detach-stats drops exactly that path (the forward is the same)."""
+    base = _live_baseline()
+    live, detached = _variant_like(base, radius_gate=kind), _variant_like(base, radius_gate=kind, gate_detach_stats=True)
+    for m in (live, detached):
+        with torch.no_grad():
+            m.radius_gates[:, :, 1] = 0.5  # b: the gate reads z
+    assert torch.equal(live(IDX), detached(IDX))
+    (_, g_live), (_, g_det) = _loss_and_grads(live, IDX), _loss_and_grads(detached, IDX)
+    # everything below a gate sees a different gradient (the path through z_t), down to the embedding
+    assert not torch.allclose(g_live["transformer.wte.weight"], g_det["transformer.wte.weight"], rtol=1e-4, atol=0)

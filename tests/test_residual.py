@@ -183,17 +183,17 @@ def test_gate_value_and_gradients():
     torch.testing.assert_close(g[:, 0], torch.full_like(g[:, 0], math.exp(0.3)))  # z_0 = 0
     a64, b64 = (torch.tensor(x, dtype=torch.float64, requires_grad=True) for x in (0.3, -0.7))
     v64 = _v(shape=(2, 6, 4)).requires_grad_()  # float64, so gradcheck's finite differences are meaningful
-    assert not prefix_log_rms_z(v64).requires_grad  # detached by default: no path back into v
-    torch.autograd.gradcheck(lambda x: prefix_log_rms_z(x, detach=False), (v64,))
+    assert prefix_log_rms_z(v64).requires_grad  # ordinary autograd by default (seed 003): a path back into v
+    assert not prefix_log_rms_z(v64, detach=True).requires_grad
+    torch.autograd.gradcheck(lambda x: prefix_log_rms_z(x), (v64,))
     torch.autograd.gradcheck(lambda a_, b_: radius_gate_scale(v64, a_, b_), (a64, b64))
     u, f = (_v(shape=(2, 6, 4), seed=s).requires_grad_() for s in (2, 3))
-    # state gate, stats detached: a true derivative w.r.t. f, a, b with u held fixed
-    torch.autograd.gradcheck(lambda f_, a_, b_: u.detach() + radius_gate_scale(u.detach(), a_, b_) * f_, (f, a64, b64))
-    # branch gate with live stats: the full derivative, including through z(f)
-    torch.autograd.gradcheck(lambda u_, f_, a_, b_: u_ + radius_gate_scale(f_, a_, b_, detach_stats=False) * f_,
-                             (u, f, a64, b64))
+    # state gate by default: the full derivative w.r.t. u (through z(u) as well as the identity path), f, a, b
+    torch.autograd.gradcheck(lambda u_, f_, a_, b_: u_ + radius_gate_scale(u_, a_, b_) * f_, (u, f, a64, b64))
+    # branch gate by default: the full derivative, including through z(f)
+    torch.autograd.gradcheck(lambda u_, f_, a_, b_: u_ + radius_gate_scale(f_, a_, b_) * f_, (u, f, a64, b64))
     # branch gate with detached stats: f's gradient is g * g_y only, nothing through z
     gy = _v(shape=(2, 6, 4), seed=4)
-    gate = radius_gate_scale(f, a64, b64)
+    gate = radius_gate_scale(f, a64, b64, detach_stats=True)
     (gf,) = torch.autograd.grad(u + gate * f, f, gy)
     torch.testing.assert_close(gf, gate.detach() * gy, rtol=0, atol=0)

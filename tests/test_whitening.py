@@ -209,7 +209,7 @@ def test_t0_and_tau_zero():
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(muon_module, "adamw_step", capture)
-        ps, _ = _run(steps=1, whiten="neumann", whiten_t0=-1)  # t = 0 at the first update: beta = 0
+        ps, _ = _run(steps=1, whiten="neumann", whiten_first_t=0)  # t = 0 at the first update: beta = 0
         assert torch.equal(seen[0], ps[0].grad - ps[0].grad.mean(0, keepdim=True))
         seen.clear()
         ps, _ = _run(steps=1, whiten="neumann", whiten_tau=0.0)  # undamped from the start
@@ -221,6 +221,27 @@ def test_bf16_tables_keep_bf16_state():
     assert all(torch.isfinite(p.float()).all() for p in ps)
     st = opt.state_dict()["state"][0]
     assert st["exp_avg"].dtype == torch.bfloat16 and st.keys() == {"step", "exp_avg", "exp_avg_sq"}
+
+
+def test_master32_moments_get_the_fp32_whitened_gradient_unrounded(monkeypatch):
+    """Seed 002 §1.4e: Neumann-Gram runs in fp32 and feeds the fp32 master's moments directly; a bf16
+    rounding in between (the whitened gradient cast back to the bf16 table's dtype) is a different step."""
+    seen = []
+    real = muon_module.adamw_step
+    monkeypatch.setattr(muon_module, "adamw_step", lambda p, g, *a: (seen.append((p, g.clone())), real(p, g, *a)))
+    ps, opt = _run(steps=1, dtype=torch.bfloat16, whiten="neumann", whiten_tau=1.0, master32=True)
+    master, g = seen[0]
+    assert master.dtype == torch.float32 and g.dtype == torch.float32
+    want = neumann_ref(ps[0].grad, 1.0)  # t = 1, tau 1: beta = 1, in float64 from the bf16 gradient
+    assert close(g, want)
+    assert not torch.equal(g, g.bfloat16().float())  # fp32 bits a bf16 rounding would have dropped
+    state = opt.state[ps[0]]
+    torch.testing.assert_close(state["exp_avg"], (1 - 0.8) * g, rtol=1e-6, atol=0)  # moments from g itself ...
+    assert not torch.allclose(state["exp_avg"], (1 - 0.8) * g.bfloat16().float(), rtol=1e-6, atol=0)  # not rounded
+    # without master32 the bf16 table keeps bf16 moments: the step gets the whitened gradient rounded once
+    seen.clear()
+    _run(steps=1, dtype=torch.bfloat16, whiten="neumann", whiten_tau=1.0)
+    assert seen[0][1].dtype == torch.bfloat16 and torch.equal(seen[0][1], g.bfloat16())
 
 
 def test_whitening_changes_the_update():

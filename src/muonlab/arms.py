@@ -99,6 +99,8 @@ _GAINS = dict(presub_gains="weight_fused")  # linear gains, lr 0.04 x scalar_lr
 _EXP17 = dict(_GAINS, qk_scale="pair_tied_stopexp")  # "natural_grad_geodesic": gains + pair-tied stop-exp QK
 _EXP05 = dict(_GAINS, presub_lr_mult=0.05, qk_scale="pair_tied_linear", qk_lr_mult=0.10)
 for _name, _exp, _seeds, _overrides, _what in [
+    ("exp00_baseline", "reference_seed42/baseline_seed47/137", _SEED000, {},
+     "the baseline MuonAdamW run at seed 000's seeds (Table 3's Baseline rows)"),
     ("exp07_gains_linear", "exp07", _S47, dict(_GAINS, presub_lr_mult=0.05), "weight-fused linear gains only"),
     ("exp03_qk_pair_tied_linear", "exp03", _S47, dict(qk_scale="pair_tied_linear", qk_lr_mult=0.10),
      "pair-tied linear QK scaling only"),

@@ -26,6 +26,17 @@ autoresearch-family arms moved, the 33 tied-family and AF-Muon arms kept their b
 
     python tests/golden/make_arm_checksums.py            # record this machine's set (others kept)
     python tests/golden/make_arm_checksums.py --check    # compare, print the arms that differ
+
+An intended numeric change is recorded on this machine for the arms it moves, and the other machines'
+entries for those arms become stale (kept under "stale" with the reason, compared there only as "the
+weights change" until that machine records them):
+
+    python tests/golden/make_arm_checksums.py --arms A,B,... --reason "what moved them (commit/issue)"
+
+Issue 16 (faithful defaults) moved 30 arms this way: the homotopy step index t = 1 at the first update
+for BiEq (26 arms with prepolar hbieq, incl. every seed-002 opt arm), Neumann-Gram's fp32 output fed
+unrounded to master32's fp32 moments, and ordinary autograd through the radius gates' statistics
+(p003_state_gate, p003_branch_gate).
 """
 
 from __future__ import annotations
@@ -163,6 +174,47 @@ def compute_all(arm_names=None) -> dict[str, dict]:
     return out
 
 
+def record_arms(golden: dict, names: list[str], reason: str | None) -> int:
+    """Record `names` (and arms new to the registry, which join their config group or are trained) on
+    this machine; on every other machine the moved arms go to "stale" and a new arm takes its config
+    group's recorded entry (one config: one set of weights)."""
+    from muonlab.arms import ARMS
+
+    fingerprint, description = machine_fingerprint()
+    mine = golden["machines"].setdefault(fingerprint, {"machine": description, "arms": {}})
+    unknown = sorted(set(names) - set(ARMS))
+    if unknown:
+        raise SystemExit(f"not registered arms: {', '.join(unknown)}")
+    if reason is None and any(n in mine["arms"] for n in names):
+        raise SystemExit("recording arms already in the golden file is a numeric change: say why with --reason")
+    new = sorted(set(ARMS) - set(mine["arms"]) - set(names))
+    current = compute_all(sorted(set(names) | set(new)))
+    for name, entry in current.items():
+        mine["arms"][name] = entry
+        mine.get("stale", {}).pop(name, None)
+    if not mine.get("stale"):
+        mine.pop("stale", None)
+    groups = arm_groups(ARMS)
+    group_of = {m: first for first, members in groups.items() for m in members}
+    for key, other in golden["machines"].items():
+        if key == fingerprint:
+            continue
+        for name in names:
+            if name in other["arms"]:
+                other.setdefault("stale", {})[name] = reason
+                del other["arms"][name]
+        for name in new:
+            mates = [m for m in groups[group_of[name]] if m in other["arms"]]
+            if mates:
+                other["arms"][name] = other["arms"][mates[0]]
+            else:
+                other.setdefault("stale", {})[name] = "new arm: not yet recorded on this machine"
+    GOLDEN.write_text(json.dumps(golden, indent=1, sort_keys=True) + "\n")
+    print(f"recorded {len(current)} arms for {description} ({fingerprint}); "
+          f"{sum(len(o.get('stale', {})) for o in golden['machines'].values())} stale entries elsewhere")
+    return 0
+
+
 def load_golden() -> dict:
     return json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {"machines": {}}
 
@@ -171,8 +223,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="compare with the golden file instead of writing it")
     parser.add_argument("--merge", metavar="FILE", help="copy the machine sets of another golden file into this one")
+    parser.add_argument("--arms", help="record only these arms (comma-separated) in this machine's set; with "
+                                       "--reason the other machines' entries of them become stale")
+    parser.add_argument("--reason", help="why the --arms moved (an intended numeric change)")
     args = parser.parse_args()
     golden = load_golden()
+    if args.arms:
+        return record_arms(golden, args.arms.split(","), args.reason)
     if args.merge:
         golden["machines"].update(json.loads(Path(args.merge).read_text())["machines"])
         GOLDEN.write_text(json.dumps(golden, indent=1, sort_keys=True) + "\n")

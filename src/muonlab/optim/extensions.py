@@ -177,7 +177,9 @@ def muon_stage_addons() -> list[MuonStageAddon]:
 class AdamWTransform:
     """A gradient transform of an adamw group, on when `group[key] == name`.
 
-    `apply(grad, step, group)` returns the gradient the AdamW step uses (never modifies grad);
+    `apply(grad, step, group)` returns the gradient the AdamW step uses (never modifies grad), in
+    any float dtype: the step casts it once, to its state's precision (fp32 under master32, so an
+    fp32 transform reaches fp32 moments unrounded) or else to the param's dtype;
     `step` is the param's AdamW step counter after its increment (1 at the first update).
     `whole_tensor`: it needs the whole averaged gradient (DistMuonAdamW all-reduces it instead
     of reduce-scattering, applies it on every rank, then keeps this rank's rows).

@@ -195,12 +195,15 @@ class MuonAdamW(torch.optim.Optimizer):
 
     def _adamw_update(self, group, share, grad, state) -> None:
         """One AdamW step of `share` (a param or this rank's rows of it) with `grad`, state["step"]
-        already advanced; through the state precision's tensor when the state has one."""
+        already advanced; through the state precision's tensor when the state has one. `grad` is
+        cast once, here: to the state precision's dtype (an fp32 state gets a transform's fp32
+        output unrounded, seed 002 §1.4e) or else to share's dtype."""
         precision = extensions.adamw_precision_of(state)
         self._fill_adamw(group, state["step"])
         target = share if precision is None else precision.target(state)
         self._fn("adamw", share.device)(
-            target, grad if precision is None else precision.grad(grad), state["exp_avg"], state["exp_avg_sq"],
+            target, grad.to(share.dtype) if precision is None else precision.grad(grad), state["exp_avg"],
+            state["exp_avg_sq"],
             self._adamw_step_t, self._adamw_lr_t, self._adamw_beta1_t, self._adamw_beta2_t,
             self._adamw_eps_t, self._adamw_wd_t)
         if precision is not None:

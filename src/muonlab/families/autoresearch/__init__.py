@@ -17,7 +17,8 @@ def gpt_config(cfg, vocab_size: int):
     m, o = cfg.model, cfg.optim
     variants = variants_from_keys(**model_variants(m), presub_lr_mult=m.gains.lr_mult, qk_lr_mult=m.qk.lr_mult,
                                   rope_lr_mult=m.rope.lr_mult, gate_lr_mult=m.gate.lr_mult,
-                                  table_whiten=o.table_whiten.kind, table_whiten_tau=o.table_whiten.tau)
+                                  table_whiten=o.table_whiten.kind, table_whiten_tau=o.table_whiten.tau,
+                                  table_whiten_first_t=o.homotopy_first_t)
     variants += tuple(REGISTRY[name].config() for name in m.extra_variant_names())  # plug-ins
     return GPTConfig(sequence_len=cfg.train.sequence_len, vocab_size=vocab_size, n_layer=m.depth,
                      n_head=m.n_head, n_kv_head=m.n_kv_head or m.n_head, n_embd=m.model_dim,
@@ -63,13 +64,14 @@ def build_optimizer(model, cfg, compile_step: bool, distributed: bool = False):
         muon.update(prepolar=o.prepolar.kind, prepolar_scope=o.prepolar.scope)
         if o.prepolar.kind == "hbieq":
             muon.update(prepolar_tau=o.prepolar.tau, prepolar_passes=o.prepolar.passes,
-                        prepolar_sides=o.prepolar.sides)
+                        prepolar_sides=o.prepolar.sides, prepolar_first_t=o.homotopy_first_t)
     muon.update(polar_dtype=o.polar.dtype, post_polar_dtype=o.polar.post_dtype)
     muon = {k: v for k, v in muon.items() if v != PREPOLAR_DEFAULTS[k]}
     # Neumann-Gram vocabulary whitening on wte, lm_head and value embeddings (seed 002 §1.4d);
     # fp32 master weights and moments for wte and value embeddings (seed 002 §1.4e)
     table = {} if o.whiten.kind is None else dict(whiten=o.whiten.kind, whiten_tau=o.whiten.tau,
-                                                  whiten_terms=o.whiten.terms, whiten_mean_addback=o.whiten.mean_addback)
+                                                  whiten_terms=o.whiten.terms, whiten_mean_addback=o.whiten.mean_addback,
+                                                  whiten_first_t=o.homotopy_first_t)
     embed = dict(table, master32=True) if o.embedding_state == "master32" else table
     matrix_adamw = None if o.matrix_optimizer == "muon" else dict(lr=o.adamw_matrix_lr,
                                                                    weight_decay=o.adamw_matrix_weight_decay)

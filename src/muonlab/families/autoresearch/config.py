@@ -123,6 +123,8 @@ class MuonAdamWConfig(Section):
     embedding_state: Literal["native", "master32"] = setting(
         "native", "wte/value-embedding state: native (upstream bf16) or master32 (fp32 master + moments, seed 002 §1.4e)")
     step0_mode: str = setting("none", STEP0_HELP)
+    homotopy_first_t: int = setting(1, "t of the first update in every homotopy ramp (hbieq alpha_t, whiten and "
+                                       "table_whiten beta_t): 1 = seed 000's stated counter, 0 = a_0 = 0")
     prepolar: PrepolarSettings = setting(factory=PrepolarSettings)
     polar: PolarSettings = setting(factory=PolarSettings)
 
@@ -145,13 +147,15 @@ class MuonAdamWConfig(Section):
     table_whiten: TableWhitenSettings = setting(factory=TableWhitenSettings)
 
     def inactive(self) -> dict[str, str]:
+        ramps = self.prepolar.kind == "hbieq" or self.whiten.kind is not None or self.table_whiten.kind is not None
+        out = {} if ramps else {"homotopy_first_t": "no homotopy ramp is on (prepolar hbieq, whiten, table_whiten)"}
         if self.matrix_optimizer == "muon":
             why = "matrix_optimizer is muon"
-            return {"adamw_matrix_lr": why, "adamw_matrix_weight_decay": why}
+            return {**out, "adamw_matrix_lr": why, "adamw_matrix_weight_decay": why}
         why = "matrix_optimizer is adamw: no matrix is on Muon"
-        return {k: why for k in ("matrix_lr", "weight_decay", "muon_momentum_start", "muon_momentum_end",
+        return {**out, **{k: why for k in ("matrix_lr", "weight_decay", "muon_momentum_start", "muon_momentum_end",
                                  "muon_momentum_warmup_steps", "muon_momentum_cooldown", "muon_wd_schedule",
-                                 "prepolar", "polar")}
+                                 "prepolar", "polar")}}
 
     def validate(self) -> None:
         for name in ("embedding_lr", "unembedding_lr", "matrix_lr", "scalar_lr", "weight_decay"):
@@ -166,5 +170,7 @@ class MuonAdamWConfig(Section):
 
         if self.step0_mode not in STEP0_MODES:
             raise UsageError(f"step0_mode must be one of {', '.join(STEP0_MODES)}, got {self.step0_mode!r}")
+        if self.homotopy_first_t not in (0, 1):
+            raise UsageError(f"homotopy_first_t must be 0 or 1, got {self.homotopy_first_t}")
         if min(self.adamw_matrix_lr, self.adamw_matrix_weight_decay) < 0:
             raise UsageError("adamw_matrix_lr and adamw_matrix_weight_decay must be >= 0")

@@ -159,6 +159,7 @@ class OverEncodingConfig:
     k: int = 2  # tables per order
     table_whiten: str | None = None  # None | neumann: table-Neumann on the moment-free update (§1.11)
     table_whiten_tau: float = 80.0
+    table_whiten_first_t: int = 1  # t of the first update (muonlab.optim.homotopy's convention)
 
     def validate(self, config) -> None:
         self.build(config, device="meta")  # the module's own checks, without allocating
@@ -170,8 +171,8 @@ class OverEncodingConfig:
 @register_variant("over_encoding", OverEncodingConfig, paper="seed 002",
                   section="§Family A Over-Encoding (spec-002 §1.1, §1.3, §1.11)", switch=("oe_m", 0),
                   keys={"oe_m": "m", "oe_n": "n", "oe_k": "k", "table_whiten": "table_whiten",
-                        "table_whiten_tau": "table_whiten_tau"},
-                  lenient=("table_whiten_tau",),
+                        "table_whiten_tau": "table_whiten_tau", "table_whiten_first_t": "table_whiten_first_t"},
+                  lenient=("table_whiten_tau", "table_whiten_first_t"),
                   tests=("tests/test_over_encoding.py", "tests/test_over_encoding_model.py",
                          "tests/test_table_update.py", "tests/test_diagnostics_accounting.py"))
 class OverEncodingVariant(ModelVariant):
@@ -193,7 +194,8 @@ class OverEncodingVariant(ModelVariant):
 
     def param_groups(self, lrs):
         whiten = {} if self.cfg.table_whiten is None else dict(
-            table_whiten=self.cfg.table_whiten, table_whiten_tau=self.cfg.table_whiten_tau)
+            table_whiten=self.cfg.table_whiten, table_whiten_tau=self.cfg.table_whiten_tau,
+            table_whiten_first_t=self.cfg.table_whiten_first_t)
         return [dict(kind="oe_mfree", params=list(self.model.oe.parameters()),
                      lr=lrs.embedding_lr * lrs.dim_scale, **whiten)]
 

@@ -8,8 +8,9 @@ all made here and exposed as options where they are numbers or switches:
   * z_t per batch row over positions 0..t: rho = 0.5 log(mean(v^2) + eps), running mean
     and population variance of rho, z = (rho - mu_t) / sqrt(max(var_t, 0) + eps).
   * eps = 1e-6 in both places.
-  * statistics detached by default (detach_stats=True): gradients reach a, b and, through
-    g, the multiplied f, but never v through z.
+  * ordinary autograd through the prefix statistics by default, as seed 003 states ("identical
+    initialization, ordinary autograd"): gradients reach v through z as well as a, b and f.
+    `--gate-detach-stats` detaches z from v instead (gradients reach a, b and f only).
   * no reset at document boundaries: the prefix runs over the whole packed row.
   * arithmetic in fp32 (fp64 for fp64 inputs, so gradcheck is meaningful); g is cast to
     v.dtype at the end.
@@ -34,7 +35,7 @@ from muonlab.settings import METHOD_OFF, MethodInfo, Section, setting
 RADIUS_GATES = ("none", "state", "branch", "neutral")
 
 
-def prefix_log_rms_z(v: torch.Tensor, eps: float = 1e-6, detach: bool = True) -> torch.Tensor:
+def prefix_log_rms_z(v: torch.Tensor, eps: float = 1e-6, detach: bool = False) -> torch.Tensor:
     """Causal prefix-standardised log RMS of v [B, T, d] -> z [B, T, 1] (fp32; fp64 for fp64 v).
 
     z[:, t] reads only v[:, :t+1] of its own row; z[:, 0] is exactly 0.
@@ -51,7 +52,7 @@ def prefix_log_rms_z(v: torch.Tensor, eps: float = 1e-6, detach: bool = True) ->
 
 
 def radius_gate_scale(v: torch.Tensor, a: torch.Tensor, b: torch.Tensor, eps: float = 1e-6,
-                      detach_stats: bool = True) -> torch.Tensor:
+                      detach_stats: bool = False) -> torch.Tensor:
     """Per-token gate g_t = exp(a + b z_t(v)) [B, T, 1], cast to v.dtype; a, b are 0-D scalars."""
     z = prefix_log_rms_z(v, eps=eps, detach=detach_stats)
     return torch.exp(a + b * z).to(v.dtype)
@@ -61,6 +62,7 @@ def radius_gate_scale(v: torch.Tensor, a: torch.Tensor, b: torch.Tensor, eps: fl
 class RadiusGateConfig:
     kind: str = "state"  # state | branch | neutral
     lr_mult: float = 0.04
+    detach_stats: bool = False  # seed 003: ordinary autograd through z
 
     def __post_init__(self):
         if self.kind not in RADIUS_GATES[1:]:
@@ -71,8 +73,9 @@ class RadiusGateConfig:
 
 @register_variant("radius_gate", RadiusGateConfig, paper="seed 003",
                   section="Forward radius and branch controls (spec-000-003 §1.F)",
-                  switch=("radius_gate", "none"), keys={"radius_gate": "kind", "gate_lr_mult": "lr_mult"},
-                  lenient=("gate_lr_mult",), tests=("tests/test_residual.py", "tests/test_model_variants.py"))
+                  switch=("radius_gate", "none"), keys={"radius_gate": "kind", "gate_lr_mult": "lr_mult",
+                                                                "gate_detach_stats": "detach_stats"},
+                  lenient=("gate_lr_mult", "gate_detach_stats"), tests=("tests/test_residual.py", "tests/test_model_variants.py"))
 class RadiusGate(ModelVariant):
     param_names = ("radius_gates",)
 
@@ -93,7 +96,7 @@ class RadiusGate(ModelVariant):
     def branch(self, i, slot, u, f):
         gate = self.model.radius_gates[i]
         a, b = gate[slot, 0], gate[slot, 1]
-        return radius_gate_scale(u if self.on_state else f, a, b) * f
+        return radius_gate_scale(u if self.on_state else f, a, b, detach_stats=self.cfg.detach_stats) * f
 
 
 # run-config settings of this method: its flags, their help, which options act when
@@ -107,7 +110,12 @@ class RadiusGateSettings(Section):
                                                                  flag="radius-gate")
     lr_mult: float = setting(0.04, "gates' AdamW lr as a multiple of scalar_lr (unstated in seed 003)",
                              flag="gate-lr-mult")
+    detach_stats: bool = setting(False, "detach the prefix statistics z_t from v (seed 003 uses ordinary autograd "
+                                        "through them: off)", flag="gate-detach-stats")
 
     def inactive(self) -> dict[str, str]:
-        return {"lr_mult": METHOD_OFF if self.kind == "none" else "the neutral gate is frozen"} \
-            if self.kind in ("none", "neutral") else {}
+        if self.kind == "none":
+            return {"lr_mult": METHOD_OFF, "detach_stats": METHOD_OFF}
+        # a frozen neutral gate has a = b = 0, so no gradient reaches z either way
+        return {"lr_mult": "the neutral gate is frozen", "detach_stats": "the neutral gate is frozen"} \
+            if self.kind == "neutral" else {}

@@ -9,10 +9,11 @@ Options (muon group keys): `prepolar_tau` (80: seed 000; 25: seed 002 §1.4a, wh
 form is only the spec's guess: seed 000's explicit equation is used for both papers; tau = 0
 means a_t = 1, the undamped BiEq of exp56/50/57), `prepolar_passes` (2), `prepolar_sides`
 ("both"; "row" with passes=1 is the 1-pass one-sided row-RMS control exp51), `prepolar_eps`
-(1e-10), `prepolar_t0` (0). Step index (unstated for BiEq, spec-000-003 §5.6): t counts the
-group's completed steps, t = 0 at the first update, plus `prepolar_t0`, so a_0 = 0 and the
-first update equals the baseline's up to rounding: the Step-0 stability that seed 000 Table 4B
-credits the homotopy with. Stateless (0 bytes).
+(1e-10), `prepolar_first_t` (1). Step index (unstated for BiEq, spec-000-003 §5.6): the one
+convention of muonlab.optim.homotopy, t = the group's completed updates + `prepolar_first_t`, so
+t = 1 at the first update (a_1 = 1/tau^2: 1.6e-4 at tau 80, 1.6e-3 at tau 25, still almost the
+baseline's step: the Step-0 stability seed 000 Table 4B credits the homotopy with);
+`prepolar_first_t` 0 gives a_0 = 0. Stateless (0 bytes).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from muonlab.optim.extensions import PrePolar, register_prepolar
-from muonlab.optim.homotopy import homotopy_alpha
+from muonlab.optim.homotopy import homotopy_alpha, homotopy_t
 
 
 def hbieq(G: torch.Tensor, alpha, passes: int = 2, sides: str = "both", eps: float = 1e-10) -> torch.Tensor:
@@ -57,18 +58,18 @@ def _homotopy_denominator(stat: torch.Tensor, stat_mean: torch.Tensor, alpha, ep
 
 @dataclass(frozen=True)
 class HBiEq(PrePolar):
-    OPTIONS = dict(prepolar_tau=80.0, prepolar_passes=2, prepolar_sides="both", prepolar_eps=1e-10, prepolar_t0=0)
+    OPTIONS = dict(prepolar_tau=80.0, prepolar_passes=2, prepolar_sides="both", prepolar_eps=1e-10, prepolar_first_t=1)
 
     tau: float = 80.0
     passes: int = 2
     sides: str = "both"
     eps: float = 1e-10
-    t0: int = 0
+    first_t: int = 1
 
     @classmethod
     def from_options(cls, o: dict) -> "HBiEq":
         return cls(tau=o["prepolar_tau"], passes=int(o["prepolar_passes"]), sides=o["prepolar_sides"],
-                   eps=float(o["prepolar_eps"]), t0=o["prepolar_t0"])
+                   eps=float(o["prepolar_eps"]), first_t=int(o["prepolar_first_t"]))
 
     @classmethod
     def validate(cls, o: dict) -> None:
@@ -78,7 +79,7 @@ class HBiEq(PrePolar):
             raise ValueError("prepolar_passes must be >= 1 and prepolar_tau >= 0")
 
     def step_inputs(self, state, t, stack_shape, device) -> dict:
-        return {"alpha_t": torch.tensor(homotopy_alpha(t + self.t0, self.tau), dtype=torch.float32)}
+        return {"alpha_t": torch.tensor(homotopy_alpha(homotopy_t(t, self.first_t), self.tau), dtype=torch.float32)}
 
     def condition(self, G, inputs, ctx):
         return hbieq(G, inputs["alpha_t"], passes=self.passes, sides=self.sides, eps=self.eps)

@@ -46,7 +46,7 @@ import torch
 
 from muonlab.optim.addons.neumann_whitening import neumann_whiten
 from muonlab.optim.extensions import GroupKind, register_group_kind
-from muonlab.optim.homotopy import homotopy_alpha
+from muonlab.optim.homotopy import homotopy_alpha, homotopy_t
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 from muonlab.errors import UsageError
@@ -94,17 +94,19 @@ def moment_free_step(table: torch.Tensor, grad: torch.Tensor | None, counts: tor
 
 
 # seed 002 §1.3: no weight decay, no moments; table-Neumann (§1.11) off
-OE_MFREE_DEFAULTS = dict(lr=0.0, weight_decay=0.0, table_whiten=None, table_whiten_tau=80.0)
+OE_MFREE_DEFAULTS = dict(lr=0.0, weight_decay=0.0, table_whiten=None, table_whiten_tau=80.0, table_whiten_first_t=1)
 
 
 def table_neumann_beta(group: dict, optimizer_state, p) -> float | None:
     """beta_t of the optional table-Neumann (advances the table's step counter); None when off
-    (then the table has no optimizer state at all). t = the table's completed steps + 1."""
+    (then the table has no optimizer state at all). t = the table's completed steps +
+    `table_whiten_first_t` (muonlab.optim.homotopy's convention: t = 1 at the first update)."""
     if group["table_whiten"] is None:
         return None
     state = optimizer_state[p]
-    state["step"] = state.get("step", 0) + 1
-    return homotopy_alpha(state["step"], group["table_whiten_tau"])
+    completed = state.get("step", 0)
+    state["step"] = completed + 1
+    return homotopy_alpha(homotopy_t(completed, int(group["table_whiten_first_t"])), group["table_whiten_tau"])
 
 
 class MomentFreeKind(GroupKind):

@@ -19,15 +19,17 @@ Choices where the paper is silent (spec-002 §1.4d lists them as unspecified), a
   (grad <- U_w [+ 1 g_bar^T]; then the unchanged `adamw_step`). p.grad itself is not modified.
 - mean add-back (`whiten_mean_addback`, default False = the paper's formula read literally: the
   update is U_w, the common-mode row is dropped); True adds 1 g_bar^T back.
-- step index: t = the parameter's AdamW step counter (`state["step"]`, 1 at the first update,
-  the same counter as Adam's bias correction, i.e. the only one a fused AdamW step has) plus
-  `whiten_t0` (default 0; -1 gives t = 0 at the first update, i.e. beta_0 = 0). No extra state:
-  the counter round-trips through state_dict with the Adam moments.
+- step index: the one convention of muonlab.optim.homotopy, t = the parameter's completed AdamW
+  updates (`state["step"]` before its increment, the counter of Adam's bias correction, the only
+  one a fused AdamW step has) + `whiten_first_t` (1: t = 1 at the first update; 0: beta_0 = 0).
+  No extra state: the counter round-trips through state_dict with the Adam moments.
 - `whiten_tau` (80.0; 0 means beta = 1 from the first step, like prepolar.homotopy_alpha).
 - `whiten_terms` (1 = the paper): K > 1 keeps K terms of the binomial series
   (I + beta C_hat)^{-1/2} = sum_k binom(-1/2, k) (beta C_hat)^k, converging to the exact inverse
   square root as K grows (conditionally at beta ||C_hat||_2 = 1). An extension, not in the paper.
-- dtype: the result is cast back to the gradient's dtype (bf16 tables keep bf16 moments).
+- dtype: the result stays fp32; the AdamW step casts it once, to fp32 moments under master32 (seed
+  002 §1.4e: "executing Neumann-Gram in FP32 on the fly", its FP32 output fed to the FP32 states,
+  never rounded to bf16 in between) or to the table's dtype without master32 (bf16 moments).
 - rows = dim 0: wte / value_embeds (nn.Embedding [V, d]) and lm_head (nn.Linear weight [V, d])
   all have the vocabulary along dim 0. Every param of a whitened group must be 2-D.
 """
@@ -37,7 +39,7 @@ from __future__ import annotations
 import torch
 
 from muonlab.optim.extensions import AdamWTransform, register_adamw_transform
-from muonlab.optim.homotopy import homotopy_alpha
+from muonlab.optim.homotopy import homotopy_alpha, homotopy_t
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 from muonlab.errors import UsageError
@@ -47,7 +49,7 @@ WHITENS = ("neumann",)
 
 # every option an adamw group may carry, with its default (read with .get: absent == default)
 WHITEN_DEFAULTS = dict(
-    whiten=None, whiten_tau=80.0, whiten_terms=1, whiten_mean_addback=False, whiten_t0=0, whiten_eps=1e-30,
+    whiten=None, whiten_tau=80.0, whiten_terms=1, whiten_mean_addback=False, whiten_first_t=1, whiten_eps=1e-30,
 )
 
 
@@ -104,7 +106,7 @@ def validate_group(group: dict) -> None:
 
 def whiten_grad(grad: torch.Tensor, step: int, group: dict) -> torch.Tensor:
     """The gradient the AdamW step should use: `grad` itself when the group has no whitening,
-    else the whitened full-table gradient (cast to grad's dtype). `step` = state["step"] after
+    else the whitened full-table gradient (fp32). `step` = state["step"] after
     its increment (1 at the first update)."""
     opt = options(group)
     if opt["whiten"] is None:
@@ -113,10 +115,10 @@ def whiten_grad(grad: torch.Tensor, step: int, group: dict) -> torch.Tensor:
 
 
 def _whitened(grad: torch.Tensor, step: int, opt: dict) -> torch.Tensor:
-    beta = homotopy_alpha(max(step + opt["whiten_t0"], 0), float(opt["whiten_tau"]))
+    beta = homotopy_alpha(homotopy_t(step - 1, int(opt["whiten_first_t"])), float(opt["whiten_tau"]))
     out = neumann_whiten(grad, beta, terms=int(opt["whiten_terms"]),
                          mean_addback=bool(opt["whiten_mean_addback"]), eps=float(opt["whiten_eps"]))
-    return out.to(grad.dtype)
+    return out  # fp32: the AdamW step casts it to its state's precision
 
 
 # the whole averaged table: the Gram and the mean row are over every row
