@@ -33,11 +33,13 @@ def test_every_table_names_registered_arms_presets_and_the_papers_seeds():
 
 @pytest.mark.parametrize("table_id", [t.id for t in TABLES.values() if t.contrasts])
 def test_the_per_seed_numbers_give_the_printed_tests(table_id):
-    """Each printed gain (baseline - arm) and p follows from the typed per-seed values (rounded to 4 places)."""
+    """Each printed gain (baseline - arm) and p follows from the typed per-seed values: within one unit of
+    the printed gain's last decimal (seed 004 prints 4 places, seeds 000-003 six), as both are rounded."""
     t = TABLES[table_id]
     for c in t.contrasts:
         r = paired_contrast(t.arm(c.arm).values, t.arm(c.baseline).values)
-        assert abs(-r.mean_delta - c.gain) <= 1.01e-4, c
+        places = len(repr(abs(c.gain)).partition(".")[2]) if "e" not in repr(c.gain) else 6
+        assert abs(-r.mean_delta - c.gain) <= 1.01 * 10.0 ** -max(places, 4), c
         if c.p is not None:
             assert r.p_value == pytest.approx(c.p, rel=0.05), c
 
