@@ -2,6 +2,7 @@
 
 import contextlib
 import io
+import json
 import math
 from pathlib import Path
 
@@ -153,3 +154,103 @@ def test_table_lists_ours_and_the_papers(result):
     assert f"{100 * result['direction_rel_change']:.3f}%" in table
     assert "0.858 / 0.918" in table and "changes little" in table
     assert Path(result["checkpoint"]).is_file()
+
+
+# --------------------------------------------------------------- device and precision (issue 16)
+def test_trained_precision_resolves_auto_on_the_training_device():
+    assert R.trained_precision("auto", "auto", ("torch", "python", "cuda")) == "bf16"  # a CUDA RNG: trained there
+    assert R.trained_precision("auto", "auto", ("torch", "python")) == "fp32"
+    assert R.trained_precision("auto", "cuda", ()) == "bf16" and R.trained_precision("auto", "cpu", ("cuda",)) == "fp32"
+    assert R.trained_precision("fp32", "auto", ("cuda",)) == "fp32" and R.trained_precision("bf16", "cpu", ()) == "bf16"
+
+
+def test_default_precision_is_the_runs_own(run_dir, tmp_path):
+    assert R.recorded_precision(run_dir) == "fp32"  # cpu-tiny trains at fp32
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        assert main(["train", "--preset", "cpu-tiny", "--num-steps", "2", "--precision", "bf16", "--cache-dir",
+                     str(tmp_path), "--quiet", "true", "--json"]) == 0
+    (config,) = (tmp_path / "runs").glob("*/config.json")
+    out = R.run_replay(config.parent)
+    assert (out["precision"], out["precision_source"], out["device"]) == ("bf16", "the run's", "cpu")
+    assert out["losses_bitwise_equal"] and out["weights_unchanged"] and out["gradient_rel_change"] > 0
+    assert out["deterministic"] and out["repeat_direction_rel_change"] == 0.0  # CPU: the floor is exactly 0
+    assert "on cpu at bf16 (the run's precision)" in R.format_replay_table(out)
+
+
+def test_bf16_replay_of_an_fp32_run_runs_under_cpu_autocast(run_dir, result, monkeypatch):
+    seen = []
+    real_load = R.load_run
+
+    def load(*args, **kwargs):
+        loaded = real_load(*args, **kwargs)
+        seen.append(kwargs)
+        probe = lambda module, inputs: seen.append(torch.is_autocast_enabled(loaded.runtime.device.type))
+        loaded.model.transformer.h[0].attn.c_q.register_forward_pre_hook(probe)
+        return loaded
+
+    monkeypatch.setattr(R, "load_run", load)
+    out = R.run_replay(run_dir, precision="bf16")
+    assert seen[0] == {"device": "cpu", "precision": "bf16"}
+    assert seen[1:] and all(x is True for x in seen[1:])  # every forward under autocast on the device's type
+    assert (out["precision"], out["precision_source"]) == ("bf16", "given")
+    assert out["losses_bitwise_equal"] and out["weights_unchanged"]
+    assert out["losses"] != result["losses"]  # bf16 matmuls: not the fp32 replay's numbers
+    assert 0 < out["gradient_rel_change"] < 1 and out["deterministic"]
+
+
+def test_batches_are_moved_to_the_replay_device(run_dir):
+    from muonlab.device import Runtime
+
+    loaded = load_run(run_dir)
+    loaded.runtime = Runtime(torch.device("meta"), "fp32")  # any device but the checkpoint's (CPU)
+    for x, y in R.capture_batches(loaded):
+        assert x.device.type == y.device.type == "meta"
+
+
+def test_cli_passes_device_and_precision(run_dir, capsys):
+    assert main(["diagnose", "replay", "--run", str(run_dir), "--precision", "bf16", "--device", "cpu", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["precision"], out["device"], out["precision_source"]) == ("bf16", "cpu", "given")
+    assert main(["diagnose", "replay", "--run", str(run_dir), "--precision", "fp16"]) == 2
+    if not torch.cuda.is_available():
+        assert main(["diagnose", "replay", "--run", str(run_dir), "--device", "cuda"]) == 2
+
+
+def test_a_nondeterministic_floor_is_reported_as_measured(run_dir, monkeypatch):
+    """As on a GPU in bf16 (seed 003: 2.04%): the ordinary repeat's change is reported, not zeroed."""
+    real, calls = R.accumulate, []
+
+    def noisy(loaded, batches, rule):
+        losses, grads = real(loaded, batches, rule)
+        calls.append(rule)
+        if len(calls) == 3:  # the repeat: as if the backward's atomics summed in another order
+            grads = [g * (1 + 1e-3 * torch.randn_like(g)) for g in grads]
+        return losses, grads
+
+    monkeypatch.setattr(R, "accumulate", noisy)
+    out = R.run_replay(run_dir)
+    assert calls == ["ordinary", "branch_tangent", "ordinary"]
+    assert out["repeat_gradient_rel_change"] > 0 and out["repeat_direction_rel_change"] > 0
+    assert out["deterministic"] is False
+    table = R.format_replay_table(out)
+    assert "nondeterministic" in table and f"{100 * out['repeat_direction_rel_change']:.3f}%" in table
+
+
+@pytest.mark.gpu
+def test_replay_on_cuda_in_bf16(run_dir, monkeypatch):
+    """On the GPU the ordinary repeat may be nonzero (the floor); it is reported, whatever it is."""
+    before, devices = torch.get_float32_matmul_precision(), []
+    real_step = R.muon_step
+
+    def step(grads, params, *args):
+        devices.append((grads.device.type, params.device.type, args[0].device.type, args[1].device.type))
+        return real_step(grads, params, *args)
+
+    monkeypatch.setattr(R, "muon_step", step)
+    out = R.run_replay(run_dir, device="cuda", precision="bf16")
+    assert out["device"].startswith("cuda") and out["precision"] == "bf16"
+    assert devices and all(d == ("cuda",) * 4 for d in devices)  # gradients, parameters and both moments
+    assert out["losses_bitwise_equal"] and out["weights_unchanged"]
+    assert 0 < out["gradient_rel_change"] < 1 and math.isfinite(out["repeat_direction_rel_change"])
+    assert out["deterministic"] == (out["repeat_direction_rel_change"] == 0 == out["repeat_gradient_rel_change"])
+    assert torch.get_float32_matmul_precision() == before  # set to "high" for the replay only

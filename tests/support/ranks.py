@@ -5,7 +5,6 @@ Each run starts fresh rank processes (forked from a server that preloaded torch)
 deadline, so a hang fails the test instead of blocking the suite. Ranks use one thread.
 """
 
-import contextlib
 import multiprocessing as mp
 import socket
 import time
@@ -17,6 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from muonlab.device import one_intra_op_thread as one_thread
 from muonlab.optim import MuonAdamW
 
 DEADLINE_S = 120  # a whole spawn (start-up included); a hang fails the test after this
@@ -135,16 +135,6 @@ def _run_ranks_once(fn, world, outdir: Path, *args) -> list:
     if errors or not all(f.exists() for f in results):
         pytest.fail(f"exit codes {[p.exitcode for p in procs]}\n{errors}")
     return [torch.load(f, weights_only=True) for f in results]
-
-
-@contextlib.contextmanager
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(n)
 
 
 def flat(params) -> torch.Tensor:

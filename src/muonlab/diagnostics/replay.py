@@ -27,23 +27,33 @@ Choices (unstated in seed 003; the spec's [I]s included):
   * order of conditions: ordinary, rule, ordinary again (the repeat brackets the rule);
   * batches: every rank's pending batch then the next accum-1 from its restored loader (the exact
     global batch of the next step); with `micro_batches` given, rank 0's stream only;
-  * the replay runs at `precision` (fp32 by default; pass "bf16" to replay a bf16-trained run
-    under its autocast); relative changes are computed in fp64; ratio None when 0/0.
+  * device and precision: `device` (default cpu; any torch device that exists) and `precision`
+    (fp32 | bf16; default the run's own: its runtime.precision, with "auto" resolved on the device
+    it trained on, read from its checkpoint: a CUDA RNG state there means CUDA, so bf16). The
+    checkpoint is read on the CPU and copied onto the device by load_state_dict (the model's and
+    the optimizer's, which moves state to its parameter's device); batches are moved there and
+    autocast takes the device's type. On CUDA the fp32 matmul precision is "high", as training
+    sets it; relative changes are computed in fp64; ratio None when 0/0;
+  * the nondeterminism floor: the ordinary repeat is reported as measured. On CPU it is exactly 0;
+    on a GPU in bf16 it is seed 003's 2.04% (atomics in the backward), and a contrast is only
+    resolved above it, which the table says.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 from torch import Tensor
 
+from muonlab.device import detect_device, resolve_precision
 from muonlab.diagnostics.runs import LoadedRun, load_run
-from muonlab.errors import MuonlabError
+from muonlab.errors import MuonlabError, UsageError
 from muonlab.model.variants.residual_rules import use_rule
 from muonlab.optim import muon_variant
 from muonlab.optim.muon_adamw import muon_step
@@ -190,16 +200,59 @@ def replay_loaded(loaded: LoadedRun, batches: list[tuple[Tensor, Tensor]], rule:
     }
 
 
+def trained_precision(precision: str, device: str, rng_keys: Iterable[str]) -> str:
+    """The precision a run trained at: its runtime.precision, "auto" resolved on its training
+    device (runtime.device, or with "auto" CUDA iff its checkpoint holds a CUDA RNG state)."""
+    if device == "auto":
+        device = "cuda" if "cuda" in rng_keys else "cpu"
+    return resolve_precision(precision, torch.device(device))
+
+
+def recorded_precision(run_dir: str | Path) -> str:
+    """The run's own precision (see trained_precision); its newest checkpoint is only peeked at."""
+    from muonlab.config import load_config_file
+    from muonlab.train.checkpoint import list_checkpoints
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.json").is_file():
+        raise UsageError(f"{run_dir} is not a run directory (no config.json)")
+    runtime = load_config_file(run_dir / "config.json").runtime
+    rng_keys: tuple[str, ...] = ()
+    if runtime.precision == "auto" and runtime.device == "auto" and list_checkpoints(run_dir):
+        ckpt = torch.load(list_checkpoints(run_dir)[-1], map_location="cpu", weights_only=True, mmap=True)
+        rng_keys = tuple(ckpt.get("rng", {}))
+    return trained_precision(runtime.precision, runtime.device, rng_keys)
+
+
+@contextlib.contextmanager
+def _matmul_precision_as_training(device: torch.device):
+    """Training sets fp32 matmuls to "high" on CUDA (train.run); the replay does the same there."""
+    previous = torch.get_float32_matmul_precision()
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision("high")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(previous)
+
+
 def run_replay(run_dir: str | Path, micro_batches: int | None = None, rule: str = "branch_tangent",
-               device: str = "cpu", precision: str = "fp32") -> dict:
-    """Seed 003's actual-state Muon replay at the run's newest checkpoint (see the module docstring)."""
+               device: str = "cpu", precision: str | None = None) -> dict:
+    """Seed 003's actual-state Muon replay at the run's newest checkpoint on `device` at
+    `precision` (None: the run's own; see the module docstring)."""
     from muonlab.model.residual import RESIDUAL_RULES
 
     if rule not in RESIDUAL_RULES:
         raise ValueError(f"rule must be one of {', '.join(RESIDUAL_RULES)}, got {rule!r}")
-    loaded = load_run(run_dir, device=device, precision=precision)
-    result = replay_loaded(loaded, capture_batches(loaded, micro_batches), rule)
-    result["run_dir"] = str(run_dir)
+    dev = detect_device(device)  # a device that does not exist is a usage error
+    source = "given" if precision is not None else "the run's"
+    precision = resolve_precision(precision if precision is not None else recorded_precision(run_dir), dev)
+    loaded = load_run(run_dir, device=str(dev), precision=precision)
+    with _matmul_precision_as_training(dev):
+        result = replay_loaded(loaded, capture_batches(loaded, micro_batches), rule)
+    result.update(run_dir=str(run_dir), device=str(loaded.runtime.device), precision=loaded.runtime.precision,
+                  precision_source=source,
+                  deterministic=result["repeat_gradient_rel_change"] == 0 == result["repeat_direction_rel_change"])
     return result
 
 
@@ -227,10 +280,20 @@ def format_replay_table(result: dict) -> str:
     for name in RESETS:
         rows.append((f"direction contrast, reset {name}", pct(result[f"reset_{name}"]), paper(f"reset_{name}")))
         rows.append((f"reset-{name} vs mature ordinary direction", pct(result[f"reset_{name}_vs_mature"]), "n/a"))
+    where = (f", on {result['device']} at {result['precision']} ({result['precision_source']} precision)"
+             if "device" in result else "")
     lines = [f"Actual-state Muon replay: step {result['step']}, {result['micro_batches']} micro-batches, "
-             f"{result['tokens']:,} targets, rule {result['rule']} vs ordinary",
+             f"{result['tokens']:,} targets, rule {result['rule']} vs ordinary{where}",
              "", "| relative change | this run | seed 003 (s146 / s246) |", "| --- | ---: | ---: |"]
     lines += [f"| {a} | {b} | {c} |" for a, b, c in rows]
     lines.append(f"\nforward losses bitwise equal: {result['losses_bitwise_equal']}; "
                  f"weights unchanged: {result['weights_unchanged']}")
+    floor = result["repeat_direction_rel_change"]
+    if result["repeat_gradient_rel_change"] == 0 == floor:
+        lines.append("the replay is deterministic here: the nondeterminism floor is exactly 0 "
+                     "(seed 003's 2.04% is its GPU bf16 floor)")
+    else:
+        lines.append(f"the replay is nondeterministic here: ordinary repeat (the floor) {pct(floor)} of the "
+                     f"direction, {pct(result['repeat_gradient_rel_change'])} of the gradient; a contrast "
+                     "is resolved only above it (seed 003: 2.038% / 2.027%)")
     return "\n".join(lines)

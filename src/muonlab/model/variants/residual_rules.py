@@ -37,9 +37,16 @@ _NORM_SQ_FLOOR = 1e-20  # max(|y|^2, .) in P_y, as stated by the paper
 _NORM_FLOOR = 1e-20  # max(|g_y|, .) in the magnitude control (unstated; same constant)
 
 
+def _acc(t: torch.Tensor) -> torch.dtype:
+    """The reductions' dtype: at least fp32 (seed 003's FP32 accumulation), fp64 for fp64 inputs, so
+    the FP64 gauge audit checks the rule itself, not an fp32 rounding of it."""
+    return torch.promote_types(t.dtype, torch.float32)
+
+
 def _project(y: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    """P_y g per token in fp32: g - (<y, g> / max(|y|^2, 1e-20)) y. Zero y gives g back."""
-    y32, g32 = y.float(), g.float()
+    """P_y g per token in fp32 (fp64 for fp64): g - (<y, g> / max(|y|^2, 1e-20)) y. Zero y gives g back."""
+    acc = torch.promote_types(_acc(y), g.dtype)
+    y32, g32 = y.to(acc), g.to(acc)
     coef = (y32 * g32).sum(-1, keepdim=True) / y32.square().sum(-1, keepdim=True).clamp_min(_NORM_SQ_FLOOR)
     return g32 - coef * y32
 
@@ -73,7 +80,7 @@ class _GradMagControlAdd(_ResidualAdd):
     @staticmethod
     def backward(ctx, gy: torch.Tensor):
         (y,) = ctx.saved_tensors
-        g32 = gy.float()
+        g32 = gy.to(_acc(gy))
         proj_norm = torch.linalg.vector_norm(_project(y, g32), dim=-1, keepdim=True)
         g_norm = torch.linalg.vector_norm(g32, dim=-1, keepdim=True).clamp_min(_NORM_FLOOR)
         return gy, (g32 * (proj_norm / g_norm)).to(gy.dtype)
