@@ -140,10 +140,9 @@ def test_count_refuses_eval_and_cast_buffers():
         oe.count_(random_idx(10, 1, 4, seed=0))
 
 
-@pytest.mark.parametrize("depth,d,params,mib,gflops,lookup,update",
-                         [(6, 384, 57_929_472, 223.29, 1.9003, 1.6106, 0.2896),
-                          (8, 512, 77_239_296, 296.95, 2.5337, 2.1475, 0.3862)])
-def test_accounting_matches_spec(depth, d, params, mib, gflops, lookup, update):
+# FLOPs are counted from the model by diagnostics/accounting.py (tests/test_diagnostics_accounting.py)
+@pytest.mark.parametrize("depth,d,params,mib", [(6, 384, 57_929_472, 223.29), (8, 512, 77_239_296, 296.95)])
+def test_parameters_and_memory_match_spec(depth, d, params, mib):
     with torch.device("meta"):
         oe = OverEncoding(8192, d)
     assert oe.rows == [150_855, 150_857, 150_859, 150_861] and sum(oe.rows) == 603_432
@@ -152,10 +151,6 @@ def test_accounting_matches_spec(depth, d, params, mib, gflops, lookup, update):
     assert all(p.dtype == torch.bfloat16 for p in oe.parameters())
     assert round(oe.memory_bytes() / 2**20, 2) == mib
     assert round(4 * sum(oe.rows) / 2**20, 2) == 2.30  # the fp32 count vector
-    n_tok = 524_288
-    assert round(oe.flops_per_step(n_tok) / 1e9, 4) == gflops
-    assert round(8 * n_tok * d / 1e9, 4) == lookup
-    assert round((oe.flops_per_step(n_tok) - 8 * n_tok * d) / 1e9, 4) == update
     names = {name for name, _ in oe.named_buffers()}
     assert names == {f"counts_{j}" for j in range(4)}
     assert set(oe.state_dict()) == {f"tables.{j}.weight" for j in range(4)}

@@ -147,10 +147,6 @@ class OverEncoding(nn.Module):
         elem = self.tables[0].weight.element_size()
         return 2 * elem * self.num_parameters() + 4 * sum(self.rows)
 
-    def flops_per_step(self, tokens: int) -> float:
-        """8 N_tok d (index arithmetic, gather, scatter-add, x0 add) + 5 per table entry (update)."""
-        return float(8 * tokens * self.n_embd + 5 * sum(self.rows) * self.width)
-
 
 @dataclass(frozen=True)
 class OverEncodingConfig:
