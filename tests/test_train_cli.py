@@ -63,6 +63,23 @@ def test_divergence_is_recorded(tmp_path, capsys):
     assert summary["status"] == "diverged"
 
 
+def test_a_run_that_fails_mid_training_leaves_the_garbage_collector_on(tmp_path, capsys, monkeypatch):
+    """The loop turns Python's GC off after step 0 (upstream's stall fix); a failure at step 1 must not
+    leave it off for the rest of the process (a sweep, a notebook, the next test)."""
+    import gc
+
+    import muonlab.train.run as run_module
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("simulated failure in the step-2 evaluation")
+
+    monkeypatch.setattr(run_module, "evaluate_splits", boom)
+    assert gc.isenabled()
+    assert main(TINY + ["--eval-every", "2", "--num-steps", "4"]) == 1
+    assert "simulated failure" in capsys.readouterr().err
+    assert gc.isenabled()
+
+
 @pytest.mark.slow
 def test_runtime_failure_is_recorded_once(tmp_path, capsys, monkeypatch):
     import muonlab.train.run as run_module

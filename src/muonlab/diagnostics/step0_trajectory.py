@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import gc
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -267,7 +266,6 @@ def first_steps(s: Setup, steps: int, step0_mode: str | None = None, keep_init: 
         except RunInterrupted:  # the loop stops after `steps` steps, as after a signal (no checkpoint)
             pass
         finally:
-            gc.enable()  # the loop disables the GC after step 0 and re-enables it only on a normal return
             rec.remove()
     controlled = Step0Control(cfg.optim.step0_mode, family_params(model)).families
     return Steps(cfg, rec.records, loader.batches, controlled, init)

@@ -120,80 +120,82 @@ def train_loop(cfg: RunConfig, model, optimizer, loader, runtime: Runtime, flops
     interactive = sys.stdout.isatty() and not cfg.record.quiet and dist.is_main
     x, y, state.epoch = pending if pending is not None else next(loader)
     x, y = x.to(runtime.device), y.to(runtime.device)
-    while not _finished(cfg, state):
-        step = state.step
-        synchronize(runtime.device)
-        t0 = time.perf_counter()
-        try:
-            micro_losses = []
-            for _ in range(accum):
-                for hook in micro_hooks:
-                    hook(x)
-                with runtime.autocast():
-                    loss = model(x, y)
-                micro_losses.append(loss.detach())
-                (loss / accum).backward()
-                x, y, state.epoch = next(loader)
-            if cfg.train.num_steps is not None:
-                progress = step_progress(step, cfg.train.num_steps, cfg.train.untimed_steps)
-            else:
-                progress = time_progress(state.training_seconds, cfg.train.time_budget)
-            values = schedule.apply(optimizer, step, progress)
-            if clip_here:  # seed 004: global gradient-norm clip before the step
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
-            for hook in before:
-                hook(step, optimizer)
-            optimizer.step()
-            for hook in after:
-                hook(step, optimizer)
-            model.zero_grad(set_to_none=True)
-            train_loss = micro_losses[-1].item()  # upstream's fast-fail looks at the last micro-batch
-        except torch.OutOfMemoryError as exc:
-            raise OutOfMemory(step, cfg, runtime.device) from exc
-        stop_now = stop_requested()
-        if dist.active:  # every rank must take the same decision to stop, diverge or go on
-            shared = torch.tensor([train_loss, float(stop_now)], dtype=torch.float64, device=runtime.device)
-            dist.all_reduce_(shared)
-            train_loss, stop_now = shared[0].item() / dist.world_size, shared[1].item() > 0
-        if not math.isfinite(train_loss) or train_loss > cfg.train.max_loss:
-            raise Diverged(step, train_loss)
-        synchronize(runtime.device)
-        dt = time.perf_counter() - t0
-        if step >= cfg.train.untimed_steps:
-            state.training_seconds += dt
+    try:  # the GC is off after step 0 (below); whatever ends the loop turns it back on
+        while not _finished(cfg, state):
+            step = state.step
+            synchronize(runtime.device)
+            t0 = time.perf_counter()
+            try:
+                micro_losses = []
+                for _ in range(accum):
+                    for hook in micro_hooks:
+                        hook(x)
+                    with runtime.autocast():
+                        loss = model(x, y)
+                    micro_losses.append(loss.detach())
+                    (loss / accum).backward()
+                    x, y, state.epoch = next(loader)
+                if cfg.train.num_steps is not None:
+                    progress = step_progress(step, cfg.train.num_steps, cfg.train.untimed_steps)
+                else:
+                    progress = time_progress(state.training_seconds, cfg.train.time_budget)
+                values = schedule.apply(optimizer, step, progress)
+                if clip_here:  # seed 004: global gradient-norm clip before the step
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
+                for hook in before:
+                    hook(step, optimizer)
+                optimizer.step()
+                for hook in after:
+                    hook(step, optimizer)
+                model.zero_grad(set_to_none=True)
+                train_loss = micro_losses[-1].item()  # upstream's fast-fail looks at the last micro-batch
+            except torch.OutOfMemoryError as exc:
+                raise OutOfMemory(step, cfg, runtime.device) from exc
+            stop_now = stop_requested()
+            if dist.active:  # every rank must take the same decision to stop, diverge or go on
+                shared = torch.tensor([train_loss, float(stop_now)], dtype=torch.float64, device=runtime.device)
+                dist.all_reduce_(shared)
+                train_loss, stop_now = shared[0].item() / dist.world_size, shared[1].item() > 0
+            if not math.isfinite(train_loss) or train_loss > cfg.train.max_loss:
+                raise Diverged(step, train_loss)
+            synchronize(runtime.device)
+            dt = time.perf_counter() - t0
+            if step >= cfg.train.untimed_steps:
+                state.training_seconds += dt
 
-        state.ema = EMA_BETA * state.ema + (1 - EMA_BETA) * train_loss
-        state.smooth_loss = state.ema / (1 - EMA_BETA ** (step + 1))
-        state.last_loss = train_loss
-        state.step = step + 1
-        tok_per_sec = cfg.train.total_batch_size / dt
-        mfu = mfu_percent(flops_per_token, cfg.train.total_batch_size, dt, peak, dist.world_size)
-        record = dict(step=step, loss=train_loss, smooth_loss=state.smooth_loss, progress=progress,
-                      dt=dt, tok_per_sec=tok_per_sec, mfu=mfu, epoch=state.epoch, **values)
-        if step in trajectory:
-            record.update(family.trajectory(model))
-        if periodic_eval is not None and state.step % cfg.train.eval_every == 0:
-            record.update(periodic_eval())
-        if on_step is not None and dist.is_main:
-            on_step(record)
-        if dist.is_main:
-            _print_progress(cfg, state, record, interactive)
+            state.ema = EMA_BETA * state.ema + (1 - EMA_BETA) * train_loss
+            state.smooth_loss = state.ema / (1 - EMA_BETA ** (step + 1))
+            state.last_loss = train_loss
+            state.step = step + 1
+            tok_per_sec = cfg.train.total_batch_size / dt
+            mfu = mfu_percent(flops_per_token, cfg.train.total_batch_size, dt, peak, dist.world_size)
+            record = dict(step=step, loss=train_loss, smooth_loss=state.smooth_loss, progress=progress,
+                          dt=dt, tok_per_sec=tok_per_sec, mfu=mfu, epoch=state.epoch, **values)
+            if step in trajectory:
+                record.update(family.trajectory(model))
+            if periodic_eval is not None and state.step % cfg.train.eval_every == 0:
+                record.update(periodic_eval())
+            if on_step is not None and dist.is_main:
+                on_step(record)
+            if dist.is_main:
+                _print_progress(cfg, state, record, interactive)
 
-        if step == 0:  # Python's GC causes long stalls; freeze the start-up garbage, as upstream
-            gc.collect()
-            gc.freeze()
-            gc.disable()
-        if checkpoint is not None:
-            if stop_now:
-                raise RunInterrupted(state.step, checkpoint(state, (x, y, state.epoch)))
-            periodic = cfg.record.checkpoint_every > 0 and state.step % cfg.record.checkpoint_every == 0
-            if periodic or _finished(cfg, state):
-                checkpoint(state, (x, y, state.epoch))
-        elif stop_now:
-            raise RunInterrupted(state.step, None)
-    if interactive:
-        print()
-    gc.enable()
+            if step == 0:  # Python's GC causes long stalls; freeze the start-up garbage, as upstream
+                gc.collect()
+                gc.freeze()
+                gc.disable()
+            if checkpoint is not None:
+                if stop_now:
+                    raise RunInterrupted(state.step, checkpoint(state, (x, y, state.epoch)))
+                periodic = cfg.record.checkpoint_every > 0 and state.step % cfg.record.checkpoint_every == 0
+                if periodic or _finished(cfg, state):
+                    checkpoint(state, (x, y, state.epoch))
+            elif stop_now:
+                raise RunInterrupted(state.step, None)
+        if interactive:
+            print()
+    finally:
+        gc.enable()
     return state
 
 
