@@ -105,7 +105,8 @@ def scorecard(tables: list[PaperTable], records: list[dict], preset: str | None 
     return {"rule": rule.describe(), "tables": [score_table(t, records, preset, rule, overrides) for t in tables]}
 
 
-def _num(v: float | None, digits: int = 4) -> str:
+def _num(v: float | None, digits: int = 6) -> str:
+    """Six decimals by default: the papers print BPB to 1e-6, and 0.001 BPB decides."""
     return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{digits}f}"
 
 
@@ -134,8 +135,8 @@ def format_scorecard(card: dict[str, Any]) -> str:
                 p, m = c["paper"], c["measured"]
                 printed = f"{_num(c['printed_gain'])}, {_num(c['printed_p'], 4) if c['printed_p'] else '–'}"
                 lines.append(f"| {c['arm']} − {c['baseline']} | {printed} | {_num(p['mean_delta'])}, "
-                             f"{_num(p['p_value'])}, {p['decision']} | {_num(m['mean_delta'])}, "
-                             f"{_num(m['p_value'])}, {m['decision']} (n {m['n']}) |")
+                             f"{_num(p['p_value'], 4)}, {p['decision']} | {_num(m['mean_delta'])}, "
+                             f"{_num(m['p_value'], 4)}, {m['decision']} (n {m['n']}) |")
         if t["missing"]:
             lines.append("")
             lines.append("no runs yet: " + ", ".join(f"{m['arm']}@{m['seed']}" for m in t["missing"]))
