@@ -132,6 +132,32 @@ def test_table_lists_every_row_beside_the_paper(result):
     assert "not the paper's shape" in text and "measured peak, unfused_slice - weight_fused (compiled): n/a" in text
 
 
+def test_earlier_models_are_freed_before_each_measurement(monkeypatch):
+    """A GPT holds reference cycles (its variants point back at it), so an audited model outlives its
+    audit until the collector runs; on CUDA it would sit in the next implementation's peak. At each
+    measurement only the model being measured may be alive."""
+    import weakref
+
+    built, alive_at_measurement = [], []
+    real_build, real_free = storage.build_model, storage.free_unreachable
+
+    def build(*args, **kwargs):
+        model = real_build(*args, **kwargs)
+        built.append(weakref.ref(model))
+        return model
+
+    def free(device):
+        real_free(device)
+        alive_at_measurement.append(sum(ref() is not None for ref in built))
+
+    monkeypatch.setattr(storage, "build_model", build)
+    monkeypatch.setattr(storage, "free_unreachable", free)
+    for impl in ("none", "unfused_slice", "weight_fused"):
+        cfg = storage.audit_config(n_layer=1, impl=impl)
+        storage.audit_storage(cfg, 1, 16, mode="eager")
+    assert alive_at_measurement == [1, 1, 1]
+
+
 def test_rejects_unknown_mode_dtype_and_backend():
     cfg = storage.audit_config()
     with pytest.raises(ValueError):
@@ -233,6 +259,15 @@ def test_cli_refuses_what_cannot_act(argv, capsys):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where no CUDA exists")
 def test_cuda_without_cuda_is_a_usage_error(capsys):
     assert main(["diagnose", "storage", "--device", "cuda"]) == 2
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where no CUDA exists")
+def test_a_gpu_preset_is_audited_on_its_gpu_or_on_the_cpu_only_when_asked(capsys):
+    assert main(["diagnose", "storage", "--preset", "gpu-d8"]) == 2
+    assert "--device cpu" in capsys.readouterr().err
+    setup = storage.resolve_setup(preset="gpu-d8", device="cpu", batch=1, seq_len=32)
+    assert setup.device.type == "cpu" and setup.config("none").n_layer == 8
+    assert storage.resolve_setup(preset="cpu-tiny").device.type == "cpu"  # a CPU preset's own device
 
 
 def test_a_preset_model_is_what_is_audited():

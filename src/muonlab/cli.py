@@ -256,7 +256,9 @@ DIAGNOSTICS = {
                  ("--batch", dict(type=int, default=None,
                                   help="rows B (paper 32 and 64; default: the preset's device batch, else 2)")),
                  ("--seq-len", dict(type=int, default=None, help="T (default: the preset's, else 48)")),
-                 _DEVICE[0], ("--precision", dict(default=None, choices=("fp32", "bf16"),
+                 ("--device", dict(default=None, help="cpu, cuda, ... (default: the preset's, which for a GPU "
+                                                      "preset must be CUDA; without a preset cpu)")),
+                 ("--precision", dict(default=None, choices=("fp32", "bf16"),
                                                   help="default: the preset's on the device (bf16 on CUDA), else "
                                                        "bf16 on CUDA and fp32 elsewhere")),
                  ("--backend", dict(default=None, choices=("inductor", "aot_eager"),

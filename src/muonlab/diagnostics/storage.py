@@ -79,6 +79,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import os
 import shutil
 import sys
@@ -192,6 +193,16 @@ def default_backend(device: torch.device) -> str:
     return "inductor" if device.type == "cuda" or (device.type == "cpu" and cxx_compiler()) else "aot_eager"
 
 
+def free_unreachable(device: torch.device) -> None:
+    """Collect what nothing references any more (a GPT holds reference cycles through its variants,
+    so an audited model outlives its audit until the collector runs) and, on CUDA, hand its cached
+    blocks back, so a peak measured next holds only the model being measured."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+
+
 def _capture(fn: Callable[[], torch.Tensor], leaves: list[torch.Tensor], mode: str, dtype: torch.dtype,
              device: torch.device, backend: str) -> dict:
     """Run fn (a loss) under the hooks, then backward; on CUDA after a warm-up, measuring the peak."""
@@ -230,7 +241,8 @@ def _capture(fn: Callable[[], torch.Tensor], leaves: list[torch.Tensor], mode: s
         once()
         for t in leaves:
             t.grad = None
-        torch.cuda.synchronize(device)
+    free_unreachable(device)  # the earlier implementations' models must not count in this one's peak
+    if cuda:
         torch.cuda.reset_peak_memory_stats(device)
     state["on"] = True
     once()
@@ -238,6 +250,8 @@ def _capture(fn: Callable[[], torch.Tensor], leaves: list[torch.Tensor], mode: s
     if cuda:
         torch.cuda.synchronize(device)
         peak = torch.cuda.max_memory_allocated(device) / MIB
+    for t in leaves:
+        t.grad = None
     torch._dynamo.reset()
     return dict(storages=storages, unpacked=unpacked, bw_inputs=bw_inputs, tensors=state["tensors"], peak=peak)
 
@@ -362,10 +376,20 @@ def _explicit_config(n_layer: int, n_embd: int, n_head: int, seq_len: int, impl:
 
 def resolve_setup(preset: str | None = None, arm: str | None = None, seed: int | None = None,
                   depth: int | None = None, batch: int | None = None, seq_len: int | None = None,
-                  device: str = "cpu", precision: str | None = None, backend: str | None = None,
+                  device: str | None = None, precision: str | None = None, backend: str | None = None,
                   n_embd: int = 128, n_head: int = 4) -> StorageSetup:
-    """The audited model, shape, precision, device and backend (see the module docstring)."""
-    dev = detect_device(device)
+    """The audited model, shape, precision, device and backend (see the module docstring). Device:
+    the preset's (a GPU preset's "auto" must find CUDA: on the CPU it is refused unless --device cpu
+    asks for it), else cpu."""
+    if device is None and preset is not None:
+        from muonlab.arms import resolve_config
+
+        device = resolve_config(arm or "baseline", preset, {}).runtime.device
+        if device == "auto" and detect_device("auto").type != "cuda":
+            raise UsageError(f"preset {preset!r} is run on a GPU (the paper's compiled CUDA model) and no CUDA "
+                             "device is here; --device cpu audits it on the CPU anyway (slow at its shape; "
+                             "--batch and --seq-len shrink it)")
+    dev = detect_device(device or "cpu")
     if backend is not None and backend not in BACKENDS:
         raise UsageError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     if backend == "inductor" and dev.type == "cpu" and cxx_compiler() is None:
