@@ -12,6 +12,7 @@ import torch
 from muonlab.cli import main
 from muonlab.diagnostics import replay as R
 from muonlab.diagnostics.runs import load_run
+from muonlab.errors import UsageError
 from muonlab.model.gpt import GPT
 
 
@@ -85,8 +86,10 @@ def test_ordinary_against_ordinary_is_zero(run_dir):
     assert out["gradient_rel_change"] == 0.0 and out["direction_rel_change"] == 0.0
     assert out["reset_both"] == out["reset_momentum"] == out["reset_variance"] == 0.0
     assert out["direction_gradient_ratio"] is None
-    with pytest.raises(ValueError):
+    with pytest.raises(UsageError, match="--rule"):
         R.run_replay(run_dir, rule="nope")
+    with pytest.raises(UsageError, match="--micro-batches"):
+        R.run_replay(run_dir, micro_batches=0)
 
 
 def test_direction_equals_what_the_optimizer_step_does(run_dir):
@@ -254,3 +257,14 @@ def test_replay_on_cuda_in_bf16(run_dir, monkeypatch):
     assert 0 < out["gradient_rel_change"] < 1 and math.isfinite(out["repeat_direction_rel_change"])
     assert out["deterministic"] == (out["repeat_direction_rel_change"] == 0 == out["repeat_gradient_rel_change"])
     assert torch.get_float32_matmul_precision() == before  # set to "high" for the replay only
+
+
+def test_a_run_of_another_family_is_refused_in_one_line(tmp_path, capsys):
+    """The residual rules act at the autoresearch GPT's residual additions: a tied run has none."""
+    from muonlab.arms import resolve_config
+
+    (tmp_path / "config.json").write_text(json.dumps({"config": resolve_config("baseline", "tied-cpu", {}).to_dict()}))
+    assert main(["diagnose", "replay", "--run", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and "family 'tied'" in err and err.count("\n") == 1
+    assert main(["diagnose", "replay", "--run", str(tmp_path / "nowhere")]) == 2

@@ -242,8 +242,18 @@ def run_replay(run_dir: str | Path, micro_batches: int | None = None, rule: str 
     `precision` (None: the run's own; see the module docstring)."""
     from muonlab.model.residual import RESIDUAL_RULES
 
+    from muonlab.config import load_config_file
+
     if rule not in RESIDUAL_RULES:
-        raise ValueError(f"rule must be one of {', '.join(RESIDUAL_RULES)}, got {rule!r}")
+        raise UsageError(f"--rule must be one of {', '.join(RESIDUAL_RULES)}, got {rule!r}")
+    if micro_batches is not None and micro_batches < 1:
+        raise UsageError(f"--micro-batches must be at least 1, got {micro_batches}")
+    if not (Path(run_dir) / "config.json").is_file():
+        raise UsageError(f"{run_dir} is not a run directory (no config.json)")
+    family = load_config_file(Path(run_dir) / "config.json").family
+    if family != "autoresearch":  # the residual rules act at the autoresearch GPT's residual additions
+        raise UsageError(f"the replay compares residual backward rules of the autoresearch GPT; {run_dir} is a "
+                         f"run of family {family!r}")
     dev = detect_device(device)  # a device that does not exist is a usage error
     source = "given" if precision is not None else "the run's"
     precision = resolve_precision(precision if precision is not None else recorded_precision(run_dir), dev)
