@@ -216,6 +216,9 @@ def test_cli_json_and_refusals(capsys):
     assert out["rows"][0]["flops"]["components"]["over_encoding"]["optimizer"] * 1e9 == pytest.approx(
         A.measure_step(TINY, OE, 100)["optimizer"] - A.measure_step(TINY, {}, 100)["optimizer"])
     assert main(["diagnose", "accounting", "--arms", "10_oe_native", "--preset", TINY, "--visited-rows", "-1"]) == 2
+    # a setting that cannot act is refused: visited rows of arms without tables, an empty arm list
+    assert main(["diagnose", "accounting", "--arms", "01_dense_opt", "--preset", TINY, "--visited-rows", "9"]) == 2
+    assert main(["diagnose", "accounting", "--arms", ",", "--preset", TINY]) == 2
     with pytest.raises(UsageError):
         A.arm_accounting("10_oe_native", "no-such-preset")
 

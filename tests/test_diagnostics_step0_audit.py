@@ -123,6 +123,16 @@ def test_options_are_refused_when_they_cannot_act(cache, tmp_path):
         T.first_steps(T.setup(arm=ARM, settings={**SMALL, "num_steps": "2"}), 3)
     with pytest.raises(UsageError, match="--modes"):
         T.run_trajectory_audit(arm=ARM, settings=SMALL, modes="none,no_such_mode")
+    with pytest.raises(UsageError, match="--modes"):
+        T.run_trajectory_audit(arm=ARM, settings=SMALL, modes=" , ")
+
+
+def test_the_papers_protocol_is_compiled_bf16_on_cuda_at_depth_6():
+    paper = dict(depth=6, data_source="climbmix", precision="bf16", device="cuda:0", compile=True, seed=41)
+    assert T.protocol_matches(paper)
+    for key, value in (("compile", False), ("device", "cpu"), ("precision", "fp32"), ("depth", 8), ("seed", 7),
+                       ("data_source", "synthetic")):
+        assert not T.protocol_matches({**paper, key: value}), key
 
 
 # ------------------------------------------------------------------------------ the float64 audit

@@ -339,8 +339,11 @@ def _accounting_arms(args) -> list[str]:
     """--arms, or every seed-002 arm (spec-002 §1.12)."""
     from muonlab.arms import ARMS, get_arm
 
-    if args.arms:
-        return [get_arm(name).name for name in args.arms.split(",")]
+    if args.arms is not None:
+        names = [name.strip() for name in args.arms.split(",") if name.strip()]
+        if not names:
+            raise UsageError("--arms names at least one arm (leave it out for every seed-002 arm)")
+        return [get_arm(name).name for name in names]
     return [name for name, arm in ARMS.items() if arm.paper == "seed 002"]
 
 

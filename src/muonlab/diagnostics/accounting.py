@@ -506,6 +506,11 @@ def arm_accounting(arm: str, preset: str = "gpu-d8", visited_rows: int | None = 
 
 def accounting_table(arms: list[str], preset: str, visited_rows: int | None = None) -> dict[str, Any]:
     """`arm_accounting` of each arm under one preset."""
+    if visited_rows is not None:
+        from muonlab.arms import resolve_config
+
+        if not any(resolve_config(arm, preset, {}).model.oe.m > 0 for arm in arms):
+            raise UsageError("--visited-rows prices the Over-Encoding tables' updates; none of these arms has them")
     rows = [arm_accounting(arm, preset, visited_rows) for arm in arms]
     first = rows[0]["flops"]["compare"]["step_tflops"] if rows else {}
     return dict(preset=preset, step_tflops=first.get("derived"), paper_step_tflops=PAPER_STEP_TFLOPS.get(preset),

@@ -432,15 +432,15 @@ def paper_comparison(modes: dict[str, dict], seed: int, protocol_matches: bool) 
         gaps = [abs(x["loss"] - y["loss"]) for x, y in zip(a[1:12], b[1:12])]
         rows.append({"quantity": "max |loss(dcnt) - loss(12do_full)|, steps 1..11", "paper": PAPER_DCNT_TRACKS_FULL,
                      "paper_is_bound": True, "measured": max(gaps) if gaps else None})
-    note = ("the paper's protocol (d6, ClimbMix, bf16 on CUDA)" if protocol_matches else
+    note = ("the paper's protocol (d6, ClimbMix, compiled bf16 on CUDA)" if protocol_matches else
             "not the paper's protocol (d6, ClimbMix, compiled bf16 on a GPU): the numbers compare in kind, not value")
     return {"rows": rows, "protocol_matches": protocol_matches, "note": note}
 
 
 def protocol_matches(d: dict[str, Any]) -> bool:
-    """The printed numbers' setting: depth 6, ClimbMix, bf16 on CUDA, a paper seed (§4.3)."""
+    """The printed numbers' setting: depth 6, ClimbMix, compiled bf16 on CUDA, a paper seed (§4.3)."""
     return (d["depth"] == 6 and d["data_source"] == "climbmix" and d["precision"] == "bf16"
-            and d["device"].startswith("cuda") and d["seed"] in (41, 42, 47))
+            and d["device"].startswith("cuda") and bool(d["compile"]) and d["seed"] in (41, 42, 47))
 
 
 def run_trajectory_audit(run: str | Path | None = None, preset: str | None = None, arm: str | None = None,
@@ -449,8 +449,10 @@ def run_trajectory_audit(run: str | Path | None = None, preset: str | None = Non
                          modes: tuple[str, ...] | list[str] | str | None = None,
                          log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """The steps 0..steps-1 trajectories of each step-0 mode (default all six) on the run's model."""
-    if isinstance(modes, str):
-        modes = [m.strip() for m in modes.split(",") if m.strip()]
+    if modes is not None:
+        modes = [m.strip() for m in modes.split(",") if m.strip()] if isinstance(modes, str) else list(modes)
+        if not modes:
+            raise UsageError(f"--modes names at least one of {', '.join(STEP0_MODES)} (leave it out for all six)")
     modes = tuple(modes or STEP0_MODES)
     unknown = [m for m in modes if m not in STEP0_MODES]
     if unknown or len(set(modes)) != len(modes):
