@@ -224,6 +224,7 @@ CASES = [
     ("diagnose-needs-run", ["diagnose", "geometry"], USAGE, "--run"),
     ("diagnose-run-missing", ["diagnose", "geometry", "--run", "/nonexistent/run"], USAGE, "/nonexistent/run"),
     ("diagnose-unknown-arm", ["diagnose", "accounting", "--arms", "nope"], USAGE, "nope"),
+    ("diagnose-empty-arms", ["diagnose", "accounting", "--arms", ","], USAGE, "--arms names at least one arm"),
     # --- doctor (checked before CUDA is, so the same on every machine)
     ("doctor-needs-a-check", ["doctor"], USAGE, "--gpu"),
     ("doctor-tests-missing", ["doctor", "--gpu", "--tests", "/nonexistent/tests"], USAGE, "/nonexistent/tests"),
