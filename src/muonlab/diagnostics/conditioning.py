@@ -321,10 +321,7 @@ def _quantile(values: list[float], q: float) -> float:
 
 
 def _median(values: list[float]) -> float:
-    if not values:
-        return math.nan
-    k = len(values)
-    return values[k // 2] if k % 2 else 0.5 * (values[k // 2 - 1] + values[k // 2])
+    return _quantile(values, 0.5)
 
 
 def run(cfg: ConditioningConfig | None = None, json: bool = False, **settings) -> dict:
