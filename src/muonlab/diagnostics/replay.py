@@ -52,7 +52,7 @@ import torch
 from torch import Tensor
 
 from muonlab.device import detect_device, resolve_precision
-from muonlab.diagnostics.runs import LoadedRun, load_run
+from muonlab.diagnostics.runs import LoadedRun, load_run, run_config
 from muonlab.errors import MuonlabError, UsageError
 from muonlab.model.variants.residual_rules import use_rule
 from muonlab.optim import muon_variant
@@ -208,15 +208,13 @@ def trained_precision(precision: str, device: str, rng_keys: Iterable[str]) -> s
     return resolve_precision(precision, torch.device(device))
 
 
-def recorded_precision(run_dir: str | Path) -> str:
-    """The run's own precision (see trained_precision); its newest checkpoint is only peeked at."""
-    from muonlab.config import load_config_file
+def recorded_precision(run_dir: str | Path, runtime=None) -> str:
+    """The run's own precision (see trained_precision) from its config's `runtime` (read from the run
+    when not given); its newest checkpoint is only peeked at."""
     from muonlab.train.checkpoint import list_checkpoints
 
     run_dir = Path(run_dir)
-    if not (run_dir / "config.json").is_file():
-        raise UsageError(f"{run_dir} is not a run directory (no config.json)")
-    runtime = load_config_file(run_dir / "config.json").runtime
+    runtime = run_config(run_dir).runtime if runtime is None else runtime
     rng_keys: tuple[str, ...] = ()
     if runtime.precision == "auto" and runtime.device == "auto" and list_checkpoints(run_dir):
         ckpt = torch.load(list_checkpoints(run_dir)[-1], map_location="cpu", weights_only=True, mmap=True)
@@ -242,21 +240,18 @@ def run_replay(run_dir: str | Path, micro_batches: int | None = None, rule: str 
     `precision` (None: the run's own; see the module docstring)."""
     from muonlab.model.residual import RESIDUAL_RULES
 
-    from muonlab.config import load_config_file
-
     if rule not in RESIDUAL_RULES:
         raise UsageError(f"--rule must be one of {', '.join(RESIDUAL_RULES)}, got {rule!r}")
     if micro_batches is not None and micro_batches < 1:
         raise UsageError(f"--micro-batches must be at least 1, got {micro_batches}")
-    if not (Path(run_dir) / "config.json").is_file():
-        raise UsageError(f"{run_dir} is not a run directory (no config.json)")
-    family = load_config_file(Path(run_dir) / "config.json").family
+    cfg = run_config(run_dir)
+    family = cfg.family
     if family != "autoresearch":  # the residual rules act at the autoresearch GPT's residual additions
         raise UsageError(f"the replay compares residual backward rules of the autoresearch GPT; {run_dir} is a "
                          f"run of family {family!r}")
     dev = detect_device(device)  # a device that does not exist is a usage error
     source = "given" if precision is not None else "the run's"
-    precision = resolve_precision(precision if precision is not None else recorded_precision(run_dir), dev)
+    precision = resolve_precision(precision if precision is not None else recorded_precision(run_dir, cfg.runtime), dev)
     loaded = load_run(run_dir, device=str(dev), precision=precision)
     with _matmul_precision_as_training(dev):
         result = replay_loaded(loaded, capture_batches(loaded, micro_batches), rule)

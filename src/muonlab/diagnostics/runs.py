@@ -41,12 +41,18 @@ class LoadedRun:
         return x.to(self.runtime.device), y.to(self.runtime.device)
 
 
-def load_run(run_dir: str | Path, device: str = "cpu", precision: str = "fp32", fallback: bool = False) -> LoadedRun:
-    """The run's model and optimizer at its newest valid checkpoint (fp32 on CPU by default)."""
+def run_config(run_dir: str | Path) -> RunConfig:
+    """A run directory's own config (its config.json); a directory without one is a usage error."""
     run_dir = Path(run_dir)
     if not (run_dir / "config.json").is_file():
         raise UsageError(f"{run_dir} is not a run directory (no config.json)")
-    cfg = load_config_file(run_dir / "config.json")
+    return load_config_file(run_dir / "config.json")
+
+
+def load_run(run_dir: str | Path, device: str = "cpu", precision: str = "fp32", fallback: bool = False) -> LoadedRun:
+    """The run's model and optimizer at its newest valid checkpoint (fp32 on CPU by default)."""
+    run_dir = Path(run_dir)
+    cfg = run_config(run_dir)
     path, ckpt = latest_checkpoint(run_dir, fallback=fallback)
     dev = torch.device(device)
     runtime = Runtime(dev, resolve_precision(precision, dev))

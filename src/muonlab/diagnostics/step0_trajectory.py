@@ -107,7 +107,8 @@ def setup(run: str | Path | None = None, preset: str | None = None, arm: str | N
     Defaults: preset cpu-tiny, arm 12do_oe_decoupled_x0_out, the arm's first paper seed; device and
     precision the config's (a run's `--device` / `--precision` when given)."""
     from muonlab.arms import get_arm, resolve_config  # noqa: PLC0415
-    from muonlab.config import apply_overrides, load_config_file  # noqa: PLC0415
+    from muonlab.config import apply_overrides  # noqa: PLC0415
+    from muonlab.diagnostics.runs import run_config  # noqa: PLC0415
     from muonlab.device import Runtime, detect_device, resolve_precision  # noqa: PLC0415
     from muonlab.families import get_family  # noqa: PLC0415
 
@@ -115,10 +116,7 @@ def setup(run: str | Path | None = None, preset: str | None = None, arm: str | N
     if run is not None:
         if preset is not None or arm is not None or seed is not None or settings:
             raise UsageError("--run reads the run's own config: give --preset/--arm/--seed/--set without --run")
-        run = Path(run)
-        if not (run / "config.json").is_file():
-            raise UsageError(f"{run} is not a run directory (no config.json)")
-        cfg = apply_overrides(load_config_file(run / "config.json"), {**runtime_over, "quiet": True})
+        cfg = apply_overrides(run_config(run), {**runtime_over, "quiet": True})
         source: dict[str, Any] = {"run": str(run)}
     else:
         preset, arm = preset or DEFAULT_PRESET, arm or DEFAULT_ARM
