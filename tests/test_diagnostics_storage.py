@@ -17,6 +17,7 @@ import torch
 
 from muonlab.cli import main
 from muonlab.diagnostics import storage
+from muonlab.errors import UsageError
 from muonlab.model import GPTConfig
 from muonlab.model.variants.presub_gains import PresubGainsConfig
 from muonlab.model.variants.qk_scale import QKScaleConfig
@@ -263,6 +264,8 @@ def test_cuda_without_cuda_is_a_usage_error(capsys):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where no CUDA exists")
 def test_a_gpu_preset_is_audited_on_its_gpu_or_on_the_cpu_only_when_asked(capsys):
+    with pytest.raises(UsageError, match="--device cpu"):  # first: without the refusal the CLI would audit d8
+        storage.resolve_setup(preset="gpu-d8")
     assert main(["diagnose", "storage", "--preset", "gpu-d8"]) == 2
     assert "--device cpu" in capsys.readouterr().err
     setup = storage.resolve_setup(preset="gpu-d8", device="cpu", batch=1, seq_len=32)
