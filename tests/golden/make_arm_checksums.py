@@ -215,8 +215,8 @@ def record_arms(golden: dict, names: list[str], reason: str | None) -> int:
     return 0
 
 
-def load_golden() -> dict:
-    return json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {"machines": {}}
+def load_golden(path: Path = GOLDEN) -> dict:
+    return json.loads(path.read_text()) if path.exists() else {"machines": {}}
 
 
 def main() -> int:

@@ -344,7 +344,7 @@ class GradientSources:
 
     While the context is open, every `F.embedding` call that reads the tied table (what nn.Embedding
     modules run, so 3-way ties' encoder and decoder lookups too) registers a hook on its raw lookup
-    output that index-adds dL/d(lookup) into an fp32 V x d buffer (G_in, across micro-batches;
+    output that index-adds dL/d(lookup) into an fp32 V x d buffer (the table's dtype where wider: G_in, across micro-batches;
     padding_idx rows skipped). Hooking the raw lookup, not a module's output, keeps a scale applied
     inside the module (Gemma's sqrt(d) embed_scale in T5Gemma2) in the gradient, as autograd has it.
     G_out = table.grad - G_in, so the capture must start with table.grad None/zero. Lookups by other
@@ -353,7 +353,8 @@ class GradientSources:
 
     def __init__(self, model: nn.Module, tied: str | Tensor | None = None) -> None:
         self.table = find_tied(model, tied)[1]
-        self.lookup = torch.zeros(self.table.shape, dtype=torch.float32, device=self.table.device)
+        dtype = torch.promote_types(self.table.dtype, torch.float32)  # bf16 tables: fp32; a float64 table: float64
+        self.lookup = torch.zeros(self.table.shape, dtype=dtype, device=self.table.device)
         self._mods = [m for m in model.modules() if isinstance(m, nn.Embedding) and m.weight is self.table]
         if not self._mods:
             raise ValueError("no nn.Embedding module uses the tied table")
@@ -378,7 +379,7 @@ class GradientSources:
         keep = None if pad is None else ids != pad
 
         def add(grad: Tensor) -> None:
-            g = grad.reshape(-1, grad.shape[-1]).float()
+            g = grad.reshape(-1, grad.shape[-1]).to(self.lookup.dtype)
             self.lookup.index_add_(0, ids if keep is None else ids[keep], g if keep is None else g[keep])
         out.register_hook(add)
 
@@ -386,10 +387,10 @@ class GradientSources:
         self.lookup.zero_()
 
     def sources(self) -> dict[str, Any]:
-        """lookup / softmax / both gradients (fp32), row coverage of each source, and their cosine."""
+        """lookup / softmax / both gradients (in the buffer's dtype), row coverage of each source, their cosine."""
         if self.table.grad is None:
             raise RuntimeError("the tied table has no gradient: run backward inside the context first")
-        both = self.table.grad.float()
+        both = self.table.grad.to(self.lookup.dtype)
         g_in, g_out = self.lookup.clone(), both - self.lookup
         cover = {f"{k}_rows": (v != 0).any(dim=1).float().mean().item()
                  for k, v in (("lookup", g_in), ("softmax", g_out))}
