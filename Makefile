@@ -1,15 +1,19 @@
-# Two entry points: `make demo` and `make test`. Each creates .venv on first use.
-PYTHON ?= python3.11
+# Two entry points: `make demo` and `make test`. Each creates .venv on first use, from the lock.
+# PYTHON: the first of python3.11, python3.12, python3.13 that runs here (or `make PYTHON=/path/to/python`).
+PYTHON ?= $(shell for p in python3.11 python3.12 python3.13 python3; do \
+	  $$p -c 'import sys; assert (3, 11) <= sys.version_info[:2] <= (3, 13)' 2>/dev/null && { echo $$p; break; }; done)
 VENV := .venv
 STAMP := $(VENV)/.installed
+# the exact tested set (requirements/lock.txt) and the tested torch (requirements/torch.txt)
+LOCK := -c requirements/lock.txt -c requirements/torch.txt
 
-.PHONY: demo test test-fast gpu-check bench clean
+.PHONY: demo test test-fast gpu-check bench lock clean
 
-$(STAMP): pyproject.toml
-	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (muonlab needs Python 3.11)"; exit 2; }
+$(STAMP): pyproject.toml requirements/lock.txt requirements/torch.txt
+	@test -n "$(PYTHON)" || { echo "error: no Python 3.11-3.13 found (make PYTHON=/path/to/python3.X)"; exit 2; }
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet -e '.[test]'
+	$(VENV)/bin/pip install --quiet $(LOCK) -e '.[all,test]'
 	@touch $(STAMP)
 
 demo: $(STAMP)
@@ -29,6 +33,10 @@ gpu-check: $(STAMP)
 
 bench: $(STAMP)
 	$(VENV)/bin/python benchmarks/step_throughput.py
+
+# rewrite the lock from .venv once the suite passed in it (torch and what only torch needs go to torch.txt)
+lock: $(STAMP)
+	$(VENV)/bin/python requirements/write_lock.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

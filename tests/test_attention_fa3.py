@@ -13,8 +13,10 @@ import logging
 from pathlib import Path
 from types import SimpleNamespace
 
-import kernels
 import pytest
+
+kernels = pytest.importorskip("kernels", reason="the FA3 loading tests need kernels (pip install 'muonlab[fa3]')")
+
 import torch
 import torch.nn.functional as F
 from support.models import small

@@ -10,7 +10,8 @@ import json
 from pathlib import Path
 
 import pytest
-from scipy import stats as scipy_stats
+
+scipy_stats = pytest.importorskip("scipy.stats", reason="an independent t-test needs scipy (pip install 'muonlab[stats]')")
 
 from muonlab.errors import MuonlabError, UsageError
 from muonlab.config import RunConfig

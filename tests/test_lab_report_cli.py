@@ -8,7 +8,8 @@ import json
 
 import numpy as np
 import pytest
-from scipy import stats as scipy_stats
+
+scipy_stats = pytest.importorskip("scipy.stats", reason="an independent t-test needs scipy (pip install 'muonlab[stats]')")
 
 from muonlab.arms import resolve_config
 from muonlab.cli import main

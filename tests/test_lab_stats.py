@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from scipy import stats as scipy_stats
+
+scipy_stats = pytest.importorskip("scipy.stats", reason="an independent t-test needs scipy (pip install 'muonlab[stats]')")
 
 from muonlab.errors import UsageError
 from muonlab.lab.stats import (IMPROVES, INCONCLUSIVE, NOT_ESTIMABLE, WORSE, DecisionRule,

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import grimp
 import pytest
-from importlinter import api
-from importlinter.contracts.layers import LayersContract
-from importlinter.domain.helpers import MissingImport
+
+grimp = pytest.importorskip("grimp", reason="the layer tests need grimp (pip install 'muonlab[test]')")
+pytest.importorskip("importlinter", reason="the layer tests need import-linter (pip install 'muonlab[test]')")
+from importlinter import api  # noqa: E402
+from importlinter.contracts.layers import LayersContract  # noqa: E402
+from importlinter.domain.helpers import MissingImport  # noqa: E402
 
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 

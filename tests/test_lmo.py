@@ -14,7 +14,9 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from scipy.optimize import brentq, minimize
+
+optimize = pytest.importorskip("scipy.optimize", reason="the LMO's references need scipy (pip install 'muonlab[stats]')")
+brentq, minimize = optimize.brentq, optimize.minimize
 
 import muonlab.optim.lmo as lmo_mod
 from muonlab.optim.lmo import clipped_row_lmo, lmo_objective, tie_norm

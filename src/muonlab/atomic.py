@@ -1,7 +1,9 @@
 """Atomic file writes: temp file in the same directory, fsync, rename; whole-line appends.
 
 A reader never sees a half-written file, and a crash mid-write leaves the previous
-version (if any) intact. `append_whole` appends all of a line or nothing of it.
+version (if any) intact. `append_whole` appends all of a line or nothing of it. Files are
+created with the process umask (0644 under 022, 0664 under a team's 002), as `open` would
+create them: a shared cache or runs directory stays readable by the team.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import contextlib
 import errno
 import json
 import os
-import tempfile
+import secrets
 from pathlib import Path
 from typing import IO, Iterator
 
@@ -45,7 +47,7 @@ def atomic_open(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO]:
     A failed write is raised as an OSError naming `path`, whatever the writer made of it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = create_temp_beside(path)
     kept = None
     try:
         with os.fdopen(fd, mode) as f:
@@ -62,6 +64,18 @@ def atomic_open(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO]:
             raise OSError(cause.errno, cause.strerror, str(path)) from exc
         raise
     _fsync_dir(path.parent)
+
+
+def create_temp_beside(path: Path) -> tuple[int, str]:
+    """A new, uniquely named temp file beside `path`, open for writing: (fd, its path). Unlike
+    tempfile.mkstemp (always 0600), its mode is 0666 less the umask, as the final file's should be."""
+    for _ in range(100):
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), str(tmp)
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no unused temp file name", str(path))
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -106,6 +106,9 @@ def cmd_arms(args) -> int:
 
 def cmd_methods(args) -> int:
     from muonlab.lab.methods import format_methods, method_catalog
+    from muonlab.plugins import load_plugins
+
+    load_plugins(args.plugin or "")  # their methods are listed too
 
     catalog = method_catalog()
     _emit(args, {"methods": catalog}, format_methods(catalog))
@@ -447,22 +450,39 @@ def _first_pass(argv: list[str] | None):
         return preset("gpu-d8")
 
 
-def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
-    from muonlab import __version__
-    from muonlab.config import all_presets
-    from muonlab.families import all_families
+def _chosen_verb(argv: list[str] | None) -> str | None:
+    """The verb the command line names (its first word that is not an option), if any."""
+    words = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")]
+    return words[0] if words else None
 
-    base = _first_pass(argv)
-    presets = sorted(all_presets())
-    families = all_families()
+
+def build_parser(argv: list[str] | None = None, only: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every verb, or with `only` (what `main` passes: the verb the command line names) of
+    that verb alone, the others listed by their one-line help: a verb's flags come from the config
+    sections, which import torch and the families, so `muonlab --help` and `--version` need none of it."""
+    from muonlab import __version__
+
     parser = _Parser(prog="muonlab", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"muonlab {__version__}")
     sub = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=_Parser)
     sub.required = True
 
+    def verb(name: str, **kwargs):
+        """The verb's parser when it is the chosen one, else None (listed by its help only)."""
+        p = sub.add_parser(name, **kwargs)
+        return p if only is None or name == only else None
+
+    def config_context():
+        from muonlab.config import all_presets
+        from muonlab.families import all_families
+
+        return _first_pass(argv), sorted(all_presets()), all_families()
+
     def with_config(p, data_only: bool = False):
+        base, presets, families = config_context()
         p.add_argument("--preset", default="gpu-d8", choices=presets,
-                       help="protocol preset the flags override (default: gpu-d8)")
+                       help="protocol preset the flags override (default: gpu-d8; a GPU preset on a machine "
+                            "without one needs --device cpu)")
         from muonlab.settings import leaves
 
         skip = ("arm",) + tuple(l.key for f in families for l in leaves(_family_config(f))
@@ -470,137 +490,149 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         add_config_flags(p, base, families, skip=skip)
         p.add_argument("--json", action="store_true", help="print the result as JSON")
 
-    p = sub.add_parser("prepare", help="download/materialise a corpus and train its tokenizer")
-    with_config(p, data_only=True)
-    p.set_defaults(func=cmd_prepare)
+    p = verb("prepare", help="download/materialise a corpus and train its tokenizer")
+    if p:
+        with_config(p, data_only=True)
+        p.set_defaults(func=cmd_prepare)
 
-    p = sub.add_parser("train", help="train one run and evaluate val/holdout BPB")
-    p.add_argument("--arm", default="baseline", help="registered arm to train (see `muonlab arms`)")
-    p.add_argument("--config", default=None, help="start from a saved config (a run's config.json) instead of --preset/--arm")
-    p.add_argument("--resume", default=None, metavar="RUN_DIR",
-                   help="continue an interrupted run from its newest checkpoint, in its own directory")
-    p.add_argument("--fallback", action="store_true",
-                   help="with --resume: if the newest checkpoint is corrupted, use the previous valid one")
-    with_config(p)
-    p.set_defaults(func=cmd_train)
+    p = verb("train", help="train one run and evaluate val/holdout BPB")
+    if p:
+        p.add_argument("--arm", default="baseline", help="registered arm to train (see `muonlab arms`)")
+        p.add_argument("--config", default=None, help="start from a saved config (a run's config.json) instead of --preset/--arm")
+        p.add_argument("--resume", default=None, metavar="RUN_DIR",
+                       help="continue an interrupted run from its newest checkpoint, in its own directory")
+        p.add_argument("--fallback", action="store_true",
+                       help="with --resume: if the newest checkpoint is corrupted, use the previous valid one")
+        with_config(p)
+        p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("arms", help="list the registered arms")
-    p.add_argument("--json", action="store_true", help="print the registry as JSON")
-    p.set_defaults(func=cmd_arms)
+    p = verb("arms", help="list the registered arms")
+    if p:
+        p.add_argument("--json", action="store_true", help="print the registry as JSON")
+        p.set_defaults(func=cmd_arms)
 
-    p = sub.add_parser("methods", help="list the registered methods (paper, config key, module, arms, tests)")
-    p.add_argument("--plugin", default=None, help="comma-separated plug-in modules or .py files to list too")
-    p.add_argument("--json", action="store_true", help="print the registry as JSON")
-    p.set_defaults(func=cmd_methods)
+    p = verb("methods", help="list the registered methods (paper, config key, module, arms, tests)")
+    if p:
+        p.add_argument("--plugin", default=None, help="comma-separated plug-in modules or .py files to list too")
+        p.add_argument("--json", action="store_true", help="print the registry as JSON")
+        p.set_defaults(func=cmd_methods)
 
-    p = sub.add_parser("sweep", help="run arms x seeds under one preset, resumable from the ledger")
-    p.add_argument("--arms", required=True, help="comma-separated arm names")
-    p.add_argument("--seeds", default=None,
-                   help="comma-separated seeds, e.g. 41,42,47 (default: the seeds the arms' paper used)")
-    p.add_argument("--executor", default="local", choices=("local", "slurm"))
-    p.add_argument("--parallel", type=int, default=None,
-                   help="runs at a time (local; default: one per visible GPU, else 1)")
-    p.add_argument("--retry-failed", action="store_true", help="run failed or diverged (arm, seed) again")
-    p.add_argument("--slurm", action="append", default=[], metavar="KEY=VALUE",
-                   help="submitit parameter, e.g. slurm_partition=gpu, timeout_min=60, cluster=local")
-    with_config(p)
-    p.set_defaults(func=cmd_sweep)
+    p = verb("sweep", help="run arms x seeds under one preset, resumable from the ledger")
+    if p:
+        p.add_argument("--arms", required=True, help="comma-separated arm names")
+        p.add_argument("--seeds", default=None,
+                       help="comma-separated seeds, e.g. 41,42,47 (default: the seeds the arms' paper used)")
+        p.add_argument("--executor", default="local", choices=("local", "slurm"))
+        p.add_argument("--parallel", type=int, default=None,
+                       help="runs at a time (local; default: one per visible GPU, else 1)")
+        p.add_argument("--retry-failed", action="store_true", help="run failed or diverged (arm, seed) again")
+        p.add_argument("--slurm", action="append", default=[], metavar="KEY=VALUE",
+                       help="submitit parameter, e.g. slurm_partition=gpu, timeout_min=60, cluster=local")
+        with_config(p)
+        p.set_defaults(func=cmd_sweep)
 
-    p = sub.add_parser("report", help="per-protocol studies: per-arm statistics, paired contrasts, Markdown/JSON/PNG",
-                       description=REPORT_DESCRIPTION, epilog=REPORT_EPILOG,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ledger", default=None, help="ledger to analyse (default <cache>/runs/ledger.jsonl)")
-    p.add_argument("--baseline", default="baseline", help="reference arm of the contrasts (default baseline)")
-    p.add_argument("--metric", default="auto", help="metrics key to compare: val_bpb, holdout_bpb, val_ce, ...; "
-                   "auto (default): the runs' family metric (val_bpb; val_ce for seed 004's families)")
-    p.add_argument("--threshold", type=float, default=0.0005,
-                   help="preregistered decision threshold in metric units (default 0.0005 BPB)")
-    p.add_argument("--rule", default="ci+threshold", choices=("ci+threshold", "ci", "threshold"),
-                   help="decision rule (default: CI excludes 0 and |mean delta| >= threshold)")
-    p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
-                   help="keep the runs whose config holds KEY=VALUE (a flag name such as depth or num-steps, or a "
-                        "dotted key such as model.depth); repeatable, all must hold")
-    p.add_argument("--protocol", default=None, metavar="ID",
-                   help="keep the one protocol whose id starts with ID (ids are printed per study)")
-    p.add_argument("--contrast", action="append", default=[], metavar="A:B",
-                   help="also the paired contrast A - B in each protocol; repeatable")
-    p.add_argument("--dod", action="append", default=[], metavar="A:B,C:D",
-                   help="difference-of-differences (A - B) - (C - D) per seed in each protocol; with --across, "
-                        "A:B is the one contrast compared between two protocols; repeatable")
-    p.add_argument("--retention", action="append", default=[], metavar="A:B,C:D",
-                   help="retention ratio mean(A - B) / mean(C - D) (descriptive); with --across, A:B in the "
-                        "first protocol over A:B in the second; repeatable")
-    p.add_argument("--single-seed", action="append", default=[], metavar="A:B[@SEED]",
-                   help="seed 003's preregistered gate rule: one seed's A - B against --threshold alone (no "
-                        "interval); @SEED names the seed when the arms share several; repeatable")
-    p.add_argument("--across", default=None, metavar="KEY[=V1,V2]",
-                   help="compare a --dod/--retention A:B between two protocols that differ only in KEY "
-                        "(V1 minus V2; default: the two values present, ascending)")
-    p.add_argument("--out", default=None, help="report directory (default <ledger dir>/report)")
-    p.add_argument("--tsv", default=None, metavar="PATH", help="also export upstream-style results.tsv")
-    p.add_argument("--json", action="store_true", help="print the report's numbers as JSON")
-    p.set_defaults(func=cmd_report)
+    p = verb("report", help="per-protocol studies: per-arm statistics, paired contrasts, Markdown/JSON/PNG",
+             description=REPORT_DESCRIPTION, epilog=REPORT_EPILOG,
+             formatter_class=argparse.RawDescriptionHelpFormatter)
+    if p:
+        p.add_argument("--ledger", default=None, help="ledger to analyse (default <cache>/runs/ledger.jsonl)")
+        p.add_argument("--baseline", default="baseline", help="reference arm of the contrasts (default baseline)")
+        p.add_argument("--metric", default="auto", help="metrics key to compare: val_bpb, holdout_bpb, val_ce, ...; "
+                       "auto (default): the runs' family metric (val_bpb; val_ce for seed 004's families)")
+        p.add_argument("--threshold", type=float, default=0.0005,
+                       help="preregistered decision threshold in metric units (default 0.0005 BPB)")
+        p.add_argument("--rule", default="ci+threshold", choices=("ci+threshold", "ci", "threshold"),
+                       help="decision rule (default: CI excludes 0 and |mean delta| >= threshold)")
+        p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
+                       help="keep the runs whose config holds KEY=VALUE (a flag name such as depth or num-steps, or a "
+                            "dotted key such as model.depth); repeatable, all must hold")
+        p.add_argument("--protocol", default=None, metavar="ID",
+                       help="keep the one protocol whose id starts with ID (ids are printed per study)")
+        p.add_argument("--contrast", action="append", default=[], metavar="A:B",
+                       help="also the paired contrast A - B in each protocol; repeatable")
+        p.add_argument("--dod", action="append", default=[], metavar="A:B,C:D",
+                       help="difference-of-differences (A - B) - (C - D) per seed in each protocol; with --across, "
+                            "A:B is the one contrast compared between two protocols; repeatable")
+        p.add_argument("--retention", action="append", default=[], metavar="A:B,C:D",
+                       help="retention ratio mean(A - B) / mean(C - D) (descriptive); with --across, A:B in the "
+                            "first protocol over A:B in the second; repeatable")
+        p.add_argument("--single-seed", action="append", default=[], metavar="A:B[@SEED]",
+                       help="seed 003's preregistered gate rule: one seed's A - B against --threshold alone (no "
+                            "interval); @SEED names the seed when the arms share several; repeatable")
+        p.add_argument("--across", default=None, metavar="KEY[=V1,V2]",
+                       help="compare a --dod/--retention A:B between two protocols that differ only in KEY "
+                            "(V1 minus V2; default: the two values present, ascending)")
+        p.add_argument("--out", default=None, help="report directory (default <ledger dir>/report)")
+        p.add_argument("--tsv", default=None, metavar="PATH", help="also export upstream-style results.tsv")
+        p.add_argument("--json", action="store_true", help="print the report's numbers as JSON")
+        p.set_defaults(func=cmd_report)
 
-    p = sub.add_parser("paper", help="the seed papers' tables beside the ledger's runs (a scorecard); run what is missing",
-                       description="muonlab paper [score] [TABLE ...]: the scorecard (default: every table, under each "
-                                   "table's paper preset); muonlab paper run TABLE --preset P: run the table's missing "
-                                   "(arm, seed) runs as a resumable sweep, then score it; muonlab paper tables: list them")
-    p.add_argument("tables", nargs="*", metavar="[score|run|tables] TABLE",
-                   help="score (default), run or tables, then table ids (muonlab paper tables lists them)")
-    p.add_argument("--preset", default=None, help="the protocol the runs were made under (default: each table's "
-                                                  "paper preset; another, e.g. a CPU preset, is said to differ)")
-    p.add_argument("--threshold", type=float, default=0.0005, help="the decision rule's θ (default 0.0005)")
-    p.add_argument("--out", default=None, help="also write scorecard.md and scorecard.json there")
-    p.add_argument("--executor", default="local", choices=("local", "slurm"), help="paper run: where runs go")
-    p.add_argument("--parallel", type=int, default=None, help="paper run: runs at a time (local)")
-    p.add_argument("--retry-failed", action="store_true", help="paper run: run failed (arm, seed)s again")
-    p.add_argument("--slurm", action="append", default=[], metavar="KEY=VALUE", help="paper run: submitit parameter")
-    p.add_argument("--json", action="store_true", help="print the scorecard as JSON")
-    add_config_flags(p, base, families, skip=("arm",))  # settings on top of the preset: run and score under them
-    p.set_defaults(func=cmd_paper)
+    p = verb("paper", help="the seed papers' tables beside the ledger's runs (a scorecard); run what is missing",
+             description="muonlab paper [score] [TABLE ...]: the scorecard (default: every table, under each "
+                         "table's paper preset); muonlab paper run TABLE --preset P: run the table's missing "
+                         "(arm, seed) runs as a resumable sweep, then score it; muonlab paper tables: list them")
+    if p:
+        p.add_argument("tables", nargs="*", metavar="[score|run|tables] TABLE",
+                       help="score (default), run or tables, then table ids (muonlab paper tables lists them)")
+        p.add_argument("--preset", default=None, help="the protocol the runs were made under (default: each table's "
+                                                      "paper preset; another, e.g. a CPU preset, is said to differ)")
+        p.add_argument("--threshold", type=float, default=0.0005, help="the decision rule's θ (default 0.0005)")
+        p.add_argument("--out", default=None, help="also write scorecard.md and scorecard.json there")
+        p.add_argument("--executor", default="local", choices=("local", "slurm"), help="paper run: where runs go")
+        p.add_argument("--parallel", type=int, default=None, help="paper run: runs at a time (local)")
+        p.add_argument("--retry-failed", action="store_true", help="paper run: run failed (arm, seed)s again")
+        p.add_argument("--slurm", action="append", default=[], metavar="KEY=VALUE", help="paper run: submitit parameter")
+        p.add_argument("--json", action="store_true", help="print the scorecard as JSON")
+        base, _, families = config_context()
+        add_config_flags(p, base, families, skip=("arm",))  # settings on top of the preset: run and score under them
+        p.set_defaults(func=cmd_paper)
 
-    p = sub.add_parser("diagnose", help="read-only diagnostics of the seed papers (a sub-command per tool)")
-    tools = p.add_subparsers(dest="tool", metavar="TOOL", parser_class=_Parser)
-    tools.required = True
-    for name, (_, _, _, what, options) in DIAGNOSTICS.items():
-        t = tools.add_parser(name, help=what, description=what)
-        for flag, kwargs in options:
-            t.add_argument(flag, **kwargs)
-        t.add_argument("--json", action="store_true", help="print the numbers as JSON")
-        t.set_defaults(func=cmd_diagnose)
+    p = verb("diagnose", help="read-only diagnostics of the seed papers (a sub-command per tool)")
+    if p:
+        tools = p.add_subparsers(dest="tool", metavar="TOOL", parser_class=_Parser)
+        tools.required = True
+        for name, (_, _, _, what, options) in DIAGNOSTICS.items():
+            t = tools.add_parser(name, help=what, description=what)
+            for flag, kwargs in options:
+                t.add_argument(flag, **kwargs)
+            t.add_argument("--json", action="store_true", help="print the numbers as JSON")
+            t.set_defaults(func=cmd_diagnose)
 
-    p = sub.add_parser("demo", help="the CPU demo: stdlib corpus, cpu-demo preset, compare with xz")
-    p.add_argument("--cache-dir", default=None, help="cache directory (default ~/.cache/muonlab)")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.set_defaults(func=cmd_demo)
+    p = verb("demo", help="the CPU demo: stdlib corpus, cpu-demo preset, compare with xz")
+    if p:
+        p.add_argument("--cache-dir", default=None, help="cache directory (default ~/.cache/muonlab)")
+        p.add_argument("--json", action="store_true", help="print the result as JSON")
+        p.set_defaults(func=cmd_demo)
 
-    from muonlab.doctor.gpu import DEFAULT_BUDGET_S, DEFAULT_OUT, SECTIONS
+    p = verb("doctor", help="acceptance checks of this machine: --gpu checks every CUDA path in ~8 minutes",
+             description=DOCTOR_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    if p:
+        from muonlab.doctor.gpu import DEFAULT_BUDGET_S, DEFAULT_OUT, SECTIONS
 
-    p = sub.add_parser("doctor", help="acceptance checks of this machine: --gpu checks every CUDA path in ~8 minutes",
-                       description=DOCTOR_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--gpu", action="store_true", help="check every CUDA path on this machine's GPU")
-    p.add_argument("--out", default=DEFAULT_OUT, metavar="PATH",
-                   help=f"the JSON report, written atomically (default ./{DEFAULT_OUT}; never written without CUDA)")
-    p.add_argument("--tests", default=None, metavar="PATH",
-                   help="the tests folder `pytest -m gpu` runs (default: the checkout's tests/)")
-    p.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, metavar="SECONDS",
-                   help=f"time budget of the whole check; each section's limit is cut to what is left "
-                        f"(default {DEFAULT_BUDGET_S:.0f})")
-    p.add_argument("--skip", default="", metavar="SECTIONS",
-                   help=f"comma-separated sections not to run: {', '.join(SECTIONS)}")
-    p.add_argument("--pytest-workers", type=int, default=None, metavar="N",
-                   help="pytest-xdist workers sharing the GPU (default 4 with pytest-xdist on a shared GPU, else 1)")
-    p.add_argument("--require-fa3", action="store_true",
-                   help="fail the environment section when FlashAttention-3 cannot be loaded (default: a warning)")
-    p.add_argument("--work-dir", default=None, metavar="DIR",
-                   help="keep the runs, their cache and the pytest report here (default: a temporary folder, removed)")
-    p.add_argument("--json", action="store_true", help="print the report as JSON instead of the summary")
-    p.set_defaults(func=cmd_doctor)
+        p.add_argument("--gpu", action="store_true", help="check every CUDA path on this machine's GPU")
+        p.add_argument("--out", default=DEFAULT_OUT, metavar="PATH",
+                       help=f"the JSON report, written atomically (default ./{DEFAULT_OUT}; never written without CUDA)")
+        p.add_argument("--tests", default=None, metavar="PATH",
+                       help="the tests folder `pytest -m gpu` runs (default: the checkout's tests/)")
+        p.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, metavar="SECONDS",
+                       help=f"time budget of the whole check; each section's limit is cut to what is left "
+                            f"(default {DEFAULT_BUDGET_S:.0f})")
+        p.add_argument("--skip", default="", metavar="SECTIONS",
+                       help=f"comma-separated sections not to run: {', '.join(SECTIONS)}")
+        p.add_argument("--pytest-workers", type=int, default=None, metavar="N",
+                       help="pytest-xdist workers sharing the GPU (default 4 with pytest-xdist on a shared GPU, else 1)")
+        p.add_argument("--require-fa3", action="store_true",
+                       help="fail the environment section when FlashAttention-3 cannot be loaded (default: a warning)")
+        p.add_argument("--work-dir", default=None, metavar="DIR",
+                       help="keep the runs, their cache and the pytest report here (default: a temporary folder, removed)")
+        p.add_argument("--json", action="store_true", help="print the report as JSON instead of the summary")
+        p.set_defaults(func=cmd_doctor)
 
-    p = sub.add_parser("verify-reference", help="teacher-forced check against an upstream reference bundle")
-    p.add_argument("bundle", help="path to an autoresearch-reference/1 bundle (.pt)")
-    p.add_argument("--json", action="store_true", help="print every per-tensor figure as JSON")
-    p.set_defaults(func=cmd_verify_reference)
+    p = verb("verify-reference", help="teacher-forced check against an upstream reference bundle")
+    if p:
+        p.add_argument("bundle", help="path to an autoresearch-reference/1 bundle (.pt)")
+        p.add_argument("--json", action="store_true", help="print every per-tensor figure as JSON")
+        p.set_defaults(func=cmd_verify_reference)
     return parser
 
 
@@ -619,7 +651,7 @@ def main(argv: list[str] | None = None) -> int:
 
     previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt) if threading_is_main() else None
     try:
-        args = build_parser(argv).parse_args(argv)
+        args = build_parser(argv, only=_chosen_verb(argv) or "").parse_args(argv)
         return args.func(args)
     except MuonlabError as exc:
         print(f"error: {exc}", file=sys.stderr)

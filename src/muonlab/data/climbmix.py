@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -25,6 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import requests
 
+from muonlab.atomic import create_temp_beside
 from muonlab.data.config import CLIMBMIX_MAX_SHARD
 from muonlab.errors import MuonlabError
 
@@ -90,7 +90,7 @@ class Downloader:
     def _download_to(self, url: str, final: Path) -> None:
         self.dest.mkdir(parents=True, exist_ok=True)
         # A unique temp name, so concurrent preparers never write the same .tmp file.
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=self.dest)
+        fd, tmp_name = create_temp_beside(final)
         tmp = Path(tmp_name)
         try:
             with os.fdopen(fd, "wb") as f, requests.get(url, stream=True, timeout=self.timeout_s) as r:

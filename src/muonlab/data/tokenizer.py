@@ -1,4 +1,4 @@
-"""BPE tokenizer: trained with rustbpe, served by tiktoken, stored as plain JSON.
+"""BPE tokenizer: trained with rustbpe (optional: only training needs it), served by tiktoken, stored as plain JSON.
 
 The stored file `tokenizer.json` holds the split pattern, the mergeable ranks (token
 bytes in base64, position = rank), the special tokens, the byte length of every token
@@ -16,12 +16,12 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import rustbpe
 import tiktoken
 import torch
 
 from muonlab.atomic import atomic_open
 from muonlab.errors import MuonlabError, UsageError
+from muonlab.optional import require
 
 # GPT-4 style split, with numbers grouped by at most 2 digits (as upstream).
 SPLIT_PATTERN = (
@@ -67,7 +67,7 @@ class Tokenizer:
         n_ranks = vocab_size - len(SPECIAL_TOKENS)
         if n_ranks < 256:
             raise UsageError(f"vocab_size must be >= {256 + len(SPECIAL_TOKENS)}, got {vocab_size}")
-        bpe = rustbpe.Tokenizer()
+        bpe = require("rustbpe", "training a BPE tokenizer").Tokenizer()  # serving one needs only tiktoken
         bpe.train_from_iterator(iter(texts), n_ranks, pattern=SPLIT_PATTERN)
         pairs = bpe.get_mergeable_ranks()
         if len(pairs) < n_ranks:

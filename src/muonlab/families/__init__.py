@@ -49,6 +49,8 @@ class Family:
     metric: str = "val_bpb"  # the ledger key a report compares by default (lower is better)
     summary_metrics: tuple[str, ...] = ()  # metrics keys the run summary shows after upstream's
     data_sources: tuple[str, ...] | None = None  # the data sources it reads (None: every text source)
+    # (cfg) -> the optional packages (muonlab.optional) its model needs: required before a run writes anything
+    requires: Callable = lambda cfg: ()
 
 
 FAMILIES: dict[str, Family] = {}

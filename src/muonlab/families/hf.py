@@ -124,5 +124,5 @@ register_family(Family(
     depth=lambda cfg: HF_MODELS[cfg.model.preset][1]["num_hidden_layers"], embedding_key="model.model.embed_tokens.weight",
     prepare_data=prepare_data, evaluate=evaluate, presets=PRESETS, metric="val_ce",
     summary_metrics=("val_ce", "val_ppl", "holdout_ce", "holdout_ppl", *TABLE3_KEYS), final_metrics=table_stats,
-    data_sources=TEXT_TOKEN_SOURCES + PROTEIN_SOURCES,
+    data_sources=TEXT_TOKEN_SOURCES + PROTEIN_SOURCES, requires=lambda cfg: ("transformers",),
 ))

@@ -245,5 +245,5 @@ register_family(Family(
     embedding_key=lambda cfg: ("model.model.encoder.text_model.embed_tokens.weight" if _is_t5gemma2(cfg)
                                else "wte.weight"), prepare_data=prepare_data, evaluate=evaluate, presets=PRESETS,
     metric="val_ce", summary_metrics=("val_ce", "val_ppl", "holdout_ce", "holdout_ppl", *TABLE3_KEYS), final_metrics=table_stats,
-    data_sources=TEXT_TOKEN_SOURCES,
+    data_sources=TEXT_TOKEN_SOURCES, requires=lambda cfg: ("transformers",) if _is_t5gemma2(cfg) else (),
 ))

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from muonlab.errors import UsageError
+from muonlab.optional import require
 
 EXECUTORS = ("local", "slurm")
 
@@ -184,14 +185,14 @@ SLURM_DEFAULTS = {"timeout_min": 24 * 60, "gpus_per_node": 1, "name": "muonlab-s
 
 def slurm_parameters(options: dict[str, Any], n_tasks: int) -> tuple[str, dict[str, Any]]:
     """(cluster, submitit AutoExecutor parameters) for an array of `n_tasks` runs."""
-    from submitit import AutoExecutor, SlurmExecutor
+    submitit = require("submitit", "the slurm executor")
 
     options = dict(options)
     cluster = options.pop("cluster", "slurm")
     requeue = options.pop("requeue", True)
     if not isinstance(requeue, bool):
         raise UsageError(f"--slurm requeue must be true or false, got {requeue!r}")
-    generic, sbatch = set(AutoExecutor._typed_parameters()), SlurmExecutor._valid_parameters()
+    generic, sbatch = set(submitit.AutoExecutor._typed_parameters()), submitit.SlurmExecutor._valid_parameters()
     for key in options:
         if key not in generic and not (key.startswith("slurm_") and key[len("slurm_"):] in sbatch):
             raise UsageError(f"unknown --slurm option {key!r}: use cluster, requeue, one of {', '.join(sorted(generic))}, "
@@ -208,10 +209,7 @@ class SlurmExecutor:
     """submitit job arrays, one task per run (see `slurm_parameters` for the options)."""
 
     def __init__(self, slurm: dict[str, Any]):
-        try:
-            import submitit  # noqa: F401
-        except ImportError as exc:  # pragma: no cover - submitit is a pinned dependency
-            raise UsageError("the slurm executor needs the `submitit` package") from exc
+        require("submitit", "the slurm executor")  # before any work
         self.options = dict(slurm)
         self.cluster, _ = slurm_parameters(self.options, 1)  # validate before any work
 

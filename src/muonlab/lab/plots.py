@@ -13,6 +13,7 @@ import os
 from typing import Mapping, Sequence
 
 from muonlab.atomic import atomic_open
+from muonlab.optional import require
 
 DECISION_COLORS = {"improves": "#1a9850", "worse": "#d73027", "inconclusive": "#636363",
                    "not estimable": "#bdbdbd"}
@@ -20,7 +21,7 @@ DECISION_COLORS = {"improves": "#1a9850", "worse": "#d73027", "inconclusive": "#
 
 def _figure(width: float, height: float):
     # Imported here so the rest of the lab (and the report's numbers) work without matplotlib.
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    FigureCanvasAgg = require("matplotlib.backends.backend_agg", "the report's plots").FigureCanvasAgg
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(width, height), dpi=110)

@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 import numpy as np
-from scipy import stats as _scipy_stats
 
 from muonlab.errors import UsageError
+from muonlab.optional import require
 
 CI_LEVEL = 0.95
 
@@ -51,11 +51,16 @@ RULE_KINDS = {
 }
 
 
+def _t_distribution():
+    """scipy's Student t (optional: only the intervals and p-values of a report need it)."""
+    return require("scipy.stats", "t-intervals and p-values").t
+
+
 def t_quantile(n: int, level: float = CI_LEVEL) -> float:
     """Two-sided Student-t quantile t_{(1+level)/2, n−1}; 4.302653 for n = 3 at 95%."""
     if n < 2:
         raise ValueError(f"a t-interval needs n >= 2, got {n}")
-    return float(_scipy_stats.t.ppf(0.5 + level / 2, n - 1))
+    return float(_t_distribution().ppf(0.5 + level / 2, n - 1))
 
 
 def t_interval(mean: float, sd: float, n: int, level: float = CI_LEVEL) -> tuple[float, float]:
@@ -75,7 +80,7 @@ def paired_t_test(mean: float, sd: float, n: int) -> tuple[float | None, float |
     if sd == 0:
         return None, (None if mean == 0 else 0.0)
     t = mean / (sd / math.sqrt(n))
-    return float(t), float(2.0 * _scipy_stats.t.sf(abs(t), n - 1))
+    return float(t), float(2.0 * _t_distribution().sf(abs(t), n - 1))
 
 
 def _sample_sd(values: np.ndarray) -> float | None:

@@ -122,6 +122,11 @@ def run_sweep(arms: list[str], seeds: list[int], preset_name: str, overrides: di
     jobs = plan_sweep(arms, seeds, preset_name, overrides)
     ledger = ledger_path(jobs[0].config)
     runner = make_executor(executor, parallel=parallel, slurm=slurm or {})  # validate before any work
+    if executor == "local":  # runs here: a GPU preset on a machine without one is refused before any run
+        from muonlab.train.run import training_device
+
+        for job in jobs:
+            training_device(job.config)
     to_run, skipped = select(jobs, latest_records(ledger, log), retry_failed)
     for job in to_run:
         if job.resume_dir:

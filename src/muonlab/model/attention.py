@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from muonlab.errors import MuonlabError
+from muonlab.optional import MissingPackage, require
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,7 @@ def fa3_repo(capability: tuple[int, int]) -> str:
 def _load_fa3(capability: tuple[int, int], local_path: str | None) -> Any:
     """The FA3 kernel module (from `local_path`, else the pinned Hub build); raises when it
     cannot be loaded. Cached: every model built in a process shares one load."""
-    import kernels  # noqa: PLC0415 (imported only where a CUDA run needs it)
+    kernels = require("kernels", "FlashAttention-3 (attention backend 'fa3')")  # only where a CUDA run needs it
 
     if local_path:
         return kernels.get_local_kernel(Path(local_path))
@@ -108,8 +109,10 @@ def resolve_backend(requested: str, device: torch.device) -> AttentionBackend:
     try:
         module = _load_fa3(capability, os.environ.get(FA3_PATH_ENV) or None)
         func = getattr(module, "flash_attn_interface", module).flash_attn_func
-    except Exception as exc:  # offline, unsupported GPU or torch, missing build
+    except Exception as exc:  # offline, unsupported GPU or torch, missing build, no `kernels`
         why = _one_line(exc)
+        if requested == "fa3" and isinstance(exc, MissingPackage):
+            raise
         if requested == "fa3":
             raise MuonlabError(f"attention backend 'fa3' could not be loaded ({why}); use --attn-backend "
                                f"auto or sdpa, or load it offline ({FA3_PATH_ENV}, HF_HUB_OFFLINE)") from exc

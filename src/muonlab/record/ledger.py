@@ -32,7 +32,7 @@ def append_record(path: str | os.PathLike, record: dict[str, Any]) -> None:
     data = line.encode()
     # the lock also guards the cut-back of a failed write: the size it returns to is still the end
     with FileLock(str(path) + ".lock"):
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)  # less the umask, as open() creates files
         try:
             append_whole(fd, data, sync=True)
         except OSError as exc:

@@ -84,7 +84,7 @@ class RunDir:
 def metrics_writer(path: Path) -> Iterator[Callable[[dict], None]]:
     """A function that appends one JSON line per step, each whole or not at all (a full disk
     leaves no partial line behind)."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)  # less the umask, as open() creates files
 
     def write(record: dict) -> None:
         try:

@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from muonlab.optional import require
+
 HF_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
     "smollm2-135m": ("LlamaConfig", dict(vocab_size=49152, hidden_size=576, intermediate_size=1536,
                                          num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
@@ -46,12 +48,8 @@ HF_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
 
 
 def require_transformers():
-    """The optional `transformers` module, or an ImportError that says how to install it."""
-    try:
-        import transformers
-    except ImportError as exc:  # the optional dependency
-        raise ImportError("the Hugging Face families need transformers: pip install 'muonlab[hf]'") from exc
-    return transformers
+    """The optional `transformers` module, or a one-line usage error that says how to install it."""
+    return require("transformers", "the Hugging Face model families")
 
 
 def hf_config(name: str, max_positions: int = 2048, **overrides: Any):
@@ -66,9 +64,8 @@ def hf_config(name: str, max_positions: int = 2048, **overrides: Any):
 
 def build_hf_model(name: str, device: str | torch.device | None = None, **overrides: Any):
     """A random-init causal LM of `name` whose output embedding is its input embedding."""
-    from transformers import AutoModelForCausalLM
-
     cfg = hf_config(name, **overrides)
+    AutoModelForCausalLM = require_transformers().AutoModelForCausalLM
     with contextlib.nullcontext() if device is None else torch.device(device):  # None: the ambient device
         model = AutoModelForCausalLM.from_config(cfg)
     if model.get_output_embeddings().weight is not model.get_input_embeddings().weight:

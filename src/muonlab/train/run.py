@@ -31,6 +31,7 @@ from muonlab.errors import MuonlabError, UsageError
 from muonlab.eval import EvalResult
 from muonlab.eval.text import evaluate_text_splits
 from muonlab.families import get_family
+from muonlab.optional import require
 from muonlab.plugins import load_plugins
 from muonlab.record import ledger, provenance
 from muonlab.record.optimizer_groups import optimizer_groups
@@ -148,12 +149,32 @@ def resume_training(run_dir: str | Path, log: Callable[[str], None] = print, fal
     return run_training(cfg, log=log, resume=(run_dir, fallback))
 
 
+def cpu_presets() -> list[str]:
+    """The presets made for the CPU (they pin runtime.device to cpu)."""
+    from muonlab.config import all_presets
+
+    return [name for name, values in all_presets().items() if values.get("runtime.device") == "cpu"]
+
+
+def training_device(cfg: RunConfig) -> torch.device:
+    """The device a run trains on. `auto` means a GPU (CUDA, then MPS): the presets made for a GPU leave
+    the device at auto, so on a machine without one they are refused, never silently run for hours on
+    the CPU; `--device cpu` insists."""
+    device = detect_device(cfg.runtime.device)
+    if cfg.runtime.device == "auto" and device.type == "cpu":
+        raise UsageError(f"this run is made for a GPU (device auto) and this machine has none: add --device cpu "
+                         f"to run it on the CPU anyway, or use a CPU preset ({', '.join(cpu_presets())})")
+    return device
+
+
 def run_training(cfg: RunConfig, log: Callable[[str], None] = print, data: PreparedData | None = None,
                  resume: tuple[Path, bool] | None = None) -> RunResult:
     """Train and evaluate one run; raises on failure after recording it."""
     cfg.validate()
+    for module in get_family(cfg.family).requires(cfg):  # a missing package: one line, nothing written
+        require(module, f"the {cfg.family} family's {getattr(cfg.model, 'preset', 'model')}")
     t_start = time.time()
-    ctx, device = init_from_env(detect_device(cfg.runtime.device))
+    ctx, device = init_from_env(training_device(cfg))
     try:
         return _run(cfg, log if ctx.is_main else (lambda _: None), data, resume, ctx, device, t_start)
     finally:
