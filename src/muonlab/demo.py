@@ -22,6 +22,7 @@ from typing import Callable
 from muonlab.config import apply_overrides, preset
 from muonlab.data.prepare import compress_bits_per_byte, prepare_data
 from muonlab.device import cpu_has_native_bf16
+from muonlab.optional import require
 from muonlab.record.ledger import read_records
 from muonlab.record.rundir import ledger_path
 from muonlab.train import run_training
@@ -73,6 +74,7 @@ def run_demo(cache_dir: str | None = None, log: Callable[[str], None] = print, q
                                                **(overrides or {})})
     cfg.data.cache_dir = cache_dir
     cfg.validate()
+    require("matplotlib", "the demo's loss-curve plot")  # before minutes of training, not after
     data = prepare_data(cfg.data, log=log)
     prepare_seconds = time.time() - t0
     result = run_training(cfg, log=log, data=data)
