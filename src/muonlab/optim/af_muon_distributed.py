@@ -41,7 +41,8 @@ import torch.distributed as dist
 from torch import Tensor
 
 from muonlab.optim.af_muon import AFMuon
-from muonlab.optim.distributed import _all_gather, group_world
+from muonlab.optim import collectives
+from muonlab.optim.distributed import group_world
 
 
 class DistAFMuon(AFMuon):
@@ -114,8 +115,8 @@ class DistAFMuon(AFMuon):
 
     def _average_gradients(self, params: list[Tensor]) -> None:
         _, W = self.world()
-        flags = torch.tensor([p.grad is not None for p in params], dtype=torch.float32)
-        dist.all_reduce(flags, group=self.process_group)
+        flags = collectives.comm_tensor([p.grad is not None for p in params], torch.float32, self.process_group)
+        collectives.all_reduce(flags, group=self.process_group)
         stepped = [p for p, f in zip(params, flags.tolist()) if f > 0]
         if not stepped:
             return
@@ -125,7 +126,7 @@ class DistAFMuon(AFMuon):
             if p.grad.is_sparse:
                 p.grad = p.grad.to_dense()
         buffer = torch.cat([p.grad.reshape(-1).float() for p in stepped])
-        dist.all_reduce(buffer, group=self.process_group)
+        collectives.all_reduce(buffer, group=self.process_group)
         buffer.div_(W)
         offset = 0
         for p in stepped:
@@ -156,7 +157,7 @@ class DistAFMuon(AFMuon):
             flat = torch.cat([s.reshape(-1).to(dtype) for _, s in mine])
             local[:flat.numel()] = flat
         gathered = torch.empty(W * max(sizes), dtype=dtype, device=local.device)
-        _all_gather(gathered, local, group=self.process_group)
+        collectives.all_gather(gathered, local, group=self.process_group)
         for r in range(W):
             if r == rank:
                 continue
@@ -173,8 +174,9 @@ class DistAFMuon(AFMuon):
         if W == 1:
             return super().state_dict()
         entries = self._entries()
-        has = torch.tensor([bool(self.state.get(p)) for _, p, _, _ in entries], dtype=torch.float32)
-        dist.all_reduce(has, group=self.process_group)
+        has = collectives.comm_tensor([bool(self.state.get(p)) for _, p, _, _ in entries], torch.float32,
+                                     self.process_group)
+        collectives.all_reduce(has, group=self.process_group)
         full: dict[Tensor, dict[str, Any]] = {}
         tensors_of = []
         for (g, p, layout, where), h in zip(entries, has.tolist()):
@@ -185,8 +187,8 @@ class DistAFMuon(AFMuon):
             st = self.state.get(p, {})
             full[p] = {}
             if g["role"] == "adamw":  # replicated counter: every rank steps the same tensors
-                step = torch.tensor([float(st.get("step", 0))])
-                dist.all_reduce(step, op=dist.ReduceOp.MAX, group=self.process_group)
+                step = collectives.comm_tensor([float(st.get("step", 0))], torch.float32, self.process_group)
+                collectives.all_reduce(step, op=dist.ReduceOp.MAX, group=self.process_group)
                 full[p]["step"] = int(step.item())
             for key in keys:
                 t = torch.zeros(p.shape, dtype=torch.float32, device=p.device)

@@ -67,16 +67,13 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from muonlab.optim import extensions
+from muonlab.optim import collectives, extensions
 from muonlab.optim.muon_adamw import MuonAdamW
 
 # nanochat's cut-off: below it one all_reduce beats reduce-scatter + all-gather, and the
 # replicated AdamW state costs nothing worth sharding
 ADAMW_SHARD_MIN_NUMEL = 1024
 
-# torch 2.13 renamed the tensor collectives; keep the old names working on older torch
-_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 def group_world(process_group=None) -> tuple[int, int]:
@@ -159,8 +156,8 @@ class DistMuonAdamW(MuonAdamW):
         params = self._params()
         if not params:
             return set()
-        flags = torch.tensor([p.grad is not None for p in params], dtype=torch.int32, device=params[0].device)
-        dist.all_reduce(flags, group=self.process_group)
+        flags = collectives.comm_tensor([p.grad is not None for p in params], torch.int32, self.process_group)
+        collectives.all_reduce(flags, group=self.process_group)
         stepped = {id(p) for p, f in zip(params, flags.tolist()) if f > 0}
         for group in self.param_groups:
             n = sum(id(p) in stepped for p in group["params"])
@@ -179,7 +176,7 @@ class DistMuonAdamW(MuonAdamW):
             for p in group["params"]:
                 extra = handler.reduced_alongside(self, p)
                 grad = p.grad.clone() if p.grad is not None else torch.zeros_like(p)
-                works = [dist.all_reduce(t, group=self.process_group, async_op=True) for t in (grad, *extra)]
+                works = [collectives.all_reduce(t, group=self.process_group, async_op=True) for t in (grad, *extra)]
                 pending.append(dict(p=p, works=works, grad=grad, keep=extra))
             return pending
         if group["kind"] == "adamw":
@@ -192,10 +189,10 @@ class DistMuonAdamW(MuonAdamW):
                 grad = p.grad.contiguous() if p.grad is not None else torch.zeros_like(p)
                 if adamw_is_sharded(p, world) and not whole:
                     out = grad.new_empty(p.shape[0] // world, *p.shape[1:])
-                    work = _reduce_scatter(out, grad, group=self.process_group, async_op=True)
+                    work = collectives.reduce_scatter(out, grad, group=self.process_group, async_op=True)
                 else:
                     out = grad.clone() if grad is p.grad else grad  # never modify p.grad
-                    work = dist.all_reduce(out, group=self.process_group, async_op=True)
+                    work = collectives.all_reduce(out, group=self.process_group, async_op=True)
                 pending.append(dict(p=p, work=work, out=out, keep=grad))
             return pending
         params = group["params"]
@@ -208,7 +205,7 @@ class DistMuonAdamW(MuonAdamW):
         torch.stack(grads, out=stack[:n])
         stack[n:].zero_()  # padding matrices: zero, never updated
         out = p0.new_empty(chunk, *p0.shape)
-        work = _reduce_scatter(out, stack, group=self.process_group, async_op=True)
+        work = collectives.reduce_scatter(out, stack, group=self.process_group, async_op=True)
         return dict(work=work, out=out, stack=stack)
 
     def _update_adamw(self, group, pending, rank, world, gathers):
@@ -233,7 +230,7 @@ class DistMuonAdamW(MuonAdamW):
             self._adamw_update(group, p_share, grad, state)
             if sharded:
                 send = p_share.clone()  # the gather writes into p, so it must not read from p
-                work = _all_gather(p, send, group=self.process_group, async_op=True)
+                work = collectives.all_gather(p, send, group=self.process_group, async_op=True)
                 gathers.append(dict(work=work, keep=send))
 
     def _update_kind(self, group, pending, world):
@@ -271,7 +268,7 @@ class DistMuonAdamW(MuonAdamW):
                group["ns_steps"], -1 if rows >= cols else -2, *extra)
         send[owned:].zero_()
         # the reduce-scatter has completed, so its input stack is free to receive the gather
-        work = _all_gather(red["stack"], send, group=self.process_group, async_op=True)
+        work = collectives.all_gather(red["stack"], send, group=self.process_group, async_op=True)
         gathers.append(dict(work=work, keep=send, out=red["stack"], params=params))
 
     # ---------------------------------------------------------------- checkpoints
@@ -367,8 +364,8 @@ class DistMuonAdamW(MuonAdamW):
         """Every rank must hold state for the same parameters, or the gathers below would hang."""
         if not params:
             return
-        has = torch.tensor([bool(self.state.get(p)) for p in params], dtype=torch.int32, device=params[0].device)
-        dist.all_reduce(has, group=self.process_group)
+        has = collectives.comm_tensor([bool(self.state.get(p)) for p in params], torch.int32, self.process_group)
+        collectives.all_reduce(has, group=self.process_group)
         _, world = self.world()
         if ((has > 0) & (has < world)).any():
             raise RuntimeError("DistMuonAdamW.full_state_dict: ranks disagree on which parameters have state")
@@ -378,5 +375,5 @@ class DistMuonAdamW(MuonAdamW):
         send = local.new_zeros(chunk, *local.shape[1:])
         send[:local.size(0)] = local
         out = local.new_empty(chunk * world, *local.shape[1:])
-        _all_gather(out, send, group=self.process_group)
+        collectives.all_gather(out, send, group=self.process_group)
         return out if n == out.size(0) else out[:n].clone()  # a view would save the padding too

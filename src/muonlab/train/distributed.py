@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from muonlab.errors import UsageError
+from muonlab.optim import collectives
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,7 @@ class Dist:
 
     def all_reduce_(self, tensor: torch.Tensor, op=dist.ReduceOp.SUM) -> torch.Tensor:
         if self.active:
-            dist.all_reduce(tensor, op=op)
+            collectives.all_reduce(tensor, op=op)
         return tensor
 
     def gather_objects(self, obj: Any) -> list[Any]:
@@ -45,14 +46,14 @@ class Dist:
         if not self.active:
             return [obj]
         out: list[Any] = [None] * self.world_size
-        dist.all_gather_object(out, obj)
+        collectives.all_gather_object(out, obj)
         return out
 
     def broadcast_object(self, obj: Any) -> Any:
         if not self.active:
             return obj
         box = [obj]
-        dist.broadcast_object_list(box, src=0)
+        collectives.broadcast_object_list(box, src=0)
         return box[0]
 
 
@@ -81,7 +82,7 @@ def init_from_env(device: torch.device, timeout_s: float = 1800) -> tuple[Dist, 
 def shutdown(ctx: Dist) -> None:
     if ctx.active and dist.is_initialized():
         try:
-            dist.barrier()  # leave together: a peer tearing down early can abort gloo's threads
+            collectives.barrier()  # leave together: a peer tearing down early can abort gloo's threads
         except Exception:  # a failed peer: tear down regardless
             pass
         dist.destroy_process_group()
