@@ -310,8 +310,6 @@ CHECKED_MODULES = ["settings.py", "config.py", "train/config.py", "data/config.p
 UNREACHABLE = {
     ("device.py", "CUDA is not available"): "only on a machine without CUDA (tested where that holds)",
     ("lab/executors.py", "visible GPU"): "needs GPUs to exceed",
-    ("record/sinks.py", "needs the"): "only where the optional sink packages are missing",
-    ("record/sinks.py", "metric sink needs"): "only where the optional sink packages are missing",
     ("families/tied.py", "runs in one process; under torchrun"): "needs torchrun (driven in "
                                                                  "tests/test_af_muon_distributed.py)",
     ("lab/sweep.py", "share one ledger"): "arms of one preset share its ledger",

@@ -7,6 +7,7 @@ Exit status: 0 success, 1 runtime failure (including a diverged run or a failed 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -472,6 +473,7 @@ def build_parser(argv: list[str] | None = None, only: str | None = None) -> argp
         p = sub.add_parser(name, **kwargs)
         return p if only is None or name == only else None
 
+    @functools.cache  # once per parser, however many verbs take config flags
     def config_context():
         from muonlab.config import all_presets
         from muonlab.families import all_families

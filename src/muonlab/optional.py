@@ -41,12 +41,3 @@ def require(module: str, feature: str) -> ModuleType:
     except ImportError as exc:
         root = module.split(".")[0]
         raise MissingPackage(f"{feature} needs the optional package {OPTIONAL[root][0]}: {install_hint(root)}") from exc
-
-
-def available(module: str) -> bool:
-    """Whether `module` imports (for features that fall back, such as FlashAttention-3 -> SDPA)."""
-    try:
-        importlib.import_module(module)
-    except ImportError:
-        return False
-    return True

@@ -111,9 +111,9 @@ def resolve_backend(requested: str, device: torch.device) -> AttentionBackend:
         func = getattr(module, "flash_attn_interface", module).flash_attn_func
     except Exception as exc:  # offline, unsupported GPU or torch, missing build, no `kernels`
         why = _one_line(exc)
-        if requested == "fa3" and isinstance(exc, MissingPackage):
-            raise
         if requested == "fa3":
+            if isinstance(exc, MissingPackage):  # a usage error: it names the install command
+                raise
             raise MuonlabError(f"attention backend 'fa3' could not be loaded ({why}); use --attn-backend "
                                f"auto or sdpa, or load it offline ({FA3_PATH_ENV}, HF_HUB_OFFLINE)") from exc
         log.warning("FlashAttention-3 unavailable (%s); using SDPA", why)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from muonlab.errors import UsageError
+from muonlab.optional import MissingPackage, install_hint, require
 
 SINKS = ("wandb", "tensorboard")
 
@@ -28,16 +29,16 @@ def parse_sinks(text: str) -> list[str]:
     if unknown:
         raise UsageError(f"unknown metric sink {unknown[0]!r}; choose from {', '.join(SINKS)}")
     for name in names:
-        if importlib.util.find_spec(_MODULES[name]) is None:
-            raise UsageError(f"metric sink {name!r} needs the {_MODULES[name]} package: pip install 'muonlab[sinks]'")
+        if importlib.util.find_spec(_MODULES[name]) is None:  # found, not imported: wandb takes seconds
+            raise MissingPackage(f"metric sink {name!r} needs the optional package {_MODULES[name]}: "
+                                 f"{install_hint(_MODULES[name])}")
     return names
 
 
-def _import(module: str, extra_hint: str):
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        raise UsageError(f"metric sink needs {extra_hint}: pip install 'muonlab[sinks]'") from exc
+def _import(module: str, package: str):
+    """`module` (torch.utils.tensorboard needs the tensorboard package), or the one-line install hint."""
+    require(package, f"metric sink {package!r}")
+    return importlib.import_module(module)
 
 
 class WandbSink:
