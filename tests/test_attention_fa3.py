@@ -103,6 +103,7 @@ def _fresh(monkeypatch):
     torch._dynamo.reset()
     SEEN_DTYPES.clear()
     monkeypatch.delenv(attention.FA3_PATH_ENV, raising=False)
+    monkeypatch.delenv(attention.FA3_REVISION_ENV, raising=False)
     yield
     REAL_LOADER.cache_clear()
     torch._dynamo.reset()
@@ -121,7 +122,7 @@ def stub_kernel(monkeypatch, on_hopper):
     calls = []
 
     @functools.lru_cache(maxsize=None)
-    def load(capability, path):
+    def load(capability, path, revision=None):
         torch._dynamo.graph_break()
         calls.append(capability)
         return STUB_KERNEL
@@ -176,7 +177,7 @@ def test_fp32_model_on_fa3_keeps_fp32_logits(stub_kernel):
     assert logits.dtype == torch.float32 and set(SEEN_DTYPES) == {torch.bfloat16}
 
 
-def _broken_loader(capability, path):
+def _broken_loader(capability, path, revision=None):
     raise FileNotFoundError("Cannot find a build variant for this system in x/y:\n\ntorch212-cu130: no match")
 
 
@@ -195,14 +196,15 @@ def test_explicit_fa3_off_cuda_fails_the_cli_in_one_line(capsys):
     assert err.startswith("error: attention backend 'fa3' needs a CUDA device") and "\n" not in err
 
 
-def test_auto_falls_back_to_sdpa_naming_the_reason(monkeypatch, on_hopper, caplog):
+def test_auto_falls_back_to_flex_attention_naming_the_reason(monkeypatch, on_hopper, caplog):
     monkeypatch.setattr(attention, "_load_fa3", _broken_loader)
     with caplog.at_level(logging.WARNING, logger=attention.__name__):
         backend = attention.resolve_backend("auto", torch.device("cpu"))
-    assert backend == attention.AttentionBackend("sdpa")
+    assert backend == attention.AttentionBackend("flex")
     (record,) = caplog.records
     assert "\n" not in record.getMessage()
     assert "FileNotFoundError: Cannot find a build variant" in record.getMessage()
+    assert record.getMessage().endswith("using FlexAttention")
 
 
 @pytest.mark.parametrize("capability, repo", [((9, 0), attention.FA3_REPO_HOPPER),
@@ -224,6 +226,24 @@ def test_hub_load_is_pinned(monkeypatch, capability, repo):
     assert kwargs["trust_remote_code"] == [repo]  # varunneal is no Hub "trusted publisher": allow just this repo
     inspect.signature(real).bind(repo_id, **kwargs)  # the installed kernels takes these arguments
     # and its pin check (which rejects a bare get_kernel(repo)) passes
+    kernels._versions.revision_or_version(revision=kwargs.get("revision"), version=kwargs.get("version"))
+
+
+def test_a_pinned_revision_replaces_the_version_branch(monkeypatch, on_hopper):
+    calls = []
+
+    def get_kernel(repo_id, **kwargs):
+        calls.append((repo_id, kwargs))
+        return STUB_KERNEL
+
+    real = kernels.get_kernel
+    monkeypatch.setattr(kernels, "get_kernel", get_kernel)
+    monkeypatch.setenv(attention.FA3_REVISION_ENV, "0123abc")
+    assert attention.resolve_backend("fa3", torch.device("cpu")).name == "fa3"
+    ((repo_id, kwargs),) = calls
+    assert repo_id == attention.FA3_REPO_HOPPER and kwargs["revision"] == "0123abc" and "version" not in kwargs
+    assert attention.fa3_source((9, 0)) == f"{attention.FA3_REPO_HOPPER} (Hub, revision 0123abc)"
+    inspect.signature(real).bind(repo_id, **kwargs)
     kernels._versions.revision_or_version(revision=kwargs.get("revision"), version=kwargs.get("version"))
 
 

@@ -8,6 +8,8 @@ import torch.nn.functional as F
 
 from muonlab.config import preset
 from muonlab.device import Runtime
+from support.attention import naive_attention
+
 from muonlab.model import GPT, GPTConfig
 from muonlab.model.attention import causal_attention
 from muonlab.model.rotary import apply_rotary, rotary_tables
@@ -46,19 +48,6 @@ def test_window_pattern():
     assert model.window_sizes == [(20, 0), (20, 0), (20, 0), (40, 0), (20, 0), (40, 0)]
     model = GPT(small_config(n_layer=3, window_pattern="S"))
     assert model.window_sizes[-1] == (32, 0) and model.window_sizes[0] == (16, 0)
-
-
-def naive_attention(q, k, v, left):
-    """Per-query softmax over keys j with i - left <= j <= i; GQA by repeating KV heads."""
-    B, T, H, D = q.shape
-    rep = H // k.shape[2]
-    k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
-    out = torch.zeros_like(q)
-    for i in range(T):
-        lo = max(0, i - left)
-        scores = torch.einsum("bhd,bjhd->bhj", q[:, i], k[:, lo:i + 1]) / math.sqrt(D)
-        out[:, i] = torch.einsum("bhj,bjhd->bhd", scores.softmax(-1), v[:, lo:i + 1])
-    return out
 
 
 @pytest.mark.parametrize("left,kv_heads", [(5, 4), (5, 2), (31, 4), (0, 1), (100, 2)])

@@ -23,7 +23,6 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import math
-import os
 import platform
 import shutil
 import sys
@@ -159,13 +158,11 @@ def _compile_probe(check: Check) -> dict[str, Any]:
 
 def _fa3_probe(device) -> dict[str, Any]:
     from muonlab.errors import MuonlabError  # noqa: PLC0415
-    from muonlab.model.attention import FA3_KERNEL_VERSION, FA3_PATH_ENV, fa3_repo, resolve_backend  # noqa: PLC0415
+    from muonlab.model.attention import fa3_source, resolve_backend  # noqa: PLC0415
 
     import torch  # noqa: PLC0415
 
-    capability = tuple(torch.cuda.get_device_capability(device))
-    local = os.environ.get(FA3_PATH_ENV)
-    source = f"{FA3_PATH_ENV}={local}" if local else f"{fa3_repo(capability)} (Hub, version {FA3_KERNEL_VERSION})"
+    source = fa3_source(tuple(torch.cuda.get_device_capability(device)))
     result = {"available": False, "auto_backend": resolve_backend("auto", device).name, "error": None,
               "source": source}
     if result["auto_backend"] == "fa3":

@@ -40,7 +40,7 @@ class GPTConfig:
     n_kv_head: int = 6
     n_embd: int = 768
     window_pattern: str = "SSSL"
-    attn_backend: str = "auto"  # muonlab: "auto" | "fa3" | "sdpa" (same windows either way)
+    attn_backend: str = "auto"  # muonlab: "auto" | "fa3" | "flex" | "sdpa" (the same windows on each)
     head_loss: str = "fused"  # muonlab: "fused" (muonlab.model.head_loss) | "reference" (upstream's ops)
     variants: tuple = ()  # muonlab: configs of registered model variants (muonlab.model.extensions)
 
@@ -186,7 +186,7 @@ class GPT(nn.Module):
         return sizes
 
     def resolve_attention_backend(self) -> str:
-        """Choose FA3 or SDPA for the device the model lives on; returns the choice. Each layer
+        """Choose FA3, FlexAttention or SDPA for the device the model lives on; returns the choice. Each layer
         keeps the kernel's function itself: forward never looks it up (a graph break per layer)."""
         backend = resolve_backend(self.config.attn_backend, self.lm_head.weight.device)
         for block in self.transformer.h:

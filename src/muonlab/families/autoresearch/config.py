@@ -37,8 +37,10 @@ class AutoresearchModelConfig(Section):
     n_embd: int | None = setting(None, "explicit width; none derives it from depth and aspect_ratio")
     n_kv_head: int | None = setting(None, "key/value heads (GQA); none: as many as query heads")
     window_pattern: str = setting("SSSL", "sliding-window pattern per layer: S = half context, L = full")
-    attn_backend: Literal["auto", "fa3", "sdpa"] = setting(
-        "auto", "attention kernel: fa3 = FlashAttention-3 on CUDA or an error, auto = FA3 when it loads, else SDPA")
+    attn_backend: Literal["auto", "fa3", "flex", "sdpa"] = setting(
+        "auto", "attention kernel: fa3 = FlashAttention-3 on CUDA or an error, flex = FlexAttention with a "
+        "sliding-window block mask (CUDA), sdpa = SDPA with a window mask, auto = FA3 when it loads, else flex on "
+        "CUDA and sdpa elsewhere")
     head_loss: Literal["fused", "reference"] = setting(
         "fused", "LM-head loss: fused = soft-capped cross-entropy in row chunks, its gradient formed in forward "
         "(never the full [tokens, vocab] fp32 logits); reference = upstream's logits then F.cross_entropy")
