@@ -189,3 +189,35 @@ def test_muon_group_without_gradients_is_skipped():
     opt = MuonAdamW([dict(kind="muon", params=[p], lr=0.1)])
     opt.step()
     assert torch.equal(p.detach(), torch.ones(4, 4)) and not opt.state
+
+
+def test_the_raised_recompile_limit_is_the_optimizer_steps_own(monkeypatch):
+    """Twelve Muon shape groups are twelve graphs of muon_step: more than dynamo's default limit
+    of 8, which fullgraph turns into an error. The compiled step raises the limit for its own
+    calls; outside them (the model's compile) the default still holds, so a recompiling model
+    is seen. Compiled with dynamo's eager backend: the tracing and its limits are real, the
+    kernels are not generated."""
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: real_compile(fn, **{**kw, "backend": "eager"}))
+    torch._dynamo.reset()
+    default = torch._dynamo.config.recompile_limit
+    params = [torch.nn.Parameter(torch.randn(4 + i, 6)) for i in range(12)]
+    opt = MuonAdamW([dict(kind="muon", params=[p], lr=0.02) for p in params], compile=True)
+    for p in params:
+        p.grad = torch.randn_like(p)
+    before = [p.detach().clone() for p in params]
+    opt.step()
+    assert all(not torch.equal(p, b) for p, b in zip(params, before))  # every group stepped
+    assert torch._dynamo.config.recompile_limit == default == 8
+
+    def model_like(x):  # dynamo's default applies here: the 9th shape is not compiled
+        return x * 2
+
+    compiled = real_compile(model_like, backend="eager", dynamic=False, fullgraph=True)
+    shapes_compiled = 0
+    with pytest.raises(torch._dynamo.exc.FailOnRecompileLimitHit):
+        for n in range(1, 12):
+            compiled(torch.zeros(n))
+            shapes_compiled += 1
+    assert shapes_compiled == default
+    torch._dynamo.reset()

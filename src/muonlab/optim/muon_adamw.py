@@ -78,6 +78,19 @@ def muon_step(stacked_grads, stacked_params, momentum_buffer, second_momentum_bu
     cautious_update_(g, stacked_params, lr_t, wd_t)
 
 
+# One graph per (shape group, option set), and every optimizer in the process shares
+# muon_step's cache: add-ons on some groups or a second optimizer pass dynamo's default
+# recompile limit of 8 (and, with fullgraph, fail). The limit is raised for these calls only,
+# so a recompiling model still meets the default and shows.
+STEP_RECOMPILE_LIMIT = 64
+
+
+def compile_step(fn):
+    """`fn` under torch.compile (static shapes, one graph), with its own recompile limit."""
+    compiled = torch.compile(fn, dynamic=False, fullgraph=True)
+    return torch._dynamo.config.patch(recompile_limit=STEP_RECOMPILE_LIMIT)(compiled)
+
+
 def _scalar() -> torch.Tensor:
     return torch.tensor(0.0, dtype=torch.float32, device="cpu")
 
@@ -155,12 +168,7 @@ class MuonAdamW(torch.optim.Optimizer):
         if key not in self._fns:
             fn = adamw_step if name == "adamw" else muon_step if name == "muon" else muon_variant.build_step(name)
             use_compile = self._compile if self._compile is not None else device.type == "cuda"
-            if use_compile:
-                # one graph per (shape group, option set); every optimizer in the process shares
-                # muon_step's cache, so add-ons on some groups or a second optimizer would pass
-                # dynamo's default limit of 8 and, with fullgraph, fail
-                torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-            self._fns[key] = torch.compile(fn, dynamic=False, fullgraph=True) if use_compile else fn
+            self._fns[key] = compile_step(fn) if use_compile else fn
         return self._fns[key]
 
     def _muon_call(self, group, state, start: int, stop: int, device):

@@ -26,7 +26,8 @@ import torch
 
 from muonlab.config import RunConfig, is_legacy, load_config_file, read_config_values
 from muonlab.data.prepare import PreparedData
-from muonlab.device import Runtime, detect_device, mfu_percent, peak_flops, peak_memory_mb, resolve_precision
+from muonlab.device import (Runtime, detect_device, mfu_percent, peak_flops, peak_memory_mb, resolve_precision,
+                            use_expandable_segments)
 from muonlab.errors import MuonlabError, UsageError
 from muonlab.eval import EvalResult
 from muonlab.eval.text import evaluate_text_splits
@@ -174,7 +175,9 @@ def run_training(cfg: RunConfig, log: Callable[[str], None] = print, data: Prepa
     for module in get_family(cfg.family).requires(cfg):  # a missing package: one line, nothing written
         require(module, f"the {cfg.family} family's {getattr(cfg.model, 'preset', 'model')}")
     t_start = time.time()
-    ctx, device = init_from_env(training_device(cfg))
+    device = training_device(cfg)
+    use_expandable_segments(device)  # before the first CUDA allocation (init_from_env's)
+    ctx, device = init_from_env(device)
     try:
         return _run(cfg, log if ctx.is_main else (lambda _: None), data, resume, ctx, device, t_start)
     finally:
@@ -309,8 +312,9 @@ def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx: 
     evaluate = family.evaluate or evaluate_splits
 
     def periodic_eval() -> dict:
-        """The val split after a step (every rank: distributed evaluation is collective)."""
-        val = evaluate(model, data, cfg, runtime, ctx, splits=("val",),
+        """The val split after a step (every rank: distributed evaluation is collective), on the
+        model as it trains (compiled where the run compiles)."""
+        val = evaluate(train_model, data, cfg, runtime, ctx, splits=("val",),
                        tokens=cfg.train.eval_every_tokens)["val"]
         return {f"val_{k}": v for k, v in val.metrics().items() if k not in COUNT_KEYS}
 
@@ -320,7 +324,7 @@ def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx: 
         state = train_loop(cfg, train_model, optimizer, loader, runtime, flops_per_token, on_step=on_step,
                            state=state, pending=pending, checkpoint=save, stop_requested=lambda: stop.requested,
                            dist=ctx, periodic_eval=periodic_eval if cfg.train.eval_every > 0 else None)
-    evals = evaluate(model, data, cfg, runtime, ctx)
+    evals = evaluate(train_model, data, cfg, runtime, ctx)  # compiled, as upstream scores it
     if ctx.is_main:
         run.save_weights(model)
     timed_steps = state.step - min(cfg.train.untimed_steps, state.step)
