@@ -94,6 +94,7 @@ def stub_flash_attn_func(q, k, v, causal=False, window_size=(-1, -1)):
 
 
 REAL_LOADER = attention._load_fa3
+REAL_GET_KERNEL = kernels.get_kernel
 STUB_KERNEL = SimpleNamespace(flash_attn_interface=SimpleNamespace(flash_attn_func=stub_flash_attn_func))
 
 
@@ -207,44 +208,44 @@ def test_auto_falls_back_to_flex_attention_naming_the_reason(monkeypatch, on_hop
     assert record.getMessage().endswith("using FlexAttention")
 
 
-@pytest.mark.parametrize("capability, repo", [((9, 0), attention.FA3_REPO_HOPPER),
-                                              ((8, 0), attention.FA3_REPO_OTHER)])
-def test_hub_load_is_pinned(monkeypatch, capability, repo):
+@pytest.fixture
+def hub_calls(monkeypatch):
+    """kernels.get_kernel answers with the stub kernel and records its (repo_id, kwargs)."""
     calls = []
 
     def get_kernel(repo_id, **kwargs):
         calls.append((repo_id, kwargs))
         return STUB_KERNEL
 
-    real = kernels.get_kernel
     monkeypatch.setattr(kernels, "get_kernel", get_kernel)
-    monkeypatch.setattr(attention, "_cuda_capability", lambda device: capability)
-    backend = attention.resolve_backend("fa3", torch.device("cpu"))
-    assert backend.name == "fa3" and backend.flash_attn_func is stub_flash_attn_func
-    ((repo_id, kwargs),) = calls
-    assert repo_id == repo and kwargs["version"] == attention.FA3_KERNEL_VERSION == 1
-    assert kwargs["trust_remote_code"] == [repo]  # varunneal is no Hub "trusted publisher": allow just this repo
-    inspect.signature(real).bind(repo_id, **kwargs)  # the installed kernels takes these arguments
+    return calls
+
+
+def _installed_kernels_takes(repo_id: str, kwargs: dict) -> None:
+    inspect.signature(REAL_GET_KERNEL).bind(repo_id, **kwargs)  # the installed kernels takes these arguments
     # and its pin check (which rejects a bare get_kernel(repo)) passes
     kernels._versions.revision_or_version(revision=kwargs.get("revision"), version=kwargs.get("version"))
 
 
-def test_a_pinned_revision_replaces_the_version_branch(monkeypatch, on_hopper):
-    calls = []
+@pytest.mark.parametrize("capability, repo", [((9, 0), attention.FA3_REPO_HOPPER),
+                                              ((8, 0), attention.FA3_REPO_OTHER)])
+def test_hub_load_is_pinned(monkeypatch, hub_calls, capability, repo):
+    monkeypatch.setattr(attention, "_cuda_capability", lambda device: capability)
+    backend = attention.resolve_backend("fa3", torch.device("cpu"))
+    assert backend.name == "fa3" and backend.flash_attn_func is stub_flash_attn_func
+    ((repo_id, kwargs),) = hub_calls
+    assert repo_id == repo and kwargs["version"] == attention.FA3_KERNEL_VERSION == 1
+    assert kwargs["trust_remote_code"] == [repo]  # varunneal is no Hub "trusted publisher": allow just this repo
+    _installed_kernels_takes(repo_id, kwargs)
 
-    def get_kernel(repo_id, **kwargs):
-        calls.append((repo_id, kwargs))
-        return STUB_KERNEL
 
-    real = kernels.get_kernel
-    monkeypatch.setattr(kernels, "get_kernel", get_kernel)
+def test_a_pinned_revision_replaces_the_version_branch(monkeypatch, on_hopper, hub_calls):
     monkeypatch.setenv(attention.FA3_REVISION_ENV, "0123abc")
     assert attention.resolve_backend("fa3", torch.device("cpu")).name == "fa3"
-    ((repo_id, kwargs),) = calls
+    ((repo_id, kwargs),) = hub_calls
     assert repo_id == attention.FA3_REPO_HOPPER and kwargs["revision"] == "0123abc" and "version" not in kwargs
     assert attention.fa3_source((9, 0)) == f"{attention.FA3_REPO_HOPPER} (Hub, revision 0123abc)"
-    inspect.signature(real).bind(repo_id, **kwargs)
-    kernels._versions.revision_or_version(revision=kwargs.get("revision"), version=kwargs.get("version"))
+    _installed_kernels_takes(repo_id, kwargs)
 
 
 def test_local_kernel_directory_uses_the_local_loader(monkeypatch, on_hopper, tmp_path):

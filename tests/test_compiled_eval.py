@@ -86,3 +86,17 @@ def test_the_eval_graph_is_compiled(capsys, monkeypatch):
         torch._dynamo.reset()
     assert Path(json.loads(capsys.readouterr().out)["run_dir"]).is_dir()
     assert True in grad_modes and False in grad_modes
+
+
+def test_a_compiled_run_records_its_graph_count_per_step(tmp_path, capsys, eager_backend):
+    """metrics.jsonl's compiled_graphs: what dynamo compiled so far, so a recompile after the first
+    steps shows (the GPU acceptance check fails a run whose count still grows)."""
+    assert main(["train", "--preset", "cpu-tiny", "--num-steps", "6", "--compile", "on", "--json"]) == 0
+    run_dir = Path(json.loads(capsys.readouterr().out)["run_dir"])
+    counts = [json.loads(line)["compiled_graphs"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert len(counts) == 6 and counts[0] > 0 and counts == sorted(counts)
+    assert len(set(counts[2:])) == 1  # no graph after the warm-up steps
+    assert main(["train", "--preset", "cpu-tiny", "--num-steps", "2", "--json"]) == 0
+    run_dir = Path(json.loads(capsys.readouterr().out)["run_dir"])
+    assert all("compiled_graphs" not in json.loads(line)
+               for line in (run_dir / "metrics.jsonl").read_text().splitlines())

@@ -61,3 +61,24 @@ def test_global_batch_must_split_over_ranks(tmp_path):
     done = _run(tmp_path, ARGS + ["--device-batch-size", "8"], nproc=2)  # 512 tokens = 8 rows: 1 rank only
     assert done.returncode != 0
     assert "not divisible by device_batch_size x sequence_len x world_size" in done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", ["tied-cpu"])  # DistAFMuon (DistMuonAdamW's: tests/test_doctor_gpu.py)
+def test_a_torchrun_world_of_one_takes_the_group_path(tmp_path, preset):
+    """`torchrun --nproc_per_node 1` joins a process group (gloo here, NCCL on a GPU) and runs the
+    N-rank code path (the distributed optimizer, gathered checkpoints) with the single process's
+    numbers: the GPU acceptance check proves NCCL on one GPU this way."""
+    argv = ["train", "--preset", preset, "--num-steps", "4", "--json"]
+    single = _run(tmp_path, argv + ["--run-name", "single"])
+    assert single.returncode == 0, single.stderr[-3000:]
+    one = _run(tmp_path, argv + ["--run-name", "one"], nproc=1)
+    assert one.returncode == 0, one.stderr[-3000:]
+    runs = tmp_path / "cache" / "runs"
+    records = {r["run_id"]: r for r in map(json.loads, (runs / "ledger.jsonl").read_text().splitlines())}
+    assert records["single"]["process_group"] is None and records["one"]["process_group"] == "gloo"
+    assert [records[n]["world_size"] for n in ("single", "one")] == [1, 1]
+    ws = torch.load(runs / "single" / "model.pt", weights_only=True)
+    wo = torch.load(runs / "one" / "model.pt", weights_only=True)
+    assert ws.keys() == wo.keys() and all(torch.equal(ws[k], wo[k]) for k in ws)
+    assert json.loads(one.stdout)["summary"]["val_bpb"] == json.loads(single.stdout)["summary"]["val_bpb"]

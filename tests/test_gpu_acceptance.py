@@ -1,11 +1,14 @@
 """GPU acceptance tests (`pytest -m gpu`, run by `muonlab doctor --gpu`): every test here is marked
 `gpu` and skipped without CUDA (tests/conftest.py).
 
-(a) FlashAttention-3 against SDPA, forward and backward, bf16, GQA (8 query heads on 2 key/value
-    heads), at the model's windows: full causal (the L layers' (T, 0)), half the context (the S
-    layers of SSSL) and a short 128-token window. The tolerance is the one flash-attention's own
-    tests use: against an fp32 SDPA reference on the same bf16 inputs, FA3's largest error is at
-    most twice bf16 SDPA's, plus 1e-3 (output) or 1e-3 of the largest reference gradient.
+(a) The CUDA attention backends, FlashAttention-3 (where it loads) and FlexAttention's sliding
+    window (what `auto` falls back to), against an fp32 SDPA reference, forward and backward,
+    bf16, GQA (8 query heads on 2 key/value heads), at the model's windows: full causal (the L
+    layers' (T, 0)), half the context (the S layers of SSSL) and a short 128-token window, at
+    T = 1024 and at T = 1000 (not a multiple of FlexAttention's 128-token block). The tolerance
+    is the one flash-attention's own tests use: against the fp32 reference on the same bf16
+    inputs, a backend's largest error is at most twice bf16 SDPA's, plus 1e-3 (output) or 1e-3
+    of the largest reference gradient.
 (b) Compiled against eager on CUDA: the baseline GPT and one arm for every registered method,
     arm group and model family (muonlab.doctor.selection.representative_arms), each at its
     family's smallest preset on CUDA in bf16, 4 steps of the real training loop on fixed
@@ -14,10 +17,10 @@
     through the updates; one step moves these losses by 0.2-0.7). On CPU (inductor's C++ code,
     bf16) the four steps of the baseline, 12do_disp_only_nomom, p003_branch_gate, k8_lookup and
     00_dense_native_lr141 agree within 0.0033.
-(c) The clipped-row LMO of seed 004 (muonlab.optim.lmo) on CUDA against CPU on the same
-    tables, fp64 (rtol = atol = 1e-12) and fp32 (rtol 1e-5, atol 1e-6): the algorithm is exact
-    (a Newton iteration that lands on the root, or the sorted closed form), so only the order of
-    the row sums differs between the devices.
+(c) The clipped-row LMO of seed 004 (muonlab.optim.lmo) on CUDA, by both methods (sort, CUDA's
+    default, and newton), against CPU's on the same tables, fp64 (rtol = atol = 1e-12) and fp32
+    (rtol 1e-5, atol 1e-6): both are exact (the sorted closed form in fp64; a Newton iteration
+    that lands on the root), so only the rounding of the row sums differs.
 """
 
 from __future__ import annotations
@@ -38,8 +41,10 @@ pytestmark = pytest.mark.gpu
 DEVICE = torch.device("cuda")
 
 # ------------------------------------------------------------------------------ (a) FA3 vs SDPA
-B, T, H, H_KV, D = 2, 1024, 8, 2, 128
-WINDOWS = {"full": (T, 0), "half": (T // 2, 0), "short": (128, 0)}
+B, H, H_KV, D = 2, 8, 2, 128
+# (T, left): the full, half and short windows at T = 1024, and at T = 1000 (a short last block)
+WINDOWS = {"full-1024": (1024, 1024), "half-1024": (1024, 512), "short-1024": (1024, 128),
+           "half-1000": (1000, 500), "short-1000": (1000, 128)}
 
 
 @pytest.fixture(scope="module")
@@ -57,24 +62,35 @@ def _attention(backend, inputs, dout, window, dtype, flash_attn_func=None):
     return [t.float() for t in (out, *grads)]
 
 
-@pytest.mark.parametrize("window", list(WINDOWS), ids=list(WINDOWS))
-def test_fa3_matches_sdpa_forward_and_backward(fa3, window):
+def _check_backend(backend: str, case: str, flash_attn_func=None) -> None:
+    T, left = WINDOWS[case]
     g = torch.Generator(device=DEVICE).manual_seed(0)
     shapes = ((B, T, H, D), (B, T, H_KV, D), (B, T, H_KV, D))
     inputs = [torch.randn(s, device=DEVICE, generator=g).to(torch.bfloat16) for s in shapes]
     dout = torch.randn(B, T, H, D, device=DEVICE, generator=g).to(torch.bfloat16)
-    w = WINDOWS[window]
+    w = (left, 0)
     ref = _attention("sdpa", inputs, dout, w, torch.float32)
     pt = _attention("sdpa", inputs, dout, w, torch.bfloat16)
-    fa = _attention("fa3", inputs, dout, w, torch.bfloat16, fa3.flash_attn_func)
-    for name, r, p, f in zip(("out", "dq", "dk", "dv"), ref, pt, fa):
+    got = _attention(backend, inputs, dout, w, torch.bfloat16, flash_attn_func)
+    for name, r, p, f in zip(("out", "dq", "dk", "dv"), ref, pt, got):
         assert torch.isfinite(f).all(), name
-        fa_err, pt_err = (f - r).abs().max().item(), (p - r).abs().max().item()
+        err, pt_err = (f - r).abs().max().item(), (p - r).abs().max().item()
         atol = 1e-3 if name == "out" else 1e-3 * r.abs().max().item()
-        assert fa_err <= 2 * pt_err + atol, f"{window} {name}: FA3 error {fa_err:.3g}, bf16 SDPA {pt_err:.3g}"
-    if window != "full":  # the window acts: the tolerance above tells it from full causal attention
-        full = _attention("sdpa", inputs, dout, WINDOWS["full"], torch.float32)[0]
+        assert err <= 2 * pt_err + atol, f"{case} {name}: {backend} error {err:.3g}, bf16 SDPA {pt_err:.3g}"
+    if left < T - 1:  # the window acts: the tolerance above tells it from full causal attention
+        full = _attention("sdpa", inputs, dout, (T, 0), torch.float32)[0]
         assert (full - ref[0]).abs().max().item() > 3 * (2 * (pt[0] - ref[0]).abs().max().item() + 1e-3)
+
+
+@pytest.mark.parametrize("case", list(WINDOWS))
+def test_fa3_matches_the_fp32_reference_forward_and_backward(fa3, case):
+    _check_backend("fa3", case, fa3.flash_attn_func)
+
+
+@pytest.mark.parametrize("case", list(WINDOWS))
+def test_flex_attention_matches_the_fp32_reference_forward_and_backward(case):
+    assert resolve_backend("flex", DEVICE).name == "flex"
+    _check_backend("flex", case)
 
 
 # ------------------------------------------------------------------------------ (b) compiled vs eager
@@ -82,7 +98,7 @@ CASES = representative_arms()
 STEPS, FIRST_TOL, LATER_TOL = 4, 0.01, 0.03
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.arm for c in CASES])
+@pytest.mark.parametrize("case", CASES, ids=[f"{c.arm}@{c.preset}" for c in CASES])
 def test_compiled_training_matches_eager(case):
     overrides = {**CUDA_OVERRIDES, "runtime.device": DEVICE.type, "train.num_steps": STEPS}
     cfg = resolve_config(case.arm, case.preset, overrides)
@@ -119,12 +135,13 @@ def _table(dtype: torch.dtype, rows: int = 1536, d: int = 768) -> torch.Tensor:
     return table[torch.randperm(rows, generator=g)].to(dtype)
 
 
+@pytest.mark.parametrize("method", ["sort", "newton"])
 @pytest.mark.parametrize("cap", [1.0, 2.0, 3.0, math.inf], ids=["c1", "c2", "c3", "cinf"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["fp64", "fp32"])
-def test_lmo_on_cuda_matches_cpu(dtype, cap):
+def test_lmo_on_cuda_matches_cpu(dtype, cap, method):
     table = _table(dtype)
     cpu = clipped_row_lmo(table, cap)
-    cuda = clipped_row_lmo(table.to(DEVICE), cap).cpu()
+    cuda = clipped_row_lmo(table.to(DEVICE), cap, method=method).cpu()
     assert cuda.dtype == cpu.dtype == dtype
     tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(cuda, cpu, **tol)

@@ -380,7 +380,11 @@ def cmd_doctor(args) -> int:
     options = gpu.GpuCheckOptions(out=args.out, tests=args.tests, budget_s=args.budget_s,
                                   skip=tuple(s.strip() for s in args.skip.split(",") if s.strip()),
                                   pytest_workers=args.pytest_workers, require_fa3=args.require_fa3,
-                                  work_dir=args.work_dir)
+                                  work_dir=args.work_dir, plan=args.plan)
+    if options.plan:  # no GPU needed: what would run, and whether it fits
+        planned = gpu.plan(options.validate())
+        _emit(args, planned, gpu.format_plan(planned))
+        return 0 if planned["fits"] else 1
     report = gpu.run_gpu_check(options, log=_log_for(args))
     if report is None:  # no CUDA: one line, nothing run, nothing written
         print(json.dumps({"cuda_available": False, "ran": False, "message": gpu.NO_CUDA_LINE})
@@ -418,14 +422,17 @@ seed 003's gate study (one seed, judged by the preregistered 0.0005 BPB alone):
 
 DOCTOR_DESCRIPTION = """Acceptance checks of this machine.
 
---gpu runs, within --budget-s (8 minutes, sized for one H100-class GPU), four sections and
-writes one JSON file (--out): environment (device, capability, torch/CUDA/driver versions,
-FlashAttention-3, Triton, torch.compile), pytest (`pytest -m gpu` over the tests folder),
-throughput (a compiled 50-step gpu-d8 run: tokens/s, MFU beside upstream's 39.8% and the 45%
-target, peak memory) and presets (a compiled 20-step run of every preset that targets a GPU).
-Runs train on the embedded stdlib corpus (no network). A failed section does not stop the
-others; exit 0 when none failed, 1 otherwise. Without CUDA it prints one line, runs nothing,
-writes no file (even with --out) and exits 0."""
+--gpu runs, within --budget-s (7.5 minutes, sized for one H100/H200 from a cold start), four
+sections and writes one JSON file (--out): environment (device, capability, torch/CUDA/driver
+versions, FlashAttention-3, Triton, torch.compile), pytest (`pytest -m gpu` over the test files
+holding gpu tests: attention kernels against fp32, compiled against eager, the LMO), throughput
+(a compiled 50-step gpu-d8 run whose loss must fall with no recompile after warm-up: tokens/s,
+MFU and peak memory beside upstream's) and distributed (a 1-GPU torchrun of both distributed
+optimizers on NCCL: checkpoint, resume, continuation). Runs train on the embedded stdlib corpus
+(no network). A failed section does not stop the others; one the budget did not reach is "not
+run". Exit 0 when none failed, 1 otherwise. --plan prints the sections' limits and their sum
+(no GPU needed). Without CUDA it prints one line, runs nothing, writes no file (even with
+--out) and exits 0. benchmarks/gpu_acceptance.sh runs it from a checkout on a GPU image."""
 
 
 def _first_pass(argv: list[str] | None):
@@ -627,6 +634,9 @@ def build_parser(argv: list[str] | None = None, only: str | None = None) -> argp
                        help="fail the environment section when FlashAttention-3 cannot be loaded (default: a warning)")
         p.add_argument("--work-dir", default=None, metavar="DIR",
                        help="keep the runs, their cache and the pytest report here (default: a temporary folder, removed)")
+        p.add_argument("--plan", action="store_true",
+                       help="print the sections, their time limits and their sum against the budget; run nothing "
+                            "(exit 1 when they do not fit)")
         p.add_argument("--json", action="store_true", help="print the report as JSON instead of the summary")
         p.set_defaults(func=cmd_doctor)
 

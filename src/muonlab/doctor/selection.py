@@ -1,9 +1,9 @@
-"""What the GPU acceptance check covers: the presets that target a GPU, and one arm for every
-registered method, every arm group and every model family (the compiled-against-eager check of
-tests/test_gpu_acceptance.py), each at its model family's smallest preset.
+"""What the GPU acceptance check's compiled-against-eager test (tests/test_gpu_acceptance.py)
+covers: one arm for every registered method, every arm group and every model family (a family
+no arm runs under: its baseline), each at its model family's smallest preset.
 
-Both are derived from the registries (presets of every family, muonlab.arms.ARMS, the method
-catalogue of muonlab.lab.methods), so a new preset, method or family is checked without an edit here.
+It is derived from the registries (muonlab.arms.ARMS, the method catalogue of
+muonlab.lab.methods, the model families), so a new method or family is checked without an edit here.
 """
 
 from __future__ import annotations
@@ -18,31 +18,6 @@ CUDA_OVERRIDES: dict[str, Any] = {"runtime.device": "cuda", "runtime.precision":
 # Overrides that change a model's shape: an arm that sets one compiles a bigger graph, so the
 # selection prefers another arm covering the same methods.
 _SHAPE_KEYS = ("model.depth", "model.n_embd", "model.aspect_ratio", "model.head_dim", "model.preset")
-
-
-def _is_cpu_preset(name: str, values: dict[str, Any]) -> bool:
-    """A preset for CPUs: it pins a CPU/MPS device, or leaves the device to detection but is named
-    for CPUs ("cpu" as a dash-separated word: cpu-tiny, tied-cpu) or switches compilation off."""
-    device = str(values.get("runtime.device", "auto"))
-    if device.startswith(("cpu", "mps")):
-        return True
-    if device.startswith("cuda") or name.startswith("gpu-"):
-        return False
-    return "cpu" in name.split("-") or values.get("runtime.compile") == "off"
-
-
-def gpu_presets() -> list[str]:
-    """Every preset (of every model family) that targets a GPU, sorted by name."""
-    from muonlab.config import all_presets  # noqa: PLC0415
-
-    return sorted(name for name, values in all_presets().items()
-                  if not _is_cpu_preset(name, values) and values["family"] in GPU_CHECKED_FAMILIES)
-
-
-# The families whose GPU presets the check trains (on the stdlib corpus). Seed 004's t5, imagegpt and hf
-# paper presets read the user's token files, images or FASTA and run 0.1-1.2B models: not yet in the
-# 8-minute check (their CPU presets are tested; their compiled CUDA path is owed).
-GPU_CHECKED_FAMILIES = ("autoresearch", "tied")
 
 
 def small_preset(family: str) -> str:
@@ -123,4 +98,9 @@ def representative_arms() -> list[ArmCase]:
         family = arm_model_family(ARMS[name])
         presets.setdefault(family, small_preset(family))
         cases.append(ArmCase(name, family, presets[family], tuple(sorted(keys[name]))))
+    # a model family no arm runs under (seed 004's hf and imagegpt families): its own baseline
+    from muonlab.families import FAMILIES  # noqa: PLC0415
+
+    for family in sorted(set(FAMILIES) - set(presets)):
+        cases.append(ArmCase("baseline", family, small_preset(family), (f"model:{family}",)))
     return cases

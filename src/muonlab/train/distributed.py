@@ -2,8 +2,10 @@
 
 `torchrun --nproc_per_node=N -m muonlab train ...` sets RANK, WORLD_SIZE and LOCAL_RANK;
 this module joins the group (NCCL on CUDA, gloo on CPU), pins each rank to its GPU and gives
-the few collectives the training loop and evaluation need. Without those variables (or with
-a world of one) everything here is a no-op and the run is the single-process code path.
+the few collectives the training loop and evaluation need. A torchrun world of one joins a
+group too and takes the N-rank code path (collectives, sharded optimizer state, gathered
+checkpoints) on one GPU: the acceptance check runs NCCL that way. Without those variables
+everything here is a no-op and the run is the single-process code path.
 Multi-node runs use torchrun's rendezvous (`--nnodes`, `--rdzv-endpoint`); nothing here
 depends on the number of nodes.
 """
@@ -27,10 +29,11 @@ class Dist:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    backend: str | None = None  # the joined group's ("nccl", "gloo"); None: a single process
 
     @property
     def active(self) -> bool:
-        return self.world_size > 1
+        return self.backend is not None
 
     @property
     def is_main(self) -> bool:
@@ -59,9 +62,9 @@ class Dist:
 
 def init_from_env(device: torch.device, timeout_s: float = 1800) -> tuple[Dist, torch.device]:
     """Join the torchrun process group if there is one; return it and this rank's device."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:  # not launched by torchrun
         return Dist(), device
+    world = int(os.environ["WORLD_SIZE"])
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
     if device.type == "cuda":
         if local_rank >= torch.cuda.device_count():
@@ -76,7 +79,7 @@ def init_from_env(device: torch.device, timeout_s: float = 1800) -> tuple[Dist, 
     if not dist.is_initialized():
         dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s),
                                 device_id=device if backend == "nccl" else None)
-    return Dist(rank=rank, world_size=world, local_rank=local_rank), device
+    return Dist(rank=rank, world_size=world, local_rank=local_rank, backend=backend), device
 
 
 def shutdown(ctx: Dist) -> None:

@@ -84,6 +84,14 @@ def _finished(cfg: RunConfig, state: LoopState) -> bool:
 Checkpointer = Callable[[LoopState, tuple], str]
 
 
+def compiled_graphs() -> int:
+    """The graphs dynamo has compiled in this process so far (every function, the optimizer's
+    steps included)."""
+    from torch._dynamo.utils import counters  # noqa: PLC0415 (only where something compiles)
+
+    return int(counters["stats"]["unique_graphs"])
+
+
 def train_loop(cfg: RunConfig, model, optimizer, loader, runtime: Runtime, flops_per_token: int,
                on_step: Callable[[dict], None] | None = None, state: LoopState | None = None,
                pending: tuple | None = None, checkpoint: Checkpointer | None = None,
@@ -114,6 +122,7 @@ def train_loop(cfg: RunConfig, model, optimizer, loader, runtime: Runtime, flops
     before = [h.before_step for h in hooks if hasattr(h, "before_step")]
     after = [h.after_step for h in hooks if hasattr(h, "after_step")]
     schedule = schedule_of(cfg)
+    compiled = hasattr(model, "_orig_mod")  # a torch.compile'd module
     accum = cfg.train.accum_steps_per_rank(dist.world_size)
     peak = peak_flops(runtime.device)
     state = state or LoopState()
@@ -171,6 +180,8 @@ def train_loop(cfg: RunConfig, model, optimizer, loader, runtime: Runtime, flops
             mfu = mfu_percent(flops_per_token, cfg.train.total_batch_size, dt, peak, dist.world_size)
             record = dict(step=step, loss=train_loss, smooth_loss=state.smooth_loss, progress=progress,
                           dt=dt, tok_per_sec=tok_per_sec, mfu=mfu, epoch=state.epoch, **values)
+            if compiled:  # a count that still grows after the first steps is a recompile
+                record["compiled_graphs"] = compiled_graphs()
             if step in trajectory:
                 record.update(family.trajectory(model))
             if periodic_eval is not None and state.step % cfg.train.eval_every == 0:

@@ -210,6 +210,7 @@ def _run(cfg, log, data, resume, ctx: Dist, device, t_start) -> RunResult:
                   run_dir=str(run.path), config=cfg.to_dict(), provenance=prov,
                   resumed_from_step=checkpoint["step"] if checkpoint else None)
     record["world_size"] = ctx.world_size
+    record["process_group"] = ctx.backend  # "nccl" / "gloo" under torchrun (a world of one too), else None
     summary: dict = {"status": "failed", "run_id": run_id}
     try:
         summary, metrics = _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx, record)
