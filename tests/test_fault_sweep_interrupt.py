@@ -33,6 +33,20 @@ def state_hash(weights: Path) -> str:
     return sha.hexdigest()
 
 
+@pytest.fixture
+def terminal_ctrl_c(monkeypatch):
+    """SIGINT as a terminal's process has it (Python's KeyboardInterrupt), whatever disposition the
+    test worker inherited: a worker that ignores SIGINT would pass SIG_IGN on to every child, and
+    these tests are about muonlab's handling of a Ctrl-C, not the worker's."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def _default_sigint() -> None:  # in the child, before exec: SIGINT back to the default disposition
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def wait_for_first_checkpoint(runs: Path, proc: subprocess.Popen, timeout: float = 180) -> Path:
     """Poll the runs directory until a checkpoint's sidecar (written last) exists."""
     deadline = time.time() + timeout
@@ -52,7 +66,7 @@ def test_interrupted_sweep_is_recorded_interrupted_and_resumes_bitwise(tmp_path,
     # its own process group, as a terminal's foreground job: the terminal's Ctrl-C goes to the whole
     # group, which holds the sweep only (its runs have sessions of their own); the sweep forwards it
     proc = subprocess.Popen([sys.executable, "-m", "muonlab", *SWEEP], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True, preexec_fn=_default_sigint)
     try:
         first = wait_for_first_checkpoint(runs, proc)
         os.killpg(proc.pid, signal.SIGINT)
@@ -171,7 +185,8 @@ def test_select_continues_interrupted_runs_and_leaves_failed_ones(tmp_path):
     assert [(o.job.seed, o.action) for o in skipped] == [(4, "skipped-failed")]
 
 
-def test_ctrl_c_while_the_outcome_is_written_waits_for_the_ledger_line(tmp_path, monkeypatch, capsys, one_thread):
+def test_ctrl_c_while_the_outcome_is_written_waits_for_the_ledger_line(tmp_path, monkeypatch, capsys, one_thread,
+                                                                      terminal_ctrl_c):
     import muonlab.record.ledger as ledger
 
     real_append = ledger.append_record

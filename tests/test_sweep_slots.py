@@ -89,3 +89,61 @@ def test_runs_start_in_a_session_of_their_own_with_their_slots_environment(machi
     assert [kw["start_new_session"] for kw in started] == [True, True]  # no share in the terminal's Ctrl-C
     assert sorted(kw["env"]["CUDA_VISIBLE_DEVICES"] for kw in started) == ["0", "1"]
     assert all(kw["env"]["TORCHINDUCTOR_COMPILE_THREADS"] == "4" for kw in started)
+
+
+@pytest.mark.parametrize(("gpus", "per_run", "parallel", "slots"), [
+    (["0", "1", "2", "3", "4", "5", "6", "7"], 4, None, ["0,1,2,3", "4,5,6,7"]),  # 2 runs of 4 GPUs
+    (["0", "1", "2", "3", "4"], 2, None, ["0,1", "2,3"]),  # the odd GPU idles: runs never share one
+    (["0", "1", "2", "3"], 2, 1, ["0,1"]),
+    (["3", "5"], 2, None, ["3,5"]),  # the sweep's own CUDA_VISIBLE_DEVICES ids
+])
+def test_a_run_of_n_gpus_gets_n_gpus_of_its_own(machine, gpus, per_run, parallel, slots):
+    machine(16)
+    executor = LocalExecutor(parallel=parallel, gpus=gpus, gpus_per_run=per_run)
+    assert executor.slots == slots
+    for slot in slots:
+        env = executor._env(slot)
+        assert env["CUDA_VISIBLE_DEVICES"] == slot
+        assert env["OMP_NUM_THREADS"] == str(max(1, 16 // (len(slots) * per_run)))  # per process
+    assert executor.launcher()[1:6] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                                        str(per_run)]
+
+
+def test_gpus_per_run_is_refused_where_it_cannot_act(machine):
+    machine(16)
+    with pytest.raises(executors.UsageError, match="exceeds the 2 visible GPU"):
+        LocalExecutor(gpus=["0", "1"], gpus_per_run=4)
+    with pytest.raises(executors.UsageError, match="4 visible GPU.s. hold 2 run"):
+        LocalExecutor(gpus=["0", "1", "2", "3"], gpus_per_run=2, parallel=3)
+    with pytest.raises(executors.UsageError, match=">= 1"):
+        LocalExecutor(gpus=[], gpus_per_run=0)
+    with pytest.raises(executors.UsageError, match="local executor only"):
+        executors.make_executor("slurm", gpus_per_run=2)
+    assert LocalExecutor(gpus=[]).launcher() == [sys.executable, "-m", "muonlab"]
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_a_two_process_run_in_a_sweep_is_the_direct_torchrun_run(tmp_path, capsys):
+    """`--device cpu --gpus-per-run 2`: the sweep launches the run on 2 gloo processes, which gives
+    the weights of the same configuration launched by torchrun directly, bit for bit."""
+    from muonlab.cli import main
+    from muonlab.record.ledger import read_records
+
+    runs = tmp_path / "cache" / "runs"  # MUONLAB_CACHE (conftest)
+    assert main(["sweep", "--arms", "baseline", "--seeds", "1", "--preset", "cpu-tiny", "--num-steps", "6",
+                 "--gpus-per-run", "2", "--json"]) == 0
+    (rec,) = read_records(runs / "ledger.jsonl")
+    assert (rec["status"], rec["world_size"], rec["process_group"]) == ("ok", 2, "gloo")
+    (config,) = (runs / "sweeps").glob("*/baseline-s1.json")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    direct = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                             "-m", "muonlab", "train", "--config", str(config), "--run-name", "direct", "--json"],
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert direct.returncode == 0, direct.stderr[-3000:]
+    import torch
+
+    swept = torch.load(runs / rec["run_id"] / "model.pt", weights_only=True)
+    alone = torch.load(runs / "direct" / "model.pt", weights_only=True)
+    assert swept.keys() == alone.keys() and all(torch.equal(swept[k], alone[k]) for k in swept)
+    assert json.loads(direct.stdout)["summary"]["val_bpb"] == rec["metrics"]["val_bpb"]

@@ -141,7 +141,7 @@ def cmd_sweep(args) -> int:
     overrides.setdefault("quiet", True)
     outcomes = run_sweep(arms, seeds, args.preset, overrides, executor=args.executor, parallel=args.parallel,
                          retry_failed=args.retry_failed, slurm=_parse_slurm_options(args.slurm),
-                         log=_log_for(args))
+                         log=_log_for(args), gpus_per_run=args.gpus_per_run)
     payload = [dict(arm=o.job.arm, seed=o.job.seed, config_hash=o.job.config_hash, action=o.action,
                     status=o.status, metrics=o.metrics) for o in outcomes]
     _emit(args, {"runs": payload}, format_outcomes(outcomes))
@@ -533,7 +533,10 @@ def build_parser(argv: list[str] | None = None, only: str | None = None) -> argp
                        help="comma-separated seeds, e.g. 41,42,47 (default: the seeds the arms' paper used)")
         p.add_argument("--executor", default="local", choices=("local", "slurm"))
         p.add_argument("--parallel", type=int, default=None,
-                       help="runs at a time (local; default: one per visible GPU, else 1)")
+                       help="runs at a time (local; default: one per GPU group of --gpus-per-run, else 1)")
+        p.add_argument("--gpus-per-run", type=int, default=1, metavar="N",
+                       help="GPUs of each run (local): N > 1 launches it with torchrun on N GPUs of its own "
+                            "(on CPU: N gloo processes); runs at a time = visible GPUs // N")
         p.add_argument("--retry-failed", action="store_true", help="run failed or diverged (arm, seed) again")
         p.add_argument("--slurm", action="append", default=[], metavar="KEY=VALUE",
                        help="submitit parameter, e.g. slurm_partition=gpu, timeout_min=60, cluster=local")

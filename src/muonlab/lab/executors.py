@@ -2,8 +2,10 @@
 
 Local: each run is a separate `python -m muonlab train --config FILE` process, so a crash or
 an out-of-memory kills one run, not the sweep. With GPUs, one run per GPU at a time
-(`CUDA_VISIBLE_DEVICES` set per run): throughput-sensitive runs never share a GPU. On CPU,
-`parallel` runs at a time (default 1). Either way the cores are split between the runs at a
+(`CUDA_VISIBLE_DEVICES` set per run): throughput-sensitive runs never share a GPU; with
+`gpus_per_run` N > 1 a run is `torchrun --standalone --nproc_per_node N` on N GPUs of its own,
+and GPUs // N runs go at a time. On CPU, `parallel` runs at a time (default 1), each of N gloo
+processes when N > 1. Either way the cores are split between the runs at a
 time: each gets its share for torch's threads and for torch.compile's (inductor's) compile
 workers, so N runs do not each compile on every core. Runs start in a session of their own:
 a Ctrl-C at the terminal reaches the sweep alone, which forwards it once to each run.
@@ -46,16 +48,24 @@ def usable_cores() -> int:
 
 
 class LocalExecutor:
-    def __init__(self, parallel: int | None = None, gpus: list[str] | None = None):
+    def __init__(self, parallel: int | None = None, gpus: list[str] | None = None, gpus_per_run: int = 1):
+        if gpus_per_run < 1:
+            raise UsageError(f"--gpus-per-run must be >= 1, got {gpus_per_run}")
+        if parallel is not None and parallel < 1:
+            raise UsageError(f"--parallel must be >= 1, got {parallel}")
         self.gpus = visible_gpus() if gpus is None else gpus
+        self.per_run = gpus_per_run  # processes of one run (torchrun ranks when > 1)
         if self.gpus:
-            if parallel is not None and parallel > len(self.gpus):
-                raise UsageError(f"--parallel {parallel} exceeds the {len(self.gpus)} visible GPU(s): "
-                                 "runs never share a GPU")
-            self.slots = list(self.gpus[:parallel] if parallel else self.gpus)
+            if gpus_per_run > len(self.gpus):
+                raise UsageError(f"--gpus-per-run {gpus_per_run} exceeds the {len(self.gpus)} visible GPU(s)")
+            # disjoint groups of N GPUs: runs never share a GPU
+            groups = [",".join(self.gpus[i:i + gpus_per_run])
+                      for i in range(0, len(self.gpus) - gpus_per_run + 1, gpus_per_run)]
+            if parallel is not None and parallel > len(groups):
+                raise UsageError(f"--parallel {parallel}: {len(self.gpus)} visible GPU(s) hold {len(groups)} run(s) "
+                                 f"of {gpus_per_run} GPU(s); runs never share a GPU")
+            self.slots = groups[:parallel] if parallel else groups
         else:
-            if parallel is not None and parallel < 1:
-                raise UsageError(f"--parallel must be >= 1, got {parallel}")
             self.slots = [None] * (parallel or 1)
 
     def _env(self, slot: str | None) -> dict[str, str]:
@@ -66,10 +76,18 @@ class LocalExecutor:
         env = dict(os.environ)
         if slot is not None:
             env["CUDA_VISIBLE_DEVICES"] = slot
-        threads = str(max(1, usable_cores() // len(self.slots)))
+        threads = str(max(1, usable_cores() // (len(self.slots) * self.per_run)))
         env.setdefault("OMP_NUM_THREADS", threads)
         env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", threads)
         return env
+
+    def launcher(self) -> list[str]:
+        """`python -m muonlab`, or torchrun of it on this run's N processes (a free port each:
+        --standalone, so runs at a time never meet)."""
+        if self.per_run == 1:
+            return [sys.executable, "-m", "muonlab"]
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(self.per_run),
+                "-m", "muonlab"]
 
     def run(self, jobs, workdir: Path, log: Callable[[str], None]) -> None:
         queue = list(jobs)
@@ -80,7 +98,7 @@ class LocalExecutor:
                     if i not in running and queue:
                         job = queue.pop(0)
                         logfile = open(workdir / f"{job.name}.log", "w")
-                        cmd = [sys.executable, "-m", "muonlab", "train"] + (
+                        cmd = self.launcher() + ["train"] + (
                             ["--resume", job.resume_dir] if job.resume_dir
                             else ["--config", str(workdir / f"{job.name}.json")])
                         # a session of its own: the terminal's Ctrl-C reaches the sweep only (stop_runs)
@@ -88,7 +106,8 @@ class LocalExecutor:
                                                 stderr=subprocess.STDOUT, env=self._env(slot),
                                                 start_new_session=True)
                         running[i] = (proc, job, logfile)
-                        where = f"GPU {slot}" if slot is not None else "CPU"
+                        where = (f"GPU {slot}" if slot is not None else "CPU") + (
+                            f" ({self.per_run} processes)" if self.per_run > 1 else "")
                         log(f"start {job.name} on {where} (log {logfile.name})")
                 for i, (proc, job, logfile) in list(running.items()):
                     if proc.poll() is not None:
@@ -237,9 +256,13 @@ class SlurmExecutor:
                 log(f"done  {job.name}: failed ({str(exc).splitlines()[-1] if str(exc) else exc.__class__.__name__})")
 
 
-def make_executor(name: str, parallel: int | None = None, slurm: dict[str, Any] | None = None):
+def make_executor(name: str, parallel: int | None = None, slurm: dict[str, Any] | None = None,
+                  gpus_per_run: int = 1):
     if name == "local":
-        return LocalExecutor(parallel=parallel)
+        return LocalExecutor(parallel=parallel, gpus_per_run=gpus_per_run)
     if name == "slurm":
+        if gpus_per_run != 1:
+            raise UsageError("--gpus-per-run runs several processes per run with the local executor only, so far; "
+                             "on SLURM give each task its GPUs with --slurm gpus_per_node=N")
         return SlurmExecutor(slurm or {})
     raise UsageError(f"unknown executor {name!r}; choose from {', '.join(EXECUTORS)}")

@@ -116,12 +116,13 @@ def sweep_dir(jobs: list[SweepJob]) -> Path:
 
 def run_sweep(arms: list[str], seeds: list[int], preset_name: str, overrides: dict[str, Any] | None = None,
               executor: str = "local", parallel: int | None = None, retry_failed: bool = False,
-              slurm: dict[str, Any] | None = None, log: Callable[[str], None] = print) -> list[SweepOutcome]:
+              slurm: dict[str, Any] | None = None, log: Callable[[str], None] = print,
+              gpus_per_run: int = 1) -> list[SweepOutcome]:
     from muonlab.lab.executors import make_executor
 
     jobs = plan_sweep(arms, seeds, preset_name, overrides)
     ledger = ledger_path(jobs[0].config)
-    runner = make_executor(executor, parallel=parallel, slurm=slurm or {})  # validate before any work
+    runner = make_executor(executor, parallel=parallel, slurm=slurm or {}, gpus_per_run=gpus_per_run)  # validate first
     if executor == "local":  # runs here: a GPU preset on a machine without one is refused before any run
         from muonlab.train.run import training_device
 
