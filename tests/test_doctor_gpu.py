@@ -339,6 +339,13 @@ def test_the_pytest_section_collects_the_files_that_hold_gpu_tests():
     assert "test_layers.py" not in chosen and "test_doctor_gpu.py" not in chosen
 
 
+def test_a_gpu_mark_counts_in_code_only(tmp_path):
+    (tmp_path / "test_decorated.py").write_text("import pytest\n\n@pytest.mark.gpu\ndef test_x():\n    pass\n")
+    (tmp_path / "test_module.py").write_text("import pytest\n\npytestmark = [pytest.mark.gpu]\n")
+    (tmp_path / "test_mentions.py").write_text('# pytest.mark.gpu in a comment\nTEXT = "@pytest.mark.gpu"\n')
+    assert [Path(p).name for p in gpu.gpu_test_files(tmp_path)] == ["test_decorated.py", "test_module.py"]
+
+
 def test_without_a_tests_folder_the_pytest_section_is_skipped_and_says_why(tmp_path, monkeypatch):
     monkeypatch.setattr(gpu, "default_tests_dir", lambda: None)  # an installed package ships no tests
     monkeypatch.setattr(gpu, "run_process", lambda *a, **k: pytest.fail("pytest ran without a tests folder"))

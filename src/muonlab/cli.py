@@ -380,8 +380,8 @@ def cmd_doctor(args) -> int:
     options = gpu.GpuCheckOptions(out=args.out, tests=args.tests, budget_s=args.budget_s,
                                   skip=tuple(s.strip() for s in args.skip.split(",") if s.strip()),
                                   pytest_workers=args.pytest_workers, require_fa3=args.require_fa3,
-                                  work_dir=args.work_dir, plan=args.plan)
-    if options.plan:  # no GPU needed: what would run, and whether it fits
+                                  work_dir=args.work_dir)
+    if args.plan:  # no GPU needed: what would run, and whether it fits
         planned = gpu.plan(options.validate())
         _emit(args, planned, gpu.format_plan(planned))
         return 0 if planned["fits"] else 1

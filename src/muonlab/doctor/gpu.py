@@ -25,7 +25,6 @@ CUDA nothing is run and nothing is written (run_gpu_check returns None).
 from __future__ import annotations
 
 import importlib.metadata
-import json
 import importlib.util
 import math
 import platform
@@ -39,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from muonlab.doctor.runs import child_env, last_line, run_process, training_run
+from muonlab.doctor.runs import child_env, last_line, run_process, run_steps, training_run
 from muonlab.errors import UsageError
 
 FORMAT = "muonlab-gpu-check/1"
@@ -83,7 +82,6 @@ class GpuCheckOptions:
     budget_s: float = DEFAULT_BUDGET_S
     skip: tuple[str, ...] = ()
     pytest_workers: int | None = None  # None: 4 with pytest-xdist (1 without, or on an exclusive GPU)
-    plan: bool = False  # print the sections and their limits; run nothing
     require_fa3: bool = False
     work_dir: Path | None = None  # None: a temporary folder, removed afterwards
 
@@ -110,7 +108,7 @@ class GpuCheckOptions:
         return self
 
     def to_dict(self) -> dict[str, Any]:
-        return {"out": str(self.out), "tests": None if self.tests is None else str(self.tests), "plan": self.plan,
+        return {"out": str(self.out), "tests": None if self.tests is None else str(self.tests),
                 "budget_s": self.budget_s, "skip": list(self.skip), "pytest_workers": self.pytest_workers,
                 "require_fa3": self.require_fa3, "work_dir": None if self.work_dir is None else str(self.work_dir)}
 
@@ -336,14 +334,6 @@ def section_pytest(check: Check, paths: list[str] | None = None) -> dict[str, An
     return result
 
 
-def training_curve(run_dir: str | Path | None) -> list[dict[str, Any]]:
-    """The run's per-step records (metrics.jsonl); [] when there are none."""
-    path = Path(run_dir) / "metrics.jsonl" if run_dir else None
-    if path is None or not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-
-
 def judge_curve(steps: list[dict[str, Any]]) -> dict[str, Any]:
     """What the run's steps say beyond "it ran": the loss fell by MIN_LOSS_DROP from the first
     step, and dynamo compiled no graph after WARMUP_STEPS (metrics.jsonl's compiled_graphs)."""
@@ -376,7 +366,7 @@ def section_throughput(check: Check) -> dict[str, Any]:
                  target_mfu_percent=target,
                  meets_target=(mfu >= target) if isinstance(mfu, (int, float)) and target else None)
     if entry["status"] == "ok":
-        curve = judge_curve(training_curve(entry.get("run_dir")))
+        curve = judge_curve(run_steps(entry.get("run_dir")))
         problems = curve.pop("problems")
         entry.update(curve)
         if problems:

@@ -15,14 +15,14 @@ continuation is compared with the uninterrupted run:
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
 
-from muonlab.doctor.runs import child_env, last_line, run_process
+from muonlab.doctor.runs import child_env, failure, run_process, run_steps
+from muonlab.record.ledger import read_records
 
 STEPS = 8
 CASES = (("DistMuonAdamW", "cpu-tiny"), ("DistAFMuon", "tied-cpu"))
@@ -36,16 +36,13 @@ def torchrun_command(*train_args: str) -> list[str]:
 
 
 def _ledger_record(runs_dir: Path, run_id: str) -> dict[str, Any] | None:
-    ledger = runs_dir / "ledger.jsonl"
-    lines = ledger.read_text(encoding="utf-8").splitlines() if ledger.is_file() else []
-    records = [json.loads(line) for line in lines if line.strip()]
-    return next((r for r in reversed(records) if r.get("run_id") == run_id), None)
+    """The run's latest ledger line."""
+    return next((r for r in reversed(list(read_records(runs_dir / "ledger.jsonl"))) if r.get("run_id") == run_id),
+                None)
 
 
 def _losses(run_dir: Path) -> dict[int, float]:
-    path = run_dir / "metrics.jsonl"
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    return {r["step"]: r["loss"] for r in rows}
+    return {r["step"]: r["loss"] for r in run_steps(run_dir)}
 
 
 def _weights_diff(a: Path, b: Path) -> tuple[bool, float]:
@@ -59,12 +56,8 @@ def _weights_diff(a: Path, b: Path) -> tuple[bool, float]:
 
 
 def _run(argv: list[str], limit_s: float, cache_dir: Path) -> tuple[bool, str]:
-    done = run_process(argv, limit_s, env=child_env(cache_dir))
-    if done.timed_out:
-        return False, f"stopped at its limit of {limit_s:.0f} s ({last_line(done.stderr) or 'no output'})"
-    if done.returncode != 0:
-        return False, f"exit {done.returncode}: {last_line(done.stderr) or last_line(done.stdout) or 'no output'}"
-    return True, ""
+    error = failure(run_process(argv, limit_s, env=child_env(cache_dir)), limit_s)
+    return error is None, error or ""
 
 
 def resume_case(optimizer: str, preset: str, deadline: float, cache_dir: Path, device: str = "cuda",

@@ -95,6 +95,22 @@ def last_line(text: str) -> str:
     return lines[-1][:500] if lines else ""
 
 
+def failure(done: Finished, timeout_s: float) -> str | None:
+    """Why a child process did not succeed, in one line; None when it exited 0."""
+    if done.timed_out:
+        return f"stopped at its limit of {timeout_s:.0f} s ({last_line(done.stderr) or 'no output'})"
+    if done.returncode != 0:
+        return f"exit {done.returncode}: {last_line(done.stderr) or last_line(done.stdout) or 'no output'}"
+    return None
+
+
+def run_steps(run_dir: str | Path | None) -> list[dict[str, Any]]:
+    """A run's per-step records (its metrics.jsonl); [] when there are none."""
+    from muonlab.record.ledger import read_records  # noqa: PLC0415
+
+    return list(read_records(Path(run_dir) / "metrics.jsonl")) if run_dir else []
+
+
 def train_command(preset: str, num_steps: int, device: str = "cuda", compile_mode: str = "on",
                   data_flags: tuple[str, ...] = DATA_FLAGS, eval_tokens: int = EVAL_TOKENS) -> list[str]:
     """The `muonlab train` command line of one check run."""
@@ -114,11 +130,8 @@ def training_run(preset: str, num_steps: int, timeout_s: float, cache_dir: Path,
     entry: dict[str, Any] = {"preset": preset, "num_steps": num_steps, "status": "failed", "error": None,
                              "seconds": round(done.seconds, 1), "timeout_s": round(timeout_s, 1),
                              "command": ["muonlab", *argv[3:]]}
-    if done.timed_out:
-        entry["error"] = f"stopped at its limit of {timeout_s:.0f} s ({last_line(done.stderr) or 'no output'})"
-        return entry
-    if done.returncode != 0:
-        entry["error"] = f"exit {done.returncode}: {last_line(done.stderr) or last_line(done.stdout) or 'no output'}"
+    entry["error"] = failure(done, timeout_s)
+    if entry["error"]:
         return entry
     try:
         payload = json.loads(done.stdout)
