@@ -95,19 +95,38 @@ def test_killed_run_resumes_bitwise(tmp_path, reference_run, capsys):
 
 
 @pytest.mark.slow
-def test_sigterm_checkpoints_and_resumes(tmp_path, reference_run, capsys):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR2])  # a preemption; SLURM's notice before one
+def test_sigterm_checkpoints_and_resumes(tmp_path, reference_run, capsys, sig):
     ref_dir, _ = reference_run
     proc = _start(tmp_path, "preempted")
     run_dir = runs(tmp_path) / "preempted"
     _wait_for_steps(run_dir, 6, proc)
-    proc.send_signal(signal.SIGTERM)  # a SLURM preemption
+    proc.send_signal(sig)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, out
     (rec,) = [r for r in ledger(tmp_path) if r["run_id"] == "preempted"]
-    assert rec["status"] == "interrupted" and rec["resumable"]
+    assert rec["status"] == "interrupted" and rec["resumable"] and sig.name in rec["error"]
     assert verify_checkpoint(Path(rec["checkpoint"])) is None
     assert main(["train", "--resume", str(run_dir)]) == 0
     assert_same_weights(ref_dir, run_dir)
+
+
+def test_a_checkpoint_interval_in_minutes_checkpoints_by_wall_time(tmp_path, monkeypatch, capsys):
+    """checkpoint_minutes: a checkpoint after the first step that ends that much wall time after the
+    last; the clock is the loop's own (time.monotonic), stepped 40 s per read here."""
+    import muonlab.train.loop as loop
+
+    clock = iter(range(0, 10**6, 40))
+    monkeypatch.setattr(loop.time, "monotonic", lambda: next(clock))
+    args = ["train", "--preset", "cpu-tiny", "--device", "cpu", "--num-steps", "12", "--checkpoint-keep", "100",
+            "--quiet", "--json"]
+    assert main(args + ["--run-name", "by-minutes", "--checkpoint-minutes", "1.5"]) == 0
+    steps = [int(p.stem.split("-")[1]) for p in list_checkpoints(runs(tmp_path) / "by-minutes")]
+    # the loop reads the clock once before step 0 and once per step: 40 s a step, so 90 s end after 3 steps
+    assert sorted(steps) == [3, 6, 9, 12]
+    assert main(args + ["--run-name", "by-end"]) == 0
+    assert [int(p.stem.split("-")[1]) for p in list_checkpoints(runs(tmp_path) / "by-end")] == [12]
+    assert_same_weights(runs(tmp_path) / "by-minutes", runs(tmp_path) / "by-end")  # checkpoints move no number
 
 
 @pytest.mark.slow

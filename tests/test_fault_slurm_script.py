@@ -22,9 +22,9 @@ def fake_sbatch(monkeypatch):
                         lambda self, path: ["echo", "Submitted batch job 4242"])
 
 
-def submit(tmp_path, options: dict, seeds=(1, 2, 3)) -> tuple[list, list[str]]:
+def submit(tmp_path, options: dict, seeds=(1, 2, 3), **shape) -> tuple[list, list[str]]:
     jobs = plan_sweep(["baseline"], list(seeds), "cpu-tiny")
-    handles = SlurmExecutor(options).submit(jobs, tmp_path)
+    handles = SlurmExecutor(options, **shape).submit(jobs, tmp_path)
     (script,) = (tmp_path / "submitit").glob("4242_submission.sh")
     return handles, script.read_text().splitlines()
 
@@ -52,6 +52,18 @@ def test_defaults_and_requeue_off(tmp_path, fake_sbatch):
     _, lines = submit(tmp_path, {"requeue": False}, seeds=(1, 2))
     assert "#SBATCH --time=1440" in lines and "#SBATCH --gpus-per-node=1" in lines
     assert "#SBATCH --array=0-1%2" in lines and "#SBATCH --requeue" not in lines
+
+
+@pytest.mark.parametrize("shape, wanted, unwanted", [
+    ({"gpus_per_run": 4, "nodes": 2}, ["--nodes=2", "--ntasks-per-node=4", "--gpus-per-node=4"], []),
+    ({"gpus_per_run": 2, "on_gpu": False}, ["--nodes=1", "--ntasks-per-node=2"], ["--gpus-per-node"]),  # gloo ranks
+    ({"on_gpu": False}, ["--ntasks-per-node=1"], ["--gpus-per-node"]),  # a CPU run asks for no GPU
+])
+def test_gpus_per_run_and_nodes_shape_each_task(tmp_path, fake_sbatch, shape, wanted, unwanted):
+    _, lines = submit(tmp_path, {}, seeds=(1,), **shape)
+    for option in wanted:
+        assert f"#SBATCH {option}" in lines, (option, lines)
+    assert not [line for line in lines for option in unwanted if option in line], lines
 
 
 @pytest.mark.multiprocess

@@ -117,8 +117,8 @@ def test_gpus_per_run_is_refused_where_it_cannot_act(machine):
         LocalExecutor(gpus=["0", "1", "2", "3"], gpus_per_run=2, parallel=3)
     with pytest.raises(executors.UsageError, match=">= 1"):
         LocalExecutor(gpus=[], gpus_per_run=0)
-    with pytest.raises(executors.UsageError, match="local executor only"):
-        executors.make_executor("slurm", gpus_per_run=2)
+    with pytest.raises(executors.UsageError, match="--nodes is for --executor slurm"):
+        executors.make_executor("local", nodes=2)
     assert LocalExecutor(gpus=[]).launcher() == [sys.executable, "-m", "muonlab"]
 
 

@@ -133,6 +133,10 @@ def cmd_sweep(args) -> int:
     from muonlab.arms import default_seeds, get_arm
     from muonlab.lab.sweep import format_outcomes, parse_seeds, run_sweep
 
+    if args.status:
+        return _sweep_status(args)
+    if not args.arms:
+        raise UsageError("muonlab sweep needs --arms (or --status, to see where a sweep stands)")
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     for arm in arms:
         get_arm(arm)
@@ -141,11 +145,47 @@ def cmd_sweep(args) -> int:
     overrides.setdefault("quiet", True)
     outcomes = run_sweep(arms, seeds, args.preset, overrides, executor=args.executor, parallel=args.parallel,
                          retry_failed=args.retry_failed, slurm=_parse_slurm_options(args.slurm),
-                         log=_log_for(args), gpus_per_run=args.gpus_per_run)
+                         log=_log_for(args), gpus_per_run=args.gpus_per_run, nodes=args.nodes, detach=args.detach)
     payload = [dict(arm=o.job.arm, seed=o.job.seed, config_hash=o.job.config_hash, action=o.action,
                     status=o.status, metrics=o.metrics) for o in outcomes]
     _emit(args, {"runs": payload}, format_outcomes(outcomes))
-    return 0 if all(o.status == "ok" for o in outcomes) else 1
+    # handed to SLURM and not yet back is not a failure: `sweep --status` follows it
+    return 0 if all(o.status in ("ok", "queued", "running") for o in outcomes) else 1
+
+
+def _sweep_status(args) -> int:
+    """`muonlab sweep --status`: each (arm, seed) of the sweep the other arguments name, or of every
+    run of --ledger's study: missing, queued, running, done, failed or interrupted."""
+    from pathlib import Path
+
+    from muonlab.arms import default_seeds, get_arm
+    from muonlab.lab.sweep import latest_records, parse_seeds, plan_sweep
+    from muonlab.lab.sweep_status import format_status, sweep_status
+    from muonlab.record.rundir import ledger_path
+
+    for name in ("detach", "retry_failed"):
+        if getattr(args, name):
+            raise UsageError(f"--status only reads where a sweep stands; drop --{name.replace('_', '-')}")
+    overrides = collect_overrides(args)
+    if args.arms:
+        arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+        for arm in arms:
+            get_arm(arm)
+        seeds = parse_seeds(args.seeds) if args.seeds is not None else default_seeds(arms)
+        jobs = plan_sweep(arms, seeds, args.preset, overrides)
+        ledger = ledger_path(jobs[0].config)
+        planned = [(j.arm, j.seed, j.config_hash, j.config.train.num_steps) for j in jobs]
+    elif overrides.get("ledger"):
+        ledger, planned = Path(overrides["ledger"]).expanduser(), None
+    else:
+        raise UsageError("muonlab sweep --status needs the sweep's --arms (with its --seeds, --preset and settings) "
+                         "or its --ledger")
+    log = _log_for(args)
+    states = sweep_status(ledger, latest_records(ledger, log), planned, warn=log)
+    rows = [dict(arm=s.arm, seed=s.seed, config_hash=s.config_hash, state=s.state, detail=s.detail, job_id=s.job_id,
+                 metrics=s.metrics) for s in states]
+    _emit(args, {"ledger": str(ledger), "runs": rows}, f"ledger {ledger}\n" + format_status(states))
+    return 0
 
 
 def cmd_paper(args) -> int:
@@ -528,15 +568,23 @@ def build_parser(argv: list[str] | None = None, only: str | None = None) -> argp
 
     p = verb("sweep", help="run arms x seeds under one preset, resumable from the ledger")
     if p:
-        p.add_argument("--arms", required=True, help="comma-separated arm names")
+        p.add_argument("--arms", default=None, help="comma-separated arm names")
         p.add_argument("--seeds", default=None,
                        help="comma-separated seeds, e.g. 41,42,47 (default: the seeds the arms' paper used)")
         p.add_argument("--executor", default="local", choices=("local", "slurm"))
         p.add_argument("--parallel", type=int, default=None,
                        help="runs at a time (local; default: one per GPU group of --gpus-per-run, else 1)")
         p.add_argument("--gpus-per-run", type=int, default=1, metavar="N",
-                       help="GPUs of each run (local): N > 1 launches it with torchrun on N GPUs of its own "
-                            "(on CPU: N gloo processes); runs at a time = visible GPUs // N")
+                       help="processes (one GPU each) of each run: N > 1 makes it a torch.distributed run; locally "
+                            "torchrun on N GPUs of its own (runs at a time = visible GPUs // N; on CPU: N gloo "
+                            "processes), on SLURM N tasks and N GPUs per node (no GPU for a CPU run)")
+        p.add_argument("--nodes", type=int, default=1, metavar="M",
+                       help="nodes of each run (slurm): M x --gpus-per-run processes")
+        p.add_argument("--detach", action="store_true",
+                       help="slurm: submit the array and return with its job id (follow it with --status)")
+        p.add_argument("--status", action="store_true",
+                       help="print where each (arm, seed) of the sweep stands (the same arguments, or --ledger): "
+                            "missing, queued, running (step, loss, ETA), done, failed or interrupted")
         p.add_argument("--retry-failed", action="store_true", help="run failed or diverged (arm, seed) again")
         p.add_argument("--slurm", action="append", default=[], metavar="KEY=VALUE",
                        help="submitit parameter, e.g. slurm_partition=gpu, timeout_min=60, cluster=local")

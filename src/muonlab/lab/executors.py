@@ -10,8 +10,9 @@ time: each gets its share for torch's threads and for torch.compile's (inductor'
 workers, so N runs do not each compile on every core. Runs start in a session of their own:
 a Ctrl-C at the terminal reaches the sweep alone, which forwards it once to each run.
 SLURM: one job array, one task per run, through submitit (`cluster="local"` runs the same
-array as local processes); a task requeued after a preemption continues its run. The batch
-script the options make is tested as submitit renders it, without a cluster.
+array as local processes), each task recorded beside the ledger as it is submitted; a task
+requeued after a preemption continues its run. Tested against a one-node SLURM on the test
+machine (tests/slurm/local_slurm.sh) and, for the batch script, as submitit renders it.
 """
 
 from __future__ import annotations
@@ -157,15 +158,27 @@ def _forward_sigint(procs: list[subprocess.Popen]) -> None:
             proc.send_signal(signal.SIGINT)
 
 
+def attempt_dirs(run_dir: Path, restarts: int) -> list[Path]:
+    """The run directories of a task's attempts so far, oldest first: its own, then one per
+    requeue that found no checkpoint to continue (`<run>-requeue<k>`). Named from SLURM's restart
+    count alone, so every rank of a task names the same one without asking the file system."""
+    return [run_dir] + [run_dir.with_name(f"{run_dir.name}-requeue{k}") for k in range(1, restarts + 1)]
+
+
 class ArrayTask:
     """One SLURM array task: one run, in a run directory named before submission.
 
-    submitit calls it again after a requeue (a preemption, or the time limit with `checkpoint`
-    below) with the same arguments: it then continues its run from the newest complete checkpoint
-    instead of starting over. Runs on the compute node."""
+    A task of several SLURM tasks (--gpus-per-run N, --nodes M) is one torch.distributed run: its
+    ranks join from SLURM's environment (submitit's TorchDistributedEnvironment), rank 0 writes
+    the record. SLURM starts the task again after a requeue (`scontrol requeue`, a preemption, or
+    the signal before the time limit, which makes the run checkpoint and requeue itself): it then
+    continues its run from the newest complete checkpoint instead of starting over. Runs on the
+    compute node."""
 
     def __call__(self, config: dict, run_dir: str) -> str:
         import json
+
+        import submitit.helpers
 
         from muonlab.config import RunConfig
         from muonlab.plugins import load_plugins
@@ -173,37 +186,66 @@ class ArrayTask:
         from muonlab.train.checkpoint import newest_complete_checkpoint
         from muonlab.train.run import resume_training
 
-        path = Path(run_dir)
-        summary = path / "summary.json"
-        if summary.is_file() and json.loads(summary.read_text()).get("status") == "ok":
-            return "ok"  # requeued after it finished
-        if newest_complete_checkpoint(path) is not None:
-            return resume_training(path).status
-        if path.exists():  # requeued before its first checkpoint: a fresh attempt beside it
-            path = path.with_name(f"{path.name}-{os.urandom(2).hex()}")
-        self.run_dir = str(path)  # what `checkpoint` resubmits
-        load_plugins(config.get("record", {}).get("plugins", ""))
-        cfg = RunConfig.from_dict(config)
-        cfg.record.runs_dir, cfg.record.run_name = str(path.parent), path.name
-        return run_training(cfg).status
+        job = _job_environment()
+        if job is not None and job.num_tasks > 1:  # MASTER_ADDR/PORT, RANK, WORLD_SIZE, LOCAL_RANK: what init_from_env reads
+            submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
+        attempts = attempt_dirs(Path(run_dir), int(os.environ.get("SLURM_RESTART_COUNT", "0")))
+        try:
+            for path in reversed(attempts):
+                summary = path / "summary.json"
+                if summary.is_file() and json.loads(summary.read_text()).get("status") == "ok":
+                    return "ok"  # requeued after it finished
+                if newest_complete_checkpoint(path) is not None:
+                    return resume_training(path).status
+            path = attempts[-1]  # no checkpoint yet: a fresh attempt (beside the earlier ones)
+            load_plugins(config.get("record", {}).get("plugins", ""))
+            cfg = RunConfig.from_dict(config)
+            cfg.record.runs_dir, cfg.record.run_name = str(path.parent), path.name
+            return run_training(cfg).status
+        except KeyboardInterrupt as exc:  # the run recorded itself as interrupted
+            if getattr(exc, "signal", None) == REQUEUE_SIGNAL.name:
+                if job is not None and job.global_rank == 0:  # SLURM's advance notice: the run checkpointed; come back
+                    subprocess.run(["scontrol", "requeue", job.job_id], check=True, timeout=60)
+                raise SystemExit(-1) from None  # no result: the job is not over
+            raise
 
     def checkpoint(self, config: dict, run_dir: str):
-        """submitit, on a preemption or the time limit: requeue this task, to continue its run."""
+        """submitit, on the requeue signal outside the training loop (data preparation, the final
+        evaluation): requeue this task, to continue its run."""
         from submitit.helpers import DelayedSubmission
 
-        return DelayedSubmission(self, config, getattr(self, "run_dir", run_dir))
+        return DelayedSubmission(self, config, run_dir)
 
+
+def _job_environment():
+    """submitit's description of the SLURM task this runs in, or None outside one."""
+    import submitit
+
+    try:
+        return submitit.JobEnvironment()
+    except RuntimeError:  # not started by submitit (a test calls the task directly)
+        return None
+
+
+# SLURM's advance notice of a time limit or preemption (sbatch --signal, submitit's signal_delay_s
+# seconds before): the training loop stops after its step, checkpoints, and the task requeues itself
+REQUEUE_SIGNAL = signal.SIGUSR2
 
 # The sweep's --slurm options are submitit's parameter names: its generic ones (timeout_min,
 # gpus_per_node, cpus_per_task, mem_gb, nodes, tasks_per_node, name) and `slurm_<sbatch option>`
 # (slurm_partition, slurm_array_parallelism, slurm_account, ...); and two of muonlab's: `cluster`
 # (submitit's backend: slurm, or local/debug to run the array here) and `requeue` (default true:
 # sbatch --requeue, so a preempted task is requeued and continues from its checkpoint).
-SLURM_DEFAULTS = {"timeout_min": 24 * 60, "gpus_per_node": 1, "name": "muonlab-sweep"}
+SLURM_DEFAULTS = {"timeout_min": 24 * 60, "name": "muonlab-sweep"}
+# what --gpus-per-run and --nodes set: given there, not as --slurm options too
+SHAPE_OPTIONS = ("gpus_per_node", "tasks_per_node", "nodes")
 
 
-def slurm_parameters(options: dict[str, Any], n_tasks: int) -> tuple[str, dict[str, Any]]:
-    """(cluster, submitit AutoExecutor parameters) for an array of `n_tasks` runs."""
+def slurm_parameters(options: dict[str, Any], n_tasks: int, gpus_per_run: int = 1, nodes: int = 1,
+                     on_gpu: bool = True) -> tuple[str, dict[str, Any]]:
+    """(cluster, submitit AutoExecutor parameters) for an array of `n_tasks` runs, each of
+    `gpus_per_run` processes on each of `nodes` nodes (one GPU per process unless the runs are
+    made for the CPU)."""
     submitit = require("submitit", "the slurm executor")
 
     options = dict(options)
@@ -216,53 +258,109 @@ def slurm_parameters(options: dict[str, Any], n_tasks: int) -> tuple[str, dict[s
         if key not in generic and not (key.startswith("slurm_") and key[len("slurm_"):] in sbatch):
             raise UsageError(f"unknown --slurm option {key!r}: use cluster, requeue, one of {', '.join(sorted(generic))}, "
                              "or slurm_<option> for an option of submitit's SlurmExecutor (e.g. slurm_partition)")
+    shape = {"nodes": nodes, "tasks_per_node": gpus_per_run}
+    if on_gpu:  # a CPU run asks for no GPU (no --gpus-per-node line: a cluster without GPUs refuses one)
+        shape["gpus_per_node"] = gpus_per_run
+    given = [key for key in SHAPE_OPTIONS if key in options and options[key] != shape.get(key)]
+    if given and (gpus_per_run != 1 or nodes != 1):
+        raise UsageError(f"--slurm {given[0]} and --gpus-per-run/--nodes both shape the runs: give --gpus-per-run N "
+                         "(processes and GPUs per node) and --nodes M only")
     if cluster != "slurm":  # run here (local/debug): the cluster's defaults do not apply, its options are ignored
         return cluster, options
-    params = {**SLURM_DEFAULTS, "slurm_array_parallelism": n_tasks, **options}
+    params = {**SLURM_DEFAULTS, "slurm_array_parallelism": n_tasks, **shape, **options}
     if requeue:
         params["slurm_additional_parameters"] = {"requeue": True, **params.get("slurm_additional_parameters", {})}
     return cluster, params
 
 
 class SlurmExecutor:
-    """submitit job arrays, one task per run (see `slurm_parameters` for the options)."""
+    """submitit job arrays, one task per run (see `slurm_parameters` for the options). Each
+    submitted task is recorded beside the ledger at once (lab/submissions.py); `detach` returns
+    then, leaving the array to SLURM."""
 
-    def __init__(self, slurm: dict[str, Any]):
+    def __init__(self, slurm: dict[str, Any], gpus_per_run: int = 1, nodes: int = 1, on_gpu: bool = True,
+                 detach: bool = False):
         require("submitit", "the slurm executor")  # before any work
+        if gpus_per_run < 1 or nodes < 1:
+            raise UsageError(f"--gpus-per-run and --nodes must be >= 1, got {gpus_per_run} and {nodes}")
         self.options = dict(slurm)
-        self.cluster, _ = slurm_parameters(self.options, 1)  # validate before any work
+        self.shape = dict(gpus_per_run=gpus_per_run, nodes=nodes, on_gpu=on_gpu)
+        self.cluster, _ = slurm_parameters(self.options, 1, **self.shape)  # validate before any work
+        if detach and self.cluster != "slurm":
+            raise UsageError(f"--detach leaves the runs to SLURM; cluster={self.cluster} runs them in this process")
+        self.detach = detach
 
-    def submit(self, jobs, workdir: Path) -> list:
-        """Submit the array; its handles, one per job."""
+    def submit(self, jobs, workdir: Path, ledger: Path | None = None) -> list:
+        """Submit the array and record each task beside `ledger`; its handles, one per job."""
         import submitit
 
+        from muonlab.lab.submissions import Submission, record_submissions
         from muonlab.record.rundir import new_run_id, runs_dir
 
-        cluster, params = slurm_parameters(self.options, len(jobs))
+        cluster, params = slurm_parameters(self.options, len(jobs), **self.shape)
         executor = submitit.AutoExecutor(folder=workdir / "submitit", cluster=cluster)
         executor.update_parameters(**params)
         # each task's run directory is named now, so a requeued task finds its run again
         run_dirs = [job.resume_dir or str(runs_dir(job.config) / new_run_id(job.config)) for job in jobs]
-        return executor.map_array(ArrayTask(), [job.config.to_dict() for job in jobs], run_dirs)
+        handles = executor.map_array(ArrayTask(), [job.config.to_dict() for job in jobs], run_dirs)
+        if ledger is not None and cluster == "slurm":
+            now = time.time()
+            record_submissions(ledger, [Submission(job.arm, job.seed, job.config_hash, str(handle.job_id), run_dir, now,
+                                                   job.config.train.num_steps)
+                                        for job, handle, run_dir in zip(jobs, handles, run_dirs)])
+        return handles
 
-    def run(self, jobs, workdir: Path, log: Callable[[str], None]) -> None:
-        handles = self.submit(jobs, workdir)
-        log(f"submitted {len(handles)} task(s) as job array {handles[0].job_id.split('_')[0]} ({self.cluster})")
-        for job, handle in zip(jobs, handles):
-            try:
-                status = handle.result()
-                log(f"done  {job.name}: {status}")
-            except Exception as exc:  # the run itself recorded its failure in the ledger
-                log(f"done  {job.name}: failed ({str(exc).splitlines()[-1] if str(exc) else exc.__class__.__name__})")
+    def run(self, jobs, workdir: Path, log: Callable[[str], None], ledger: Path | None = None) -> None:
+        handles = self.submit(jobs, workdir, ledger)
+        array = handles[0].job_id.split("_")[0]
+        log(f"submitted {len(handles)} task(s) as job array {array} ({self.cluster})")
+        if self.detach:
+            log(f"detached: job array {array} runs on; `muonlab sweep` with the same arguments and --status "
+                f"(or --status --ledger {ledger}) says where it stands")
+            return
+        try:
+            if self.cluster == "slurm":
+                self._wait_in_queue(jobs, [str(h.job_id) for h in handles], log)
+            else:  # submitit's local/debug backends: their handles know when a task ends
+                for job, handle in zip(jobs, handles):
+                    try:
+                        log(f"done  {job.name}: {handle.result()}")
+                    except Exception as exc:  # the run itself recorded its failure in the ledger
+                        log(f"done  {job.name}: failed ({str(exc).splitlines()[-1] if str(exc) else exc})")
+        except KeyboardInterrupt:
+            if self.cluster == "slurm":
+                log(f"stopped waiting: job array {array} runs on (cancel it with scancel {array}); "
+                    "--status says where it stands")
+            raise
+
+    def _wait_in_queue(self, jobs, job_ids: list[str], log: Callable[[str], None]) -> None:
+        """Until every task left SLURM's queue (each run writes its own ledger line; squeue, not
+        sacct, which a cluster without accounting lacks)."""
+        from muonlab.lab.submissions import live_jobs
+
+        waiting = dict(zip(job_ids, jobs))
+        while waiting:
+            time.sleep(QUEUE_POLL_S)
+            live = live_jobs(list(waiting))
+            for job_id in [j for j in waiting if j not in live]:
+                log(f"done  {waiting.pop(job_id).name} (job {job_id} left the queue)")
+
+
+QUEUE_POLL_S = 2.0  # how often a waiting sweep asks squeue
 
 
 def make_executor(name: str, parallel: int | None = None, slurm: dict[str, Any] | None = None,
-                  gpus_per_run: int = 1):
+                  gpus_per_run: int = 1, nodes: int = 1, on_gpu: bool = True, detach: bool = False):
     if name == "local":
+        if nodes != 1:
+            raise UsageError("--nodes is for --executor slurm: a local sweep runs on this machine")
+        if detach:
+            raise UsageError("--detach is for --executor slurm: a local sweep's runs end with it")
+        if slurm:
+            raise UsageError("--slurm options are for --executor slurm")
         return LocalExecutor(parallel=parallel, gpus_per_run=gpus_per_run)
     if name == "slurm":
-        if gpus_per_run != 1:
-            raise UsageError("--gpus-per-run runs several processes per run with the local executor only, so far; "
-                             "on SLURM give each task its GPUs with --slurm gpus_per_node=N")
-        return SlurmExecutor(slurm or {})
+        if parallel is not None:
+            raise UsageError("--parallel is for the local executor; on SLURM: --slurm slurm_array_parallelism=N")
+        return SlurmExecutor(slurm or {}, gpus_per_run=gpus_per_run, nodes=nodes, on_gpu=on_gpu, detach=detach)
     raise UsageError(f"unknown executor {name!r}; choose from {', '.join(EXECUTORS)}")

@@ -5,6 +5,8 @@ whose latest record is `ok` is skipped; one that `failed` or `diverged` is skipp
 `retry_failed` is set (its failure stays on record); one that was `interrupted` (Ctrl-C,
 SIGTERM, preemption) is run again, continued from its checkpoint when it has one. Every run
 writes exactly one ledger line itself, so an interrupted sweep leaves a consistent ledger.
+A job handed to SLURM that is still queued or running (lab/submissions.py) is never submitted
+again: it is skipped as queued or running.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ class SweepJob:
 @dataclass
 class SweepOutcome:
     job: SweepJob
-    action: str  # "ran", "skipped-ok", "skipped-failed"
+    action: str  # "ran", "submitted", "skipped-ok", "skipped-failed", "skipped-queued", "skipped-running"
     status: str | None = None  # ledger status after the sweep
     metrics: dict[str, Any] = field(default_factory=dict)
 
@@ -87,12 +89,16 @@ def latest_records(ledger: Path, warn: Callable[[str], None]) -> dict[tuple, dic
     return latest
 
 
-def select(jobs: list[SweepJob], latest: dict[tuple, dict], retry_failed: bool):
-    """Split jobs into (to run, skipped outcomes)."""
+def select(jobs: list[SweepJob], latest: dict[tuple, dict], retry_failed: bool,
+           in_queue: dict[tuple, str] | None = None):
+    """Split jobs into (to run, skipped outcomes); `in_queue` maps a job's key to "queued" or
+    "running" while SLURM holds a submission of it."""
     to_run, skipped = [], []
     for job in jobs:
         rec = latest.get(job.key)
-        if rec is None:
+        if (in_queue or {}).get(job.key):
+            skipped.append(SweepOutcome(job, f"skipped-{in_queue[job.key]}", in_queue[job.key]))
+        elif rec is None:
             to_run.append(job)
         elif rec.get("status") == "interrupted" or rec.get("interrupted"):  # the flag: older ledgers
             if rec.get("resumable") and rec.get("run_dir") and Path(rec["run_dir"]).is_dir():
@@ -114,25 +120,41 @@ def sweep_dir(jobs: list[SweepJob]) -> Path:
     return path
 
 
+def in_queue(ledger: Path, latest: dict[tuple, dict], log: Callable[[str], None]) -> dict[tuple, str]:
+    """"queued" or "running" for each job SLURM still holds a submission of (none without a
+    submission record: squeue is asked only when there is something to ask)."""
+    from muonlab.lab.submissions import latest_submissions, live_jobs, pending_submissions, queue_state
+
+    pending = pending_submissions(latest_submissions(ledger, log), latest)
+    live = live_jobs(sorted({sub.job_id for sub in pending.values()}))
+    return {key: queue_state(live[sub.job_id]) for key, sub in pending.items() if sub.job_id in live}
+
+
 def run_sweep(arms: list[str], seeds: list[int], preset_name: str, overrides: dict[str, Any] | None = None,
               executor: str = "local", parallel: int | None = None, retry_failed: bool = False,
               slurm: dict[str, Any] | None = None, log: Callable[[str], None] = print,
-              gpus_per_run: int = 1) -> list[SweepOutcome]:
+              gpus_per_run: int = 1, nodes: int = 1, detach: bool = False) -> list[SweepOutcome]:
     from muonlab.lab.executors import make_executor
 
     jobs = plan_sweep(arms, seeds, preset_name, overrides)
     ledger = ledger_path(jobs[0].config)
-    runner = make_executor(executor, parallel=parallel, slurm=slurm or {}, gpus_per_run=gpus_per_run)  # validate first
+    on_gpu = any(job.config.runtime.device != "cpu" for job in jobs)  # CPU runs ask SLURM for no GPU
+    runner = make_executor(executor, parallel=parallel, slurm=slurm or {}, gpus_per_run=gpus_per_run, nodes=nodes,
+                           on_gpu=on_gpu, detach=detach)  # validate first
     if executor == "local":  # runs here: a GPU preset on a machine without one is refused before any run
         from muonlab.train.run import training_device
 
         for job in jobs:
             training_device(job.config)
-    to_run, skipped = select(jobs, latest_records(ledger, log), retry_failed)
+    latest = latest_records(ledger, log)
+    to_run, skipped = select(jobs, latest, retry_failed, in_queue(ledger, latest, log))
     for job in to_run:
         if job.resume_dir:
             log(f"resume {job.name}: interrupted run {Path(job.resume_dir).name} has a checkpoint")
     for outcome in skipped:
+        if outcome.action in ("skipped-queued", "skipped-running"):
+            log(f"skip {outcome.job.name}: {outcome.status} on SLURM (muonlab sweep --status)")
+            continue
         log(f"skip {outcome.job.name}: already {outcome.status} in {ledger}"
             + ("" if outcome.status == "ok" else " (use --retry-failed to run it again)"))
     if to_run:
@@ -140,10 +162,16 @@ def run_sweep(arms: list[str], seeds: list[int], preset_name: str, overrides: di
         workdir = sweep_dir(to_run)
         for job in to_run:
             (workdir / f"{job.name}.json").write_text(json.dumps({"config": job.config.to_dict()}, indent=2))
-        runner.run(to_run, workdir, log)
+        if executor == "slurm":
+            runner.run(to_run, workdir, log, ledger=ledger)
+        else:
+            runner.run(to_run, workdir, log)
     latest = latest_records(ledger, lambda _: None)
     ran = []
     for job in to_run:
+        if detach:  # handed to SLURM: `sweep --status` follows it
+            ran.append(SweepOutcome(job, "submitted", "queued"))
+            continue
         rec = latest.get(job.key, {})
         ran.append(SweepOutcome(job, "ran", rec.get("status", "missing"), rec.get("metrics", {})))
     order = {job.key: i for i, job in enumerate(jobs)}
@@ -154,11 +182,11 @@ def format_outcomes(outcomes: list[SweepOutcome]) -> str:
     # bits per byte where the runs have it, else seed 004's validation loss
     bpb = any("val_bpb" in o.metrics for o in outcomes) or not any("val_ce" in o.metrics for o in outcomes)
     val_key, hold_key = ("val_bpb", "holdout_bpb") if bpb else ("val_ce", "holdout_ce")
-    lines = [f"{'arm':<20} {'seed':>5}  {'action':<15} {'status':<11} {val_key:>9} {hold_key:>11}"]
+    lines = [f"{'arm':<20} {'seed':>5}  {'action':<16} {'status':<11} {val_key:>9} {hold_key:>11}"]
     for o in outcomes:
         val, hold = o.metrics.get(val_key), o.metrics.get(hold_key)
         val_text = "-" if val is None else f"{val:.6f}"
         hold_text = "-" if hold is None else f"{hold:.6f}"
-        lines.append(f"{o.job.arm:<20} {o.job.seed:>5}  {o.action:<15} {str(o.status):<11} "
+        lines.append(f"{o.job.arm:<20} {o.job.seed:>5}  {o.action:<16} {str(o.status):<11} "
                      f"{val_text:>9} {hold_text:>11}")
     return "\n".join(lines)

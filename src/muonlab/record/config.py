@@ -23,6 +23,8 @@ class RecordConfig(Section):
     log_every: int = setting(1, "print a progress line every N steps")
     quiet: bool = setting(False, "print nothing while training")
     checkpoint_every: int = setting(0, "full checkpoint every N steps (0: only at the end and on SIGINT/SIGTERM)")
+    checkpoint_minutes: float = setting(0.0, "also a full checkpoint after the first step ending N minutes of wall "
+                                        "time after the last (0: off); a preempted run loses at most that much")
     checkpoint_keep: int = setting(2, "newest checkpoints kept (the previous one survives a failed write)")
     sinks: str = setting("", "optional metric sinks, comma-separated: wandb, tensorboard")
     sink_project: str = setting("muonlab", "project name for the metric sinks")
@@ -42,6 +44,8 @@ class RecordConfig(Section):
             raise UsageError(f"log_every must be >= 1, got {self.log_every}")
         if self.checkpoint_every < 0 or self.checkpoint_keep < 1:
             raise UsageError("checkpoint_every must be >= 0 and checkpoint_keep >= 1")
+        if not self.checkpoint_minutes >= 0 or self.checkpoint_minutes == float("inf"):
+            raise UsageError(f"checkpoint_minutes must be a finite number >= 0, got {self.checkpoint_minutes}")
         self.trajectory_step_set()
         from muonlab.record.sinks import parse_sinks  # noqa: PLC0415
 

@@ -24,9 +24,14 @@ STATUSES = ("ok", "failed", "diverged", "interrupted")
 
 
 def append_record(path: str | os.PathLike, record: dict[str, Any]) -> None:
-    path = Path(path)
     if record.get("status") not in STATUSES:
         raise ValueError(f"ledger status must be one of {STATUSES}, got {record.get('status')!r}")
+    append_line(path, record, what="the ledger")
+
+
+def append_line(path: str | os.PathLike, record: dict[str, Any], what: str = "the file") -> None:
+    """Append one JSON object as one whole line, under the file's lock (see the module note)."""
+    path = Path(path)
     line = json.dumps(record, sort_keys=True, separators=(",", ":"), allow_nan=True) + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     data = line.encode()
@@ -36,7 +41,7 @@ def append_record(path: str | os.PathLike, record: dict[str, Any]) -> None:
         try:
             append_whole(fd, data, sync=True)
         except OSError as exc:
-            raise MuonlabError(f"could not append to the ledger {path}: {exc}") from exc
+            raise MuonlabError(f"could not append to {what} {path}: {exc}") from exc
         finally:
             os.close(fd)
 

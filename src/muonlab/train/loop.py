@@ -41,6 +41,7 @@ class RunInterrupted(KeyboardInterrupt):
     def __init__(self, step: int, checkpoint: str | None):
         super().__init__(f"interrupted after step {step}")
         self.step, self.checkpoint = step, checkpoint
+        self.signal: str | None = None  # the signal that asked for the stop (set by the run)
 
 
 class OutOfMemory(MuonlabError):
@@ -102,7 +103,8 @@ def train_loop(cfg: RunConfig, model, optimizer, loader, runtime: Runtime, flops
     `periodic_eval()` runs after every cfg.train.eval_every-th step, outside the step's timing,
     and its values join that step's record (so a resumed run redoes them with the step).
 
-    `checkpoint(state, pending)` is called every cfg.record.checkpoint_every steps, at the end, and
+    `checkpoint(state, pending)` is called every cfg.record.checkpoint_every steps, after the first
+    step that ends cfg.record.checkpoint_minutes of wall time after the last one, at the end, and
     when `stop_requested()` turns true (then RunInterrupted is raised). Raises Diverged on
     NaN/Inf or loss > cfg.train.max_loss, OutOfMemory when the device runs out of memory.
     """
@@ -128,6 +130,8 @@ def train_loop(cfg: RunConfig, model, optimizer, loader, runtime: Runtime, flops
     state = state or LoopState()
     interactive = sys.stdout.isatty() and not cfg.record.quiet and dist.is_main
     x, y, state.epoch = pending if pending is not None else next(loader)
+    every_s = 60 * cfg.record.checkpoint_minutes
+    last_checkpoint = time.monotonic()
     x, y = x.to(runtime.device), y.to(runtime.device)
     try:  # the GC is off after step 0 (below); whatever ends the loop turns it back on
         while not _finished(cfg, state):
@@ -161,10 +165,13 @@ def train_loop(cfg: RunConfig, model, optimizer, loader, runtime: Runtime, flops
             except torch.OutOfMemoryError as exc:
                 raise OutOfMemory(step, cfg, runtime.device) from exc
             stop_now = stop_requested()
-            if dist.active:  # every rank must take the same decision to stop, diverge or go on
-                shared = torch.tensor([train_loss, float(stop_now)], dtype=torch.float64, device=runtime.device)
+            # wall time since the last checkpoint: a preempted run loses at most checkpoint_minutes
+            due = every_s > 0 and time.monotonic() - last_checkpoint >= every_s
+            if dist.active:  # every rank must take the same decision to stop, diverge, checkpoint or go on
+                shared = torch.tensor([train_loss, float(stop_now), float(due)], dtype=torch.float64,
+                                      device=runtime.device)
                 dist.all_reduce_(shared)
-                train_loss, stop_now = shared[0].item() / dist.world_size, shared[1].item() > 0
+                train_loss, stop_now, due = shared[0].item() / dist.world_size, shared[1].item() > 0, shared[2].item() > 0
             if not math.isfinite(train_loss) or train_loss > cfg.train.max_loss:
                 raise Diverged(step, train_loss)
             synchronize(runtime.device)
@@ -198,9 +205,10 @@ def train_loop(cfg: RunConfig, model, optimizer, loader, runtime: Runtime, flops
             if checkpoint is not None:
                 if stop_now:
                     raise RunInterrupted(state.step, checkpoint(state, (x, y, state.epoch)))
-                periodic = cfg.record.checkpoint_every > 0 and state.step % cfg.record.checkpoint_every == 0
+                periodic = due or (cfg.record.checkpoint_every > 0 and state.step % cfg.record.checkpoint_every == 0)
                 if periodic or _finished(cfg, state):
                     checkpoint(state, (x, y, state.epoch))
+                    last_checkpoint = time.monotonic()
             elif stop_now:
                 raise RunInterrupted(state.step, None)
         if interactive:

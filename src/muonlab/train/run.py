@@ -42,7 +42,7 @@ from muonlab.train.build import build_model, build_optimizer
 from muonlab.train.checkpoint import (latest_checkpoint, newest_complete_checkpoint, rng_state, save_checkpoint,
                                       set_rng_state)
 from muonlab.train.distributed import Dist, init_from_env, shutdown
-from muonlab.train.loop import Diverged, LoopState, OutOfMemory, train_loop
+from muonlab.train.loop import Diverged, LoopState, OutOfMemory, RunInterrupted, train_loop
 from muonlab.tied.table_stats import TABLE3_KEYS
 
 COUNT_KEYS = ("tokens", "bytes")  # an evaluation's sizes, not its scores
@@ -81,22 +81,28 @@ def _use_compile(cfg: RunConfig, runtime: Runtime) -> bool:
     return cfg.runtime.compile == "on" or (cfg.runtime.compile == "auto" and runtime.device.type == "cuda")
 
 
+# SIGUSR2 is SLURM's advance notice of a time limit or preemption (sbatch --signal, as submitit sets
+# it): the run checkpoints and stops the same way, and a sweep's task then requeues itself
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM) + ((signal.SIGUSR2,) if hasattr(signal, "SIGUSR2") else ())
+
+
 class StopSignals:
-    """While active, SIGINT/SIGTERM ask the loop to stop after the current step (and checkpoint);
-    a second signal interrupts at once."""
+    """While active, SIGINT/SIGTERM/SIGUSR2 ask the loop to stop after the current step (and
+    checkpoint); a second signal interrupts at once. `signal` names the first."""
 
     def __init__(self):
         self.requested = False
+        self.signal: str | None = None
         self._previous = {}
 
     def _handle(self, signum, frame):
         if self.requested:
             raise KeyboardInterrupt
-        self.requested = True
+        self.requested, self.signal = True, signal.Signals(signum).name
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in STOP_SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
@@ -322,9 +328,15 @@ def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx: 
     t_train = time.time()
     metrics_path = run.path / "metrics.jsonl" if ctx.is_main else Path(os.devnull)
     with metrics_writer(metrics_path) as write_metrics, StopSignals() as stop:
-        state = train_loop(cfg, train_model, optimizer, loader, runtime, flops_per_token, on_step=on_step,
-                           state=state, pending=pending, checkpoint=save, stop_requested=lambda: stop.requested,
-                           dist=ctx, periodic_eval=periodic_eval if cfg.train.eval_every > 0 else None)
+        try:
+            state = train_loop(cfg, train_model, optimizer, loader, runtime, flops_per_token, on_step=on_step,
+                               state=state, pending=pending, checkpoint=save, stop_requested=lambda: stop.requested,
+                               dist=ctx, periodic_eval=periodic_eval if cfg.train.eval_every > 0 else None)
+        except RunInterrupted as exc:  # say by what: a SLURM task requeues itself on SIGUSR2
+            if stop.signal is not None:
+                exc.signal = stop.signal
+                exc.args = (f"{exc} ({stop.signal})",)
+            raise
     evals = evaluate(train_model, data, cfg, runtime, ctx)  # compiled, as upstream scores it
     if ctx.is_main:
         run.save_weights(model)

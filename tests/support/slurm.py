@@ -1,0 +1,72 @@
+"""A real one-node SLURM for the tests (tests/slurm/local_slurm.sh starts it, installing Debian's
+slurm-wlm and munge where it may), and small helpers to watch its queue."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "slurm" / "local_slurm.sh"
+CANNOT_RUN_HERE = 3  # the script's exit status where SLURM cannot run (the reason on stderr)
+
+
+def start_local_slurm() -> dict[str, str]:
+    """The environment variables a SLURM client needs (SLURM_CONF), after starting the daemons; skips
+    the test with the script's reason where they cannot start."""
+    if sys.platform != "linux":
+        pytest.skip("the local SLURM runs on Linux only")
+    try:
+        out = subprocess.run(["bash", str(SCRIPT), "start"], capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        pytest.skip("the local SLURM did not start within 600 s")
+    if out.returncode == CANNOT_RUN_HERE:
+        pytest.skip(out.stderr.strip().splitlines()[-1])
+    assert out.returncode == 0, out.stderr
+    env = dict(line.split("=", 1) for line in out.stdout.split() if "=" in line)
+    version = subprocess.run(["sinfo", "-V"], capture_output=True, text=True, env={**os.environ, **env})
+    env["_version"] = version.stdout.strip()
+    return env
+
+
+def squeue(job_id: str) -> str | None:
+    """The job's state while it is in the queue, else None."""
+    out = subprocess.run(["squeue", "-r", "-h", "-o", "%i|%T|%r"], capture_output=True, text=True, check=True)
+    for line in out.stdout.splitlines():
+        jid, state, _reason = line.split("|")
+        if jid == job_id:
+            return state
+    return None
+
+
+def wait_for(what: str, predicate, timeout_s: float = 300, every_s: float = 0.5):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+def release(job_id: str) -> None:
+    """A requeued job waits for a begin time SLURM sets minutes ahead: let it start now."""
+    wait_for(f"job {job_id} back in the queue", lambda: squeue(job_id) == "PENDING")
+    subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], check=True, capture_output=True)
+
+
+def steps_done(run_dir: Path) -> int:
+    """Steps the run has finished, from its metrics.jsonl."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return 0
+    lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+    try:
+        return json.loads(lines[-1])["step"] + 1 if lines else 0
+    except ValueError:
+        return 0

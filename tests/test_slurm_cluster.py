@@ -1,0 +1,170 @@
+"""Sweeps on a real SLURM: a one-node cluster on this machine (tests/slurm/local_slurm.sh, which
+`.ci/run` and these tests start; skipped with the reason where it cannot run).
+
+Each scenario goes through the command line as a user would: a detached sweep and its --status; a
+task requeued mid-run, one cancelled, and one warned of its time limit (SIGUSR2), each continuing
+from its checkpoint to the weights of the same run uninterrupted; a 2-task gloo run started from
+SLURM's environment, against the same run launched by torchrun."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from support.slurm import release, squeue, start_local_slurm, steps_done, wait_for
+
+from muonlab.record.ledger import read_records
+
+pytestmark = [pytest.mark.slow, pytest.mark.slurm]
+
+STEPS = 30  # long enough to be caught mid-run, short enough for the suite
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    env = start_local_slurm()
+    version = env.pop("_version")
+    saved = os.environ.get("SLURM_CONF")
+    os.environ.update(env)  # for the squeue and scontrol calls made here
+    yield version
+    if saved is None:
+        os.environ.pop("SLURM_CONF", None)
+    else:
+        os.environ["SLURM_CONF"] = saved
+
+
+@pytest.fixture
+def lab(tmp_path, slurm):
+    """`lab.sweep(*flags)`: `muonlab sweep` on the local SLURM, runs under tmp_path/runs."""
+
+    class Lab:
+        runs = tmp_path / "runs"
+        ledger = runs / "ledger.jsonl"
+        submitted = runs / "ledger.submitted.jsonl"
+        env = dict(os.environ, OMP_NUM_THREADS="1")  # what the tasks inherit (sbatch exports it)
+
+        def muonlab(self, *args, check=True, timeout=600) -> subprocess.CompletedProcess:
+            out = subprocess.run([sys.executable, "-m", "muonlab", *args], env=self.env, capture_output=True,
+                                 text=True, timeout=timeout)
+            assert not check or out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+            return out
+
+        def sweep(self, *flags, arms="baseline", seeds="1", steps=STEPS, check=True) -> subprocess.CompletedProcess:
+            return self.muonlab("sweep", "--arms", arms, "--seeds", seeds, "--preset", "cpu-tiny", "--num-steps",
+                                str(steps), "--runs-dir", str(self.runs), "--executor", "slurm", "--slurm",
+                                "cpus_per_task=1", *flags, check=check)
+
+        def status(self, *flags) -> dict:
+            return {(r["arm"], r["seed"]): r for r in
+                    json.loads(self.muonlab("sweep", "--status", "--ledger", str(self.ledger), "--json", *flags)
+                               .stdout)["runs"]}
+
+        def records(self) -> list[dict]:
+            return list(read_records(self.ledger)) if self.ledger.is_file() else []
+
+        def submissions(self) -> list[dict]:
+            return list(read_records(self.submitted)) if self.submitted.is_file() else []
+
+        def reference_weights(self, name: str, *launcher) -> dict:
+            """The weights of the sweep's own job file run here, uninterrupted (into a ledger of its own)."""
+            config = sorted((self.runs / "sweeps").glob(f"*/{name}.json"))[0]  # the first sweep's (a re-run's is the same)
+            ref = tmp_path / "reference"
+            cmd = [*(launcher or (sys.executable, "-m", "muonlab")), "train", "--config", str(config),
+                   "--runs-dir", str(ref), "--ledger", str(ref / "ledger.jsonl"), "--run-name", "ref", "--quiet"]
+            out = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=600)
+            assert out.returncode == 0, out.stderr[-3000:]
+            return torch.load(ref / "ref" / "model.pt", weights_only=True)
+
+    return Lab()
+
+
+def same_weights(run_dir, reference: dict) -> bool:
+    weights = torch.load(Path(run_dir) / "model.pt", weights_only=True)
+    return weights.keys() == reference.keys() and all(torch.equal(weights[k], reference[k]) for k in reference)
+
+
+def job_of(lab) -> tuple[str, Path]:
+    (sub,) = lab.submissions()
+    return sub["job_id"], Path(sub["run_dir"])
+
+
+def test_a_detached_sweep_returns_at_once_and_its_runs_land_in_the_ledger(lab, slurm):
+    out = lab.sweep("--detach", arms="baseline,adamw_only", seeds="1,2", steps=6)
+    assert "submitted 4 task(s) as job array" in out.stdout and "detached" in out.stdout
+    subs = lab.submissions()
+    assert len(subs) == 4 and len({s["run_dir"] for s in subs}) == 4
+    # the sweep returned before its runs ended: SLURM holds them, and --status says so
+    early = lab.status()
+    assert len(early) == 4 and {r["state"] for r in early.values()} <= {"queued", "running", "done"}
+    assert {r["state"] for r in early.values()} & {"queued", "running"}, early
+    # started again while they are queued or running, the sweep submits no duplicate
+    again = lab.sweep("--detach", arms="baseline,adamw_only", seeds="1,2", steps=6)
+    assert "submitted" not in again.stdout and len(lab.submissions()) == 4
+    assert again.stdout.count("skipped-queued") + again.stdout.count("skipped-running") >= 1
+    wait_for("the array to leave the queue", lambda: all(squeue(s["job_id"]) is None for s in lab.submissions()))
+    records = lab.records()
+    assert sorted((r["arm"], r["seed"], r["status"]) for r in records) == sorted(
+        (a, s, "ok") for a in ("baseline", "adamw_only") for s in (1, 2))
+    assert all(r["state"] == "done" and "val_bpb" in r["detail"] for r in lab.status().values())
+    rerun = lab.sweep("--detach", arms="baseline,adamw_only", seeds="1,2", steps=6)
+    assert rerun.stdout.count("skipped-ok") == 4 and len(lab.submissions()) == 4
+    print(f"SLURM: {slurm}")
+
+
+def test_a_task_requeued_mid_run_resumes_to_the_uninterrupted_weights(lab):
+    lab.sweep("--detach", "--checkpoint-every", "1000")  # no periodic checkpoint: the requeue's SIGTERM makes it
+    job, run_dir = job_of(lab)
+    wait_for("the run to pass step 8", lambda: steps_done(run_dir) >= 8)
+    subprocess.run(["scontrol", "requeue", job], check=True)
+    (stopped,) = wait_for("the interrupted record", lab.records)
+    assert stopped["status"] == "interrupted" and stopped["resumable"] and "SIGTERM" in stopped["error"]
+    assert lab.status()[("baseline", 1)]["state"] in ("queued", "running")  # requeued: not a duplicate to submit
+    release(job)
+    wait_for("the requeued task to finish", lambda: squeue(job) is None and len(lab.records()) == 2)
+    _, resumed = lab.records()
+    assert resumed["status"] == "ok" and resumed["run_dir"] == str(run_dir)
+    assert 8 <= resumed["resumed_from_step"] < STEPS
+    assert same_weights(run_dir, lab.reference_weights("baseline-s1"))
+
+
+def test_a_cancelled_task_is_recorded_interrupted_and_the_next_sweep_resumes_it(lab):
+    lab.sweep("--detach", "--checkpoint-every", "1000")
+    job, run_dir = job_of(lab)
+    wait_for("the run to pass step 8", lambda: steps_done(run_dir) >= 8)
+    subprocess.run(["scancel", job], check=True)
+    (stopped,) = wait_for("the interrupted record", lab.records)
+    assert stopped["status"] == "interrupted" and stopped["resumable"]
+    wait_for("the job to leave the queue", lambda: squeue(job) is None)
+    assert lab.status()[("baseline", 1)]["state"] == "interrupted"
+    out = lab.sweep()  # waits for its array this time
+    assert "resume baseline-s1" in out.stdout
+    _, resumed = lab.records()
+    assert resumed["status"] == "ok" and resumed["run_dir"] == str(run_dir) and resumed["resumed_from_step"] >= 8
+    assert same_weights(run_dir, lab.reference_weights("baseline-s1"))
+
+
+def test_the_signal_before_the_time_limit_checkpoints_and_requeues_the_task(lab):
+    """SIGUSR2 is what sbatch --signal (submitit's signal_delay_s) sends ahead of a time limit or a
+    preemption: the run checkpoints after its step, records itself interrupted, and requeues."""
+    lab.sweep("--detach", "--checkpoint-every", "1000")
+    job, run_dir = job_of(lab)
+    wait_for("the run to pass step 8", lambda: steps_done(run_dir) >= 8)
+    subprocess.run(["scancel", "--signal=USR2", job], check=True)
+    (stopped,) = wait_for("the interrupted record", lab.records)
+    assert stopped["status"] == "interrupted" and stopped["resumable"] and "SIGUSR2" in stopped["error"]
+    release(job)  # requeued by the task itself
+    wait_for("the requeued task to finish", lambda: squeue(job) is None and len(lab.records()) == 2)
+    _, resumed = lab.records()
+    assert resumed["status"] == "ok" and resumed["resumed_from_step"] == int(stopped["checkpoint"][-9:-3])
+    assert same_weights(run_dir, lab.reference_weights("baseline-s1"))
+
+
+def test_a_two_task_gloo_run_starts_from_slurms_environment(lab):
+    lab.sweep("--gpus-per-run", "2", steps=6)  # CPU runs: 2 tasks, no GPU asked for
+    (rec,) = lab.records()
+    assert (rec["status"], rec["world_size"], rec["process_group"]) == ("ok", 2, "gloo")
+    torchrun = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "muonlab")
+    assert same_weights(rec["run_dir"], lab.reference_weights("baseline-s1", *torchrun))
