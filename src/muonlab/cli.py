@@ -195,6 +195,7 @@ def cmd_paper(args) -> int:
     from muonlab.arms import resolve_config
     from muonlab.atomic import write_text
     from muonlab.lab.paper import format_scorecard, load_tables, scorecard, select_tables
+    from muonlab.lab.report.build import still_out
     from muonlab.record.ledger import read_records_tolerant
     from muonlab.record.rundir import ledger_path
 
@@ -216,13 +217,15 @@ def cmd_paper(args) -> int:
         seeds = sorted({s for a in table.arms for s in a.run_seeds})
         outcomes = run_sweep([a.arm for a in table.arms], seeds, args.preset, {"quiet": True, **overrides},
                              executor=args.executor, parallel=args.parallel, retry_failed=args.retry_failed,
-                             slurm=_parse_slurm_options(args.slurm), log=_log_for(args))
+                             slurm=_parse_slurm_options(args.slurm), log=_log_for(args),
+                             gpus_per_run=args.gpus_per_run, nodes=args.nodes, detach=args.detach)
         if not args.json:
             print(format_outcomes(outcomes), file=sys.stderr)
     ledger = ledger_path(resolve_config(tables[0].arms[0].arm, args.preset or tables[0].preset, overrides))
     records = read_records_tolerant(ledger)[0] if ledger.is_file() else []
     card = scorecard(tables, records, preset=args.preset, threshold=args.threshold, overrides=overrides)
     card["ledger"] = str(ledger)
+    card["unfinished"] = still_out(ledger)  # submitted to SLURM, not recorded yet
     text = format_scorecard(card)
     if args.out:
         out = Path(args.out)
@@ -238,12 +241,17 @@ def cmd_report(args) -> int:
 
     from muonlab.atomic import write_text
     from muonlab.lab.report import format_text, run_report
+    from muonlab.lab.report.build import still_out
     from muonlab.paths import cache_root
     from muonlab.record.ledger import read_records_tolerant
     from muonlab.record.results_tsv import results_tsv
 
     ledger = Path(args.ledger) if args.ledger else cache_root() / "runs" / "ledger.jsonl"
     if not ledger.is_file():
+        out = still_out(ledger)
+        if out:  # a detached sweep none of whose runs has ended yet
+            raise MuonlabError(f"no run has finished yet: {len(out)} submitted run(s) are still out "
+                               f"(muonlab sweep --status --ledger {ledger})")
         raise UsageError(f"ledger not found: {ledger}")
     report = run_report(ledger, baseline=args.baseline, metric=args.metric, threshold=args.threshold,
                         out_dir=args.out, rule=args.rule, where=args.where, protocol=args.protocol,
@@ -504,6 +512,24 @@ def _chosen_verb(argv: list[str] | None) -> str | None:
     return words[0] if words else None
 
 
+def _add_run_flags(p, prefix: str = "") -> None:
+    """Where and how a sweep's runs go (sweep, and paper run, which runs a table as a sweep)."""
+    p.add_argument("--executor", default="local", choices=("local", "slurm"), help=f"{prefix}where the runs go")
+    p.add_argument("--parallel", type=int, default=None,
+                   help=f"{prefix}runs at a time (local; default: one per GPU group of --gpus-per-run, else 1)")
+    p.add_argument("--gpus-per-run", type=int, default=1, metavar="N",
+                   help=f"{prefix}processes (one GPU each) of each run: N > 1 makes it a torch.distributed run; "
+                        "locally torchrun on N GPUs of its own (runs at a time = visible GPUs // N; on CPU: N gloo "
+                        "processes), on SLURM N tasks and N GPUs per node (no GPU for a CPU run)")
+    p.add_argument("--nodes", type=int, default=1, metavar="M",
+                   help=f"{prefix}nodes of each run (slurm): M x --gpus-per-run processes")
+    p.add_argument("--detach", action="store_true",
+                   help=f"{prefix}slurm: submit the array and return with its job id (follow it with sweep --status)")
+    p.add_argument("--retry-failed", action="store_true", help=f"{prefix}run failed or diverged (arm, seed)s again")
+    p.add_argument("--slurm", action="append", default=[], metavar="KEY=VALUE",
+                   help=f"{prefix}submitit parameter, e.g. slurm_partition=gpu, timeout_min=60, cluster=local")
+
+
 def build_parser(argv: list[str] | None = None, only: str | None = None) -> argparse.ArgumentParser:
     """The parser of every verb, or with `only` (what `main` passes: the verb the command line names) of
     that verb alone, the others listed by their one-line help: a verb's flags come from the config
@@ -571,23 +597,10 @@ def build_parser(argv: list[str] | None = None, only: str | None = None) -> argp
         p.add_argument("--arms", default=None, help="comma-separated arm names")
         p.add_argument("--seeds", default=None,
                        help="comma-separated seeds, e.g. 41,42,47 (default: the seeds the arms' paper used)")
-        p.add_argument("--executor", default="local", choices=("local", "slurm"))
-        p.add_argument("--parallel", type=int, default=None,
-                       help="runs at a time (local; default: one per GPU group of --gpus-per-run, else 1)")
-        p.add_argument("--gpus-per-run", type=int, default=1, metavar="N",
-                       help="processes (one GPU each) of each run: N > 1 makes it a torch.distributed run; locally "
-                            "torchrun on N GPUs of its own (runs at a time = visible GPUs // N; on CPU: N gloo "
-                            "processes), on SLURM N tasks and N GPUs per node (no GPU for a CPU run)")
-        p.add_argument("--nodes", type=int, default=1, metavar="M",
-                       help="nodes of each run (slurm): M x --gpus-per-run processes")
-        p.add_argument("--detach", action="store_true",
-                       help="slurm: submit the array and return with its job id (follow it with --status)")
+        _add_run_flags(p)
         p.add_argument("--status", action="store_true",
                        help="print where each (arm, seed) of the sweep stands (the same arguments, or --ledger): "
                             "missing, queued, running (step, loss, ETA), done, failed or interrupted")
-        p.add_argument("--retry-failed", action="store_true", help="run failed or diverged (arm, seed) again")
-        p.add_argument("--slurm", action="append", default=[], metavar="KEY=VALUE",
-                       help="submitit parameter, e.g. slurm_partition=gpu, timeout_min=60, cluster=local")
         with_config(p)
         p.set_defaults(func=cmd_sweep)
 
@@ -638,10 +651,7 @@ def build_parser(argv: list[str] | None = None, only: str | None = None) -> argp
                                                       "paper preset; another, e.g. a CPU preset, is said to differ)")
         p.add_argument("--threshold", type=float, default=0.0005, help="the decision rule's θ (default 0.0005)")
         p.add_argument("--out", default=None, help="also write scorecard.md and scorecard.json there")
-        p.add_argument("--executor", default="local", choices=("local", "slurm"), help="paper run: where runs go")
-        p.add_argument("--parallel", type=int, default=None, help="paper run: runs at a time (local)")
-        p.add_argument("--retry-failed", action="store_true", help="paper run: run failed (arm, seed)s again")
-        p.add_argument("--slurm", action="append", default=[], metavar="KEY=VALUE", help="paper run: submitit parameter")
+        _add_run_flags(p, "paper run: ")
         p.add_argument("--json", action="store_true", help="print the scorecard as JSON")
         base, _, families = config_context()
         add_config_flags(p, base, families, skip=("arm",))  # settings on top of the preset: run and score under them

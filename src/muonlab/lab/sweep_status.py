@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from muonlab.lab.submissions import answers, latest_submissions, live_jobs, pending_submissions, progress, queue_state
+from muonlab.errors import MuonlabError
+from muonlab.lab.submissions import (answers, latest_submissions, live_jobs, pending_submissions, progress, queue_state,
+                                     submissions_path)
 
 STATES = ("missing", "queued", "running", "done", "failed", "interrupted")
 LEDGER_STATES = {"ok": "done", "failed": "failed", "diverged": "failed", "interrupted": "interrupted"}
@@ -95,6 +97,32 @@ def sweep_status(ledger: Path, latest: dict[tuple, dict], planned: list[tuple[st
         else:
             states.append(RunState(arm, seed, config_hash, "missing", "not submitted or run"))
     return states
+
+
+def unfinished_runs(ledger: Path, latest: dict[tuple, dict], warn: Callable[[str], None] = lambda _: None
+                    ) -> list[dict]:
+    """The runs a sweep submitted to SLURM that have no final ledger line yet (queued, running, or
+    gone from the queue without one), for `report` and `paper` to say what is still out. Where
+    squeue cannot answer (off the cluster) each is "submitted", with the reason."""
+    if not submissions_path(ledger).is_file():
+        return []
+    pending = pending_submissions(latest_submissions(ledger, warn), latest)
+    planned = [(*key, sub.num_steps) for key, sub in sorted(pending.items(), key=lambda kv: str(kv[0]))]
+    try:
+        states = sweep_status(ledger, latest, planned, warn)
+    except MuonlabError as exc:  # squeue missing or failing: say so, do not guess
+        return [dict(arm=k[0], seed=k[1], config_hash=k[2], state="submitted", job_id=sub.job_id,
+                     detail=f"job {sub.job_id}; its state is unknown: {exc}") for k, sub in sorted(pending.items(),
+                                                                                         key=lambda kv: str(kv[0]))]
+    return [dict(arm=s.arm, seed=s.seed, config_hash=s.config_hash, state=s.state, job_id=s.job_id, detail=s.detail)
+            for s in states if s.state in ("queued", "running", "interrupted")]
+
+
+def unfinished_text(unfinished: list[dict]) -> str:
+    """One line: what is still out, for a report or a scorecard."""
+    return (f"still out ({len(unfinished)} submitted run(s) without a final record; muonlab sweep --status): "
+            + "; ".join(f"{u['arm']}@{u['seed']} {u['state']}" + (f" ({u['detail']})" if u["detail"] else "")
+                        for u in unfinished))
 
 
 def _num_steps(rec: dict | None) -> int | None:

@@ -18,6 +18,7 @@ from muonlab.errors import UsageError
 from muonlab.lab.paper.tables import PaperTable
 from muonlab.lab.report.loading import metric_value
 from muonlab.lab.stats import DecisionRule, paired_contrast, summarize_arm
+from muonlab.lab.sweep_status import unfinished_text
 
 
 def expected_protocol(arm: str, preset: str, overrides: dict[str, Any] | None = None) -> str | None:
@@ -140,4 +141,6 @@ def format_scorecard(card: dict[str, Any]) -> str:
         if t["missing"]:
             lines.append("")
             lines.append("no runs yet: " + ", ".join(f"{m['arm']}@{m['seed']}" for m in t["missing"]))
+    if card.get("unfinished"):
+        lines += ["", unfinished_text(card["unfinished"])]
     return "\n".join(lines)

@@ -6,9 +6,18 @@ import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from muonlab.errors import MuonlabError
 from muonlab.lab.report.analysis import DEFAULT_THRESHOLD, analyse
 from muonlab.lab.report.output import write_report
 from muonlab.lab.report.requests import parse_requests
+
+
+def still_out(ledger: Path) -> list[dict[str, Any]]:
+    """The ledger's submitted runs that have not recorded an end yet (lab/sweep_status.py)."""
+    from muonlab.lab.sweep import latest_records
+    from muonlab.lab.sweep_status import unfinished_runs
+
+    return unfinished_runs(ledger, latest_records(ledger, lambda _: None) if ledger.is_file() else {})
 
 
 def build_report(ledger_path: str | os.PathLike, baseline: str = "baseline", metric: str = "auto",
@@ -29,8 +38,16 @@ def build_report(ledger_path: str | os.PathLike, baseline: str = "baseline", met
     filter nothing matches; MuonlabError when the ledger has no ok run.
     """
     requests = parse_requests(contrasts, dods, retentions, single_seed, across)
-    report, curves = analyse(Path(ledger_path), baseline, metric, threshold, rule, arm_overrides,
-                             where=where, protocol=protocol, requests=requests)
+    try:
+        report, curves = analyse(Path(ledger_path), baseline, metric, threshold, rule, arm_overrides,
+                                 where=where, protocol=protocol, requests=requests)
+    except MuonlabError as exc:  # nothing reportable yet: say what is still on its way
+        out = still_out(Path(ledger_path))
+        if not out:
+            raise
+        raise type(exc)(f"{exc}; {len(out)} submitted run(s) are still out (muonlab sweep --status --ledger "
+                        f"{ledger_path})") from exc
+    report["unfinished"] = still_out(Path(ledger_path))  # a detached sweep's runs not yet recorded
     if out_dir is not None:
         write_report(report, out_dir, curves)
     return report

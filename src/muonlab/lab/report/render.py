@@ -213,6 +213,11 @@ def render_markdown(report: Mapping[str, Any]) -> str:
              f"every failed or diverged run is listed.", ""]
     if report["warnings"]:
         lines += ["## Warnings", ""] + _warning_lines(report["warnings"]) + [""]
+    if report.get("unfinished"):
+        lines += ["## Still out", "", f"{len(report['unfinished'])} submitted run(s) have no final record yet "
+                  "(`muonlab sweep --status`); the statistics below leave them out.", ""]
+        lines += [f"- `{u['arm']}` seed {u['seed']}: {u['state']}" + (f", {u['detail']}" if u["detail"] else "")
+                  for u in report["unfinished"]] + [""]
     for i, study in enumerate(studies, 1):
         lines += _study(report, study, i, len(studies))
     lines += _across(report)

@@ -7,6 +7,7 @@ from typing import Any, Mapping
 
 from muonlab.lab.report.render import ci_text, fmt, fmt_p, mean_sd, settings_text, study_title
 from muonlab.lab.report.study import BPB_METRICS
+from muonlab.lab.sweep_status import unfinished_text
 
 
 def _contrast_lines(items: list[Mapping[str, Any]], w: int) -> list[str]:
@@ -99,6 +100,8 @@ def format_text(report: Mapping[str, Any]) -> str:
     out += [f"note: {n}" for n in notes]
     if report["warnings"]:
         out += [f"warnings ({len(report['warnings'])}):"] + [f"  - {x}" for x in report["warnings"]]
+    if report.get("unfinished"):
+        out += ["", unfinished_text(report["unfinished"])]
     files = report.get("files")
     if files:
         out += ["", "wrote " + ", ".join([files["report_md"], files["report_json"], *files["plots"].values()])]
