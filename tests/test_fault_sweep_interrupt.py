@@ -88,7 +88,7 @@ def test_interrupted_sweep_is_recorded_interrupted_and_resumes_bitwise(tmp_path,
     interrupted_at = int(Path(rec["checkpoint"]).stem.split("-")[1])
     assert 0 < interrupted_at < int(STEPS)
     # stopped after a finished step and checkpointed there (one signal), not cut short by a second
-    assert rec["error"] == f"interrupted after step {interrupted_at}"
+    assert rec["error"] == f"interrupted after step {interrupted_at} (SIGINT)"  # forwarded by the sweep
 
     capsys.readouterr()
     assert main(SWEEP) == 0  # the same sweep again (its runs are still child processes)
