@@ -53,7 +53,7 @@ def _file(tmp: Path, name: str, text: str) -> Path:
 # is the test's scratch folder for inputs; callables build an input there and return its path.
 CASES = [
     # --- the parser
-    ("unknown-flag", TINY + ["--bogus"], USAGE, "unrecognized arguments"),
+    ("unknown-flag", TINY + ["--bogus"], USAGE, "unknown option --bogus"),
     ("no-verb", [], USAGE, "required"),
     ("unknown-verb", ["fly"], USAGE, "invalid choice"),
     ("bad-choice", TINY + ["--precision", "fp8"], USAGE, "precision"),
@@ -370,3 +370,16 @@ def test_every_validation_branch_is_driven(tmp_path_factory, monkeypatch, capsys
             continue
         missing.append(f"{module}:{site[1]}: {line}")
     assert not missing, "validation branches no case drives:\n" + "\n".join(missing)
+
+
+@pytest.mark.parametrize("argv, closest", [
+    (["train", "--num-step", "5"], "--num-steps"),  # a partial flag sets nothing: argparse would take it
+    (["train", "--prepolar-pas", "2"], "--prepolar-passes"),
+    (["train", "--pres", "cpu-tiny"], "--preset"),  # the first pass (plug-ins, defaults) does not abbreviate either
+    (["sweep", "--arm", "baseline"], "--arms"),
+    (["diagnose", "conditioning", "--seedz", "3"], "--seeds"),
+])
+def test_a_flag_is_never_abbreviated_and_an_unknown_one_names_the_closest(argv, closest, capsys):
+    assert main(argv) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"error: unknown option {argv[1 if argv[0] != 'diagnose' else 2]}") and closest in line

@@ -101,7 +101,7 @@ def test_runtime_failure_is_recorded_once(tmp_path, capsys, monkeypatch):
 
 
 @pytest.mark.parametrize("argv,needle", [
-    (["--bogus"], "unrecognized arguments"),
+    (["--bogus"], "unknown option --bogus"),
     (["--n-embd", "100"], "not divisible by head_dim"),
     (["--device-batch-size", "3"], "not divisible by device_batch_size"),
     (["--preset", "nope"], "invalid choice"),

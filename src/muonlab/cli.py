@@ -24,10 +24,30 @@ def threading_is_main() -> bool:
 
 
 class _Parser(argparse.ArgumentParser):
-    """Print one line and exit 2 on bad usage, instead of argparse's usage dump."""
+    """Print one line and exit 2 on bad usage, instead of argparse's usage dump. Flags are never
+    abbreviated: with argparse's default a partial flag (or a typo that is a prefix) silently sets
+    whichever setting it starts, e.g. a plug-in's --prepolar-p taken as --prepolar-passes."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message):
         raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        unknown = [a.split("=", 1)[0] for a in extras if a.startswith("--")]
+        if unknown and self._subparsers is None:  # a verb's own parser knows its flags: name the closest
+            self.error(_unknown_flag(unknown[0], [o for o in self._option_string_actions if o.startswith("--")]))
+        return namespace, extras
+
+
+def _unknown_flag(flag: str, known: list[str]) -> str:
+    import difflib
+
+    close = [o for o in known if o.startswith(flag)][:4] or difflib.get_close_matches(flag, known, n=3, cutoff=0.6)
+    return f"unknown option {flag}" + (f"; did you mean {', '.join(close)}?" if close else "")
 
 
 def _resolve_config(args: argparse.Namespace):
@@ -488,7 +508,7 @@ def _first_pass(argv: list[str] | None):
     flags' defaults are those of the config they resolve to (the family's settings shown)."""
     from muonlab.plugins import load_plugins
 
-    pre = argparse.ArgumentParser(add_help=False)
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)  # --pre is not --preset
     for flag in ("--preset", "--arm", "--config", "--plugin"):
         pre.add_argument(flag, default=None)
     known, _ = pre.parse_known_args(argv)
