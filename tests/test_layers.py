@@ -1,4 +1,4 @@
-"""The layer order of DESIGN.md ("Shape of the code"): imports point down, never up.
+"""The layer order of docs/design.md ("Shape of the code"): imports point down, never up.
 
 The order is the import-linter `layers` contract in pyproject.toml (`lint-imports` checks the
 same); these tests check it over muonlab's real import graph, lazy imports inside functions

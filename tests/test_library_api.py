@@ -1,4 +1,4 @@
-"""The documented library API (DESIGN.md, "Contracts"): moving code behind it does not break it."""
+"""The documented library API (docs/design.md, "Who uses it"): moving code behind it does not break it."""
 
 import inspect
 

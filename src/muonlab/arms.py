@@ -21,7 +21,7 @@ class Arm:
     name: str
     description: str
     overrides: dict[str, Any] = field(default_factory=dict)
-    paper: str | None = None  # e.g. "seed 002" (../shared/seeds/002_*.txt)
+    paper: str | None = None  # e.g. "seed 002" (docs/papers.md)
     experiment: str | None = None  # the paper's id for the run, e.g. "arm 01"
     family: str = "baseline"
     seeds: tuple[int, ...] = ()  # the paper's seeds: the sweep's default when --seeds is omitted
@@ -90,7 +90,7 @@ def default_seeds(arm_names: list[str]) -> list[int]:
     return list(next(iter(seeds)))
 
 
-# Seed 000 (../shared/seeds/000_*.txt), spec-000-003 §1.G, §4: seeds 42, 47, 137 for the Table-3
+# Seed 000 (docs/papers.md), spec-000-003 §1.G, §4: seeds 42, 47, 137 for the Table-3
 # families, 47 alone for the single-run ladder (Tables 2, 4A), 42/47 at depth 6. Learning rates
 # are multiples of scalar_lr (0.5): "0.04" = 0.02, exp07's "sub_lr 0.05" = 0.025 and exp03's
 # "qk_lr 0.10" = 0.05 (the spec's reading, §5; the absolute values are the alternative).
@@ -141,7 +141,7 @@ for _name, _exp, _seeds, _overrides, _what in [
                  else "forward", seeds=_seeds))
 
 
-# Seed 003 (../shared/seeds/003_*.txt), spec-000-003 §1.E-F: backward branch-credit rules at every
+# Seed 003 (docs/papers.md), spec-000-003 §1.E-F: backward branch-credit rules at every
 # residual addition (seeds 46 exploratory, 146 and 246 replications) and forward radius gates
 # (seed 246), the gate arms on the paper's memory-safe path (block checkpointing, 4096-token loss chunks).
 _GATE = dict(checkpoint_blocks=True, loss_chunk_tokens=4096)
@@ -160,7 +160,7 @@ for _name, _seeds, _overrides, _what in [
                  experiment=_name.removeprefix("p003_"), family="seed003", seeds=_seeds))
 
 
-# Seed 002 (../shared/seeds/002_*.txt) dense arms, seeds 41, 42, 47 (spec-002 §1.12, §3.3). The
+# Seed 002 (docs/papers.md) dense arms, seeds 41, 42, 47 (spec-002 §1.12, §3.3). The
 # fixed-step progress of §1.2 is the preset's; 01_dense_opt follows when Neumann whitening and
 # master32 land.
 _SEED002 = (41, 42, 47)
@@ -229,7 +229,7 @@ for _mode in ("nostep0", "mom_only_nodisp", "disp_only_nomom", "disp_stepcount_n
                  experiment=f"12do_{_mode}", family="seed002", seeds=_SEED002))
 
 
-# Seed 004 (AF-Muon, ../shared/seeds/004_*.txt; spec-004 §3): the tied-GPT arms, seeds 43, 44, 45
+# Seed 004 (AF-Muon, docs/papers.md; spec-004 §3): the tied-GPT arms, seeds 43, 44, 45
 # (K.3 and K.8 ran seed 43 only). Run them under a tied preset: `--preset tied-cpu` (CPU) or
 # `nanogpt-124m` (GPU). Table 1: Hybrid Muon / Sign / AF-Muon; K.1 the 2x2 factorial (tied rule x
 # vector rule, zero aux weight decay); K.2 vocabulary; K.3 the tied scale s; K.4 width; K.5 batch;

@@ -2,7 +2,7 @@
 
 A run's protocol is what every arm of its study shares: its configuration resolved without the
 arm's overrides and without the seed (muonlab.config computes the settings; this module names
-and hashes them). A report never pools runs of two protocols (DESIGN.md, ledger contract).
+and hashes them). A report never pools runs of two protocols (docs/design.md, Contracts).
 
 The id is written as `protocol` in the ledger line and inside the saved config (beside
 `format`); ledger lines written before it existed have none, and the report derives one from

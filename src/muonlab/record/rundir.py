@@ -1,6 +1,6 @@
 """A run directory: resolved config, per-step metrics (JSONL), summary, final weights.
 
-Layout (DESIGN.md contract):
+Layout (docs/design.md, Contracts):
     <runs_dir>/<run_id>/config.json     the resolved RunConfig, whole
                         metrics.jsonl   one line per optimizer step
                         summary.json    upstream's summary keys + holdout_bpb + status

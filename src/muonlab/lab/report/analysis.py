@@ -1,6 +1,6 @@
 """Report analysis: a ledger -> the report as a JSON-ready dict, one study per protocol.
 
-A report never pools runs of two protocols (DESIGN.md). The ledger's lines are selected
+A report never pools runs of two protocols (docs/design.md). The ledger's lines are selected
 (`--where`, muonlab.lab.report.selection), grouped by protocol (exact ids, or ids derived for
 older lines: muonlab.lab.report.grouping), and each protocol becomes its own study with its own
 per-arm statistics, contrasts and decisions (muonlab.lab.report.study; the statistics are
