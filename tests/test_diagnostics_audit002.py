@@ -9,7 +9,7 @@ import torch
 
 from muonlab.diagnostics import audit002 as A
 from muonlab.model import GPT, gpt_config
-from muonlab.model.over_encoding import OverEncoding
+from muonlab.model.variants.over_encoding import OverEncoding
 
 
 def small(**kw):

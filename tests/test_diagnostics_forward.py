@@ -12,7 +12,7 @@ import torch
 from muonlab.cli import DIAGNOSTICS, main
 from muonlab.diagnostics import equivalence, geometry, trajectory
 from muonlab.errors import UsageError
-from muonlab.model import scalings
+from muonlab.model.variants.qk_scale import qk_multiplier
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")  # torch.func.jvp
 
@@ -32,12 +32,12 @@ def exp17_run(tmp_path_factory):
 def test_proposition1_holds_and_detects_an_untied_implementation(monkeypatch):
     res = equivalence.proposition1(trials=2)
     assert res["passed"] and res["planes"] == 64
-    real = scalings.qk_multiplier
+    real = qk_multiplier
 
     def untied_pair(raw, kind, mask=None):  # a wrong layout: channel c tied with 2c+1's neighbour
         m = real(raw, kind, mask)
         return m.roll(1, dims=-1) * (1 + 1e-3 * torch.arange(m.size(-1))) if kind.startswith("pair") else m
-    monkeypatch.setattr(scalings, "qk_multiplier", untied_pair)
+    monkeypatch.setattr(equivalence, "qk_multiplier", untied_pair)  # the function the diagnostic checks
     assert not equivalence.proposition1(trials=1)["checks"]["implementation_ties_c_with_c_plus_half"]
 
 

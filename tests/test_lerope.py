@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from muonlab.model.lerope import (apply_lerope, inv_frequencies, lerope_angles,
+from muonlab.model.variants.lerope import (apply_lerope, inv_frequencies, lerope_angles,
                                   lerope_grad_agreement)
 from muonlab.model.rotary import apply_rotary, rotary_tables
 

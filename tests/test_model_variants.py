@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from muonlab.config import preset
-from muonlab.model import GPT, scalings, variants_from_keys
+from muonlab.model import GPT, variants_from_keys
+from muonlab.model.variants import qk_scale
 from muonlab.train.build import model_config
 from support.models import live_baseline as _live_baseline, small
 
@@ -35,7 +36,7 @@ IDX = torch.randint(0, 64, (2, 32), generator=torch.Generator().manual_seed(1))
 NEUTRAL_EXACT = [
     *[dict(presub_gains=impl, presub_param=param) for impl in ("unfused_slice", "unfused_contig", "gate_scaled")
       for param in ("linear", "stopexp")],
-    *[dict(qk_scale=kind) for kind in scalings.QK_SCALES[1:]],
+    *[dict(qk_scale=kind) for kind in qk_scale.QK_SCALES[1:]],
     dict(qk_scale="pair_tied_exp", qk_freeze_layers=(0,), qk_freeze_planes=4),
     dict(rope="lerope_adapted"),
     *[dict(residual_rule=rule) for rule in ("branch_tangent", "whole_state_tangent", "grad_mag_control")],
@@ -127,7 +128,7 @@ def test_gains_reach_only_their_inputs(impl):
 
 def test_stop_exp_value_and_unit_jacobian():
     tau = torch.tensor([-1.0, 0.0, 0.7], requires_grad=True)
-    m = scalings.stop_exp(tau)
+    m = qk_scale.stop_exp(tau)
     assert torch.equal(m.detach(), tau.detach().exp())
     m.sum().backward()
     assert torch.equal(tau.grad, torch.ones(3))
@@ -153,11 +154,11 @@ def test_parameter_counts_match_the_spec(variant, total):
 
 def test_qmask_freezes_the_spec_entries():
     """Seed 002 QMASK: layer 0 and planes 0-15 of layers 1.. stay at 1: 704 of 2,048 at depth 8."""
-    shape = scalings.qk_param_shape("pair_tied_exp", 8, 4, 128)
-    mask = scalings.qk_freeze_mask("pair_tied_exp", shape, (0,), 16)
+    shape = qk_scale.qk_param_shape("pair_tied_exp", 8, 4, 128)
+    mask = qk_scale.qk_freeze_mask("pair_tied_exp", shape, (0,), 16)
     assert int((mask == 0).sum()) == 704 and mask.numel() == 2048
-    shape6 = scalings.qk_param_shape("pair_tied_exp", 6, 3, 128)
-    assert int((scalings.qk_freeze_mask("pair_tied_exp", shape6, (0,), 16) == 0).sum()) == 432
+    shape6 = qk_scale.qk_param_shape("pair_tied_exp", 6, 3, 128)
+    assert int((qk_scale.qk_freeze_mask("pair_tied_exp", shape6, (0,), 16) == 0).sum()) == 432
     model = _variant_like(_live_baseline(), qk_scale="pair_tied_exp", qk_freeze_layers=(0,), qk_freeze_planes=4)
     _, grads = _loss_and_grads(model, IDX)
     g = grads["qk_scales"]

@@ -5,7 +5,7 @@ from collections import Counter
 import pytest
 import torch
 
-from muonlab.model.over_encoding import OverEncoding
+from muonlab.model.variants.over_encoding import OverEncoding
 
 
 def loop_ids(idx: torch.Tensor, V: int, m: int, n: int, k: int) -> list[list[list[int]]]:

@@ -1,4 +1,4 @@
-"""Seed 003 residual-addition variants (muonlab.model.residual), spec-000-003 §1.E, §1.F, §2 item 8.
+"""Seed 003 residual-addition variants (muonlab.model.variants.residual_rules, radius_gate), spec-000-003 §1.E, §1.F, §2 item 8.
 
 References are independent of the module: an explicit d x d float64 projector, and a per-position
 loop with a two-pass variance for z."""
@@ -9,7 +9,8 @@ import math
 import pytest
 import torch
 
-from muonlab.model.residual import RADIUS_GATES, RESIDUAL_RULES, prefix_log_rms_z, radius_gate_scale, residual_add
+from muonlab.model.variants.radius_gate import RADIUS_GATES, prefix_log_rms_z, radius_gate_scale
+from muonlab.model.variants.residual_rules import RESIDUAL_RULES, residual_add
 
 
 def _pair(dtype=torch.float32, shape=(2, 5, 16), seed=0, zero_token=True):

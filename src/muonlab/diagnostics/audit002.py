@@ -17,7 +17,7 @@ Choices (the paper leaves these open):
   repeats the share over the rows with any nonzero entry (~ the ever-visited rows).
 - Attention family = c_q, c_k, c_v, c_proj of every layer (square when n_kv_head == n_head, as in
   the paper: 4 L matrices); MLP = c_fc, mlp.c_proj (2 L). ve_gate matrices are not audited.
-- q_tau: the multiplier the forward uses (`scalings.qk_multiplier`, freeze mask included), one
+- q_tau: the multiplier the forward uses (`qk_multiplier`, freeze mask included), one
   value per plane c. Kinds pair_tied_exp (seed 002) and pair_tied_stopexp (same forward value
   exp(tau)) are profiled; any other kind, or none, gives None. SD is the population SD over all
   L*H*P entries. Bands for P = D_h/2 planes: high [0, P/4), mid [P/4, 3P/4), low [3P/4, P)
@@ -36,7 +36,8 @@ from typing import Any
 import torch
 
 from muonlab.diagnostics.runs import load_run
-from muonlab.model import find_variant, scalings
+from muonlab.model import find_variant
+from muonlab.model.variants.qk_scale import qk_multiplier
 
 QTAU_KINDS = ("pair_tied_exp", "pair_tied_stopexp")
 
@@ -91,7 +92,7 @@ def qtau_profile(model) -> dict[str, Any] | None:
     raw = raw.detach().double()
     mask = getattr(model, "qk_mask", None)
     planes = raw.shape[-1]
-    s = torch.stack([scalings.qk_multiplier(raw[i], kind, None if mask is None else mask[i].double())[..., :planes]
+    s = torch.stack([qk_multiplier(raw[i], kind, None if mask is None else mask[i].double())[..., :planes]
                      for i in range(raw.shape[0])])
     L = s.shape[0]
     per_layer = [float(s[i].mean()) for i in range(L)]

@@ -6,7 +6,7 @@
   The `gate_scaled` control is reported too: it is not equivalent, so its difference is large.
 - LeRoPE: reversible custom autograd vs plain autograd (forward difference, log-frequency
   gradient cosine and relative L2; paper at T = 2048: 0.0, 0.9999978 / 0.002393 shared-64,
-  0.9999841 / 0.005833 adapted), via muonlab.model.lerope.lerope_grad_agreement.
+  0.9999841 / 0.005833 adapted), via muonlab.model.variants.lerope.lerope_grad_agreement.
 - Proposition 1 (seed 000 §3.2), numerically in float64 for every RoPE plane c of head_dim
   128: with R the 2x2 rotation, M = diag(m1, m2), the logit of plane c between positions t, s
   is l = u^T R(t th)^T M R(s th) v / sqrt(d_h); the check confirms the closed form
@@ -23,8 +23,9 @@ import math
 
 import torch
 
-from muonlab.model import GPT, gpt_config, scalings
-from muonlab.model.lerope import lerope_grad_agreement
+from muonlab.model import GPT, gpt_config
+from muonlab.model.variants.lerope import lerope_grad_agreement
+from muonlab.model.variants.qk_scale import qk_multiplier
 
 PAPER = {"fused_output_rel_l2": 1.36e-7, "fused_grad_rel_l2_max": 4.14e-7,
          "lerope_shared": {"tau_grad_cosine": 0.9999978, "tau_grad_rel_l2": 0.002393},
@@ -109,9 +110,9 @@ def proposition1(head_dim: int = 128, trials: int = 8, seed: int = 0) -> dict:
     # the implementation's half-split tying: plane c = channels c and c + D/2
     raw = torch.randn(4, head_dim // 2, generator=gen)
     tied_layout = all(torch.equal(m[..., :head_dim // 2], m[..., head_dim // 2:])
-                      for m in (scalings.qk_multiplier(raw, k) for k in ("pair_tied_linear", "pair_tied_stopexp",
+                      for m in (qk_multiplier(raw, k) for k in ("pair_tied_linear", "pair_tied_stopexp",
                                                                          "pair_tied_exp")))
-    untied = scalings.qk_multiplier(torch.randn(4, head_dim, generator=gen), "untied_stopexp")
+    untied = qk_multiplier(torch.randn(4, head_dim, generator=gen), "untied_stopexp")
     untied_layout = not torch.equal(untied[..., :head_dim // 2], untied[..., head_dim // 2:])
     checks = {"closed_form": closed_err < tol, "shift_formula": shift_err < tol, "tied_invariant": tied_shift < tol,
               "untied_not_invariant": untied_min > 100 * max(shift_err, tied_shift),

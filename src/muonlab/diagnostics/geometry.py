@@ -15,7 +15,9 @@ from pathlib import Path
 import torch
 
 from muonlab.diagnostics.runs import load_run
-from muonlab.model import find_variant, scalings
+from muonlab.model import find_variant
+from muonlab.model.variants.presub_gains import gain_value
+from muonlab.model.variants.qk_scale import qk_multiplier
 
 
 def effective_rank(w: torch.Tensor) -> float:
@@ -41,7 +43,7 @@ def model_geometry(model) -> dict:
     variants = {n: getattr(model, n) for n in ("presub_gains", "qk_scales", "rope_tau", "radius_gates")
                 if hasattr(model, n)}
     if "presub_gains" in variants:
-        g = scalings.gain_value(variants["presub_gains"].detach().float(), find_variant(model, "presub_gains").cfg.param)
+        g = gain_value(variants["presub_gains"].detach().float(), find_variant(model, "presub_gains").cfg.param)
         out["presub_gains"] = [{"attn_mean": float(g[i, 0].mean()), "attn_std": float(g[i, 0].std()),
                                 "mlp_mean": float(g[i, 1].mean()), "mlp_std": float(g[i, 1].std())}
                                for i in range(g.size(0))]
@@ -49,7 +51,7 @@ def model_geometry(model) -> dict:
         raw = variants["qk_scales"].detach().float()
         mask = getattr(model, "qk_mask", None)
         kind = find_variant(model, "qk_scale").cfg.kind
-        mult = [scalings.qk_multiplier(raw[i], kind, None if mask is None else mask[i])
+        mult = [qk_multiplier(raw[i], kind, None if mask is None else mask[i])
                 for i in range(raw.size(0))]
         out["qk_multiplier"] = [{"mean": float(m.mean()), "min": float(m.min()), "max": float(m.max())} for m in mult]
     if "rope_tau" in variants:

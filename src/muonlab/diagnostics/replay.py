@@ -238,7 +238,7 @@ def run_replay(run_dir: str | Path, micro_batches: int | None = None, rule: str 
                device: str = "cpu", precision: str | None = None) -> dict:
     """Seed 003's actual-state Muon replay at the run's newest checkpoint on `device` at
     `precision` (None: the run's own; see the module docstring)."""
-    from muonlab.model.residual import RESIDUAL_RULES
+    from muonlab.model.variants.residual_rules import RESIDUAL_RULES
 
     if rule not in RESIDUAL_RULES:
         raise UsageError(f"--rule must be one of {', '.join(RESIDUAL_RULES)}, got {rule!r}")

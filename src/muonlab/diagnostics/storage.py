@@ -94,7 +94,7 @@ from muonlab.device import detect_device, resolve_precision
 from muonlab.errors import UsageError
 from muonlab.model import GPT, GPTConfig, find_variant, gpt_config
 from muonlab.model.gpt import has_ve
-from muonlab.model.scalings import PRESUB_GAINS
+from muonlab.model.variants.presub_gains import PRESUB_GAINS
 
 IMPLS = PRESUB_GAINS
 MODES = ("eager", "compiled")

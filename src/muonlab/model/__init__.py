@@ -1,13 +1,13 @@
 """The baseline GPT, its extension points and the registered model variants."""
 
-from muonlab.model import scalings
 from muonlab.model.extensions import (REGISTRY, ModelVariant, describe, find_variant, gpt_config, register_variant,
                                       variants_from_keys)
 from muonlab.model.gpt import GPT, GPTConfig
-from muonlab.model.over_encoding import OverEncoding
-from muonlab.model.residual import radius_gate_scale, residual_add
-from muonlab.model.scalings import stop_exp
+from muonlab.model.variants.over_encoding import OverEncoding
+from muonlab.model.variants.qk_scale import stop_exp
+from muonlab.model.variants.radius_gate import radius_gate_scale
+from muonlab.model.variants.residual_rules import residual_add
 from muonlab.model import variants  # noqa: E402,F401  (registers the built-in variants)
 
 __all__ = ["GPT", "GPTConfig", "ModelVariant", "OverEncoding", "REGISTRY", "describe", "find_variant", "gpt_config",
-           "radius_gate_scale", "register_variant", "residual_add", "scalings", "stop_exp", "variants_from_keys"]
+           "radius_gate_scale", "register_variant", "residual_add", "stop_exp", "variants_from_keys"]
