@@ -121,3 +121,12 @@ def test_report_and_paper_say_what_is_still_out(tmp_path, queue, capsys, one_thr
     submissions_path(ledger).unlink()  # a ledger no detached sweep wrote to says nothing of the kind
     assert main(["report", "--ledger", str(ledger)]) == 0
     assert "still out" not in capsys.readouterr().out
+
+
+def test_a_ledger_stamp_is_read_with_its_utc_offset():
+    """A compute node may write finished_at in another time zone than the login node reads it in."""
+    from muonlab.lab.submissions import record_time
+
+    assert record_time({"finished_at": "2026-12-04T10:00:00+0500"}) == 1796360400.0  # 05:00 UTC
+    assert record_time({"finished_at": "2026-12-04T05:00:00+0000"}) == 1796360400.0
+    assert record_time({}) == 0.0

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from muonlab.errors import MuonlabError
-from muonlab.record.ledger import append_line, read_records_tolerant
+from muonlab.record.ledger import STAMP_FORMAT, append_line, finished_time, read_records_tolerant
 
 # squeue's states of a job that still holds or waits for resources
 QUEUED_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "RESV_DEL_HOLD",
@@ -56,7 +56,7 @@ def record_submissions(ledger: Path, submissions: list[Submission]) -> None:
     for sub in submissions:
         append_line(path, dict(arm=sub.arm, seed=sub.seed, config_hash=sub.config_hash, job_id=sub.job_id,
                                run_dir=sub.run_dir, submitted_at=sub.submitted_at, num_steps=sub.num_steps,
-                               submitted=time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(sub.submitted_at))),
+                               submitted=time.strftime(STAMP_FORMAT, time.localtime(sub.submitted_at))),
                     what="the submission record")
 
 
@@ -97,11 +97,10 @@ def answers(rec: dict | None, sub: Submission) -> bool:
 
 
 def record_time(rec: dict) -> float:
-    stamp = rec.get("finished_at")
-    try:
-        return time.mktime(time.strptime(stamp, "%Y-%m-%dT%H:%M:%S%z")) if stamp else 0.0
-    except ValueError:
-        return 0.0
+    """A ledger line's end as a Unix time, its UTC offset honoured (a compute node's time zone may
+    not be the login node's); 0 without one."""
+    stamp = finished_time(rec)
+    return stamp.timestamp() if stamp is not None else 0.0
 
 
 def live_jobs(job_ids: list[str]) -> dict[str, str]:
@@ -141,7 +140,8 @@ def queue_state(state: str | None) -> str | None:
 def progress(run_dir: str, num_steps: int | None) -> dict:
     """Step, loss and ETA of a running run, from its metrics.jsonl (the newest attempt's)."""
     base = Path(run_dir)
-    candidates = [base, *sorted(base.parent.glob(f"{base.name}-*"))] if base.parent.is_dir() else [base]
+    # the task's attempts: its run directory and one per requeue without a checkpoint (executors.attempt_dirs)
+    candidates = [base, *sorted(base.parent.glob(f"{base.name}-requeue*"))] if base.parent.is_dir() else [base]
     files = [p / "metrics.jsonl" for p in candidates if (p / "metrics.jsonl").is_file()]
     if not files:
         return {}
@@ -163,6 +163,6 @@ def progress(run_dir: str, num_steps: int | None) -> dict:
         if dts:
             out["eta_s"] = max(0, num_steps - out["step"]) * dts[len(dts) // 2]
     elif isinstance(last.get("progress"), (int, float)) and 0 < last["progress"] <= 1 and dts:
-        done = sum(s["dt"] for s in steps)
+        done = sum(dts)
         out["eta_s"] = done / max(1e-9, steps[-1]["progress"] - steps[0]["progress"]) * (1 - last["progress"])
     return out

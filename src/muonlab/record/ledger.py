@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -21,6 +22,15 @@ from muonlab.atomic import append_whole
 from muonlab.errors import MuonlabError
 
 STATUSES = ("ok", "failed", "diverged", "interrupted")
+STAMP_FORMAT = "%Y-%m-%dT%H:%M:%S%z"  # a line's finished_at: local time with its UTC offset, whole seconds
+
+
+def finished_time(record: dict[str, Any]) -> datetime | None:
+    """When the run of a ledger line ended (its finished_at, offset-aware), or None without one."""
+    try:
+        return datetime.strptime(str(record.get("finished_at")), STAMP_FORMAT)
+    except ValueError:
+        return None
 
 
 def append_record(path: str | os.PathLike, record: dict[str, Any]) -> None:

@@ -242,7 +242,7 @@ def _run(cfg, log, data, resume, ctx: Dist, device, t_start) -> RunResult:
         raise
     finally:
         if ctx.is_main:  # one run, one record, whatever the number of processes
-            record["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+            record["finished_at"] = time.strftime(ledger.STAMP_FORMAT)
             with signals_deferred():
                 _record_outcome(run, summary, record, ledger_path(cfg), log)
 

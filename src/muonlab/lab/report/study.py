@@ -14,7 +14,6 @@ protocols. Within it:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -24,6 +23,7 @@ from muonlab.lab.report.protocol import PROTOCOL_KEYS, check_protocol, provenanc
 from muonlab.lab.report.requests import Pair, Requests
 from muonlab.lab.stats import (NOT_ESTIMABLE, DecisionRule, contrast_from_deltas, difference_of_differences,
                                paired_contrast, retention, single_seed_decision, summarize_arm)
+from muonlab.record.ledger import finished_time
 
 BPB_METRICS = ("val_bpb", "holdout_bpb")
 HIGHER_IS_BETTER = frozenset({"tokens_per_second", "mfu_percent"})
@@ -211,15 +211,8 @@ def _single(p: Pair, seed: int | None, name: str, values: Values, metric: str, r
 
 
 # ---------------------------------------------------------------------------- one run per seed
-def _finished(record: Mapping[str, Any]) -> datetime | None:
-    try:
-        return datetime.strptime(str(record.get("finished_at")), "%Y-%m-%dT%H:%M:%S%z")
-    except ValueError:
-        return None
-
-
 def _latest(records: list[dict]) -> dict:
-    stamps = [_finished(r) for r in records]
+    stamps = [finished_time(r) for r in records]
     if all(s is not None for s in stamps):
         return max(zip(stamps, records), key=lambda p: (p[0], p[1]["_line"]))[1]
     return max(records, key=lambda r: r["_line"])
