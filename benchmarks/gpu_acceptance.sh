@@ -11,8 +11,8 @@
 # (PYTHONPATH). The few packages such an image lacks (rustbpe, which trains the runs' tokenizer)
 # come as wheels in MUONLAB_WHEELS (default: wheels/gpu in the checkout), installed with
 # `pip --no-index --no-deps --target` into a temporary folder removed at exit. PYTHON names the
-# interpreter (default python3). The check's sections fit in 7.5 minutes (`--plan`), within the
-# 8 minutes this script may take; without a CUDA device it says so in one line and exits 0.
+# interpreter (default python3). The check's sections fit in 8 minutes (`--plan`), within the
+# 8.5 minutes this script may take; without a CUDA device it says so in one line and exits 0.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

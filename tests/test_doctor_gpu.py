@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from support.compile_check import train_losses  # tests/ is on sys.path
+from support.compile_check import case_steps, train_losses  # tests/ is on sys.path
 
 from muonlab.cli import _resolve_config, build_parser, main
 from muonlab.doctor import gpu, resume, runs, selection
@@ -153,7 +153,7 @@ def test_the_plan_fits_the_budget_and_needs_no_gpu(monkeypatch, capsys):
     monkeypatch.setattr(gpu, "run_sections", lambda check: pytest.fail("--plan ran a section"))
     assert main(["doctor", "--gpu", "--plan"]) == 0
     out = capsys.readouterr().out
-    assert sum(gpu.LIMITS_S.values()) <= gpu.DEFAULT_BUDGET_S < 480  # within the script's 8 minutes
+    assert sum(gpu.LIMITS_S.values()) <= gpu.DEFAULT_BUDGET_S <= 485  # within the script's 8.5 minutes
     assert all(f"{name}" in out for name in gpu.SECTIONS)
     assert f"sum             {sum(gpu.LIMITS_S.values()):.0f} s of a {gpu.DEFAULT_BUDGET_S:.0f} s budget: fits" in out
     assert main(["doctor", "--gpu", "--plan", "--budget-s", "300", "--json"]) == 1  # they do not fit in 300 s
@@ -161,7 +161,7 @@ def test_the_plan_fits_the_budget_and_needs_no_gpu(monkeypatch, capsys):
     assert planned["fits"] is False and planned["sum_s"] == sum(gpu.LIMITS_S.values())
     assert main(["doctor", "--gpu", "--plan", "--skip", "pytest", "--json"]) == 0
     planned = json.loads(capsys.readouterr().out)
-    assert planned["sections"]["pytest"] == "skipped" and planned["sum_s"] == sum(gpu.LIMITS_S.values()) - 180
+    assert planned["sections"]["pytest"] == "skipped" and planned["sum_s"] == sum(gpu.LIMITS_S.values()) - gpu.LIMITS_S["pytest"]
 
 
 def test_a_section_limit_is_cut_to_what_is_left_of_the_budget():
@@ -274,6 +274,15 @@ def test_a_training_run_is_read_back_and_a_failed_one_says_why(tmp_path):
     bad = runs.training_run("cpu-tiny", 3, 300.0, tmp_path / "cache", device="cpu", compile_mode="off",
                             data_flags=("--depth", "0"))
     assert bad["status"] == "failed" and bad["error"].startswith("exit 2: error:") and "depth" in bad["error"]
+
+
+def test_a_stopped_run_says_how_far_it_got(tmp_path):
+    run_dir = tmp_path / "run"
+    assert runs.progress(run_dir, 50).startswith("before its first step")
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": k, "loss": 9.0 - k}) + "\n" for k in range(13)))
+    assert runs.progress(run_dir, 50) == "at step 12 of 50"
+    assert runs.progress(run_dir, 13) == "after its last step (12), in the final evaluation"
 
 
 def test_a_child_past_its_limit_is_stopped():
@@ -392,3 +401,21 @@ def test_the_compile_harness_is_deterministic_and_its_losses_move(one_thread):
     second, _ = train_losses(cfg, compiled=False)
     assert first == second and graphs == 0
     assert max(abs(x - first[0]) for x in first[1:]) > 0.1, first
+
+
+@pytest.mark.parametrize("case", selection.representative_arms(), ids=lambda c: f"{c.arm}@{c.preset}")
+def test_the_compile_harness_feeds_every_case_of_the_gpu_test(case, one_thread):
+    """tests/test_gpu_acceptance.py's compiled-against-eager cases, eager on the CPU (fp32) for the
+    GPU test's steps: the harness hands each family the batch layout its loader makes (the t5
+    family's [source | decoder input] rows failed on the GPU as 'batch_size (0)' before
+    input_width), and the losses move by more than 0.1 nats, as the GPU test requires (the t5 case
+    then failed again there: 0.017 nats in 4 steps)."""
+    from muonlab.arms import resolve_config
+
+    steps = case_steps(case.model_family)
+    cfg = resolve_config(case.arm, case.preset, {**selection.CUDA_OVERRIDES, "runtime.device": "cpu",
+                                                  "runtime.precision": "fp32", "runtime.compile": "off",
+                                                  "train.num_steps": steps})
+    losses, graphs = train_losses(cfg, compiled=False)
+    assert len(losses) == steps and all(math.isfinite(x) for x in losses) and graphs == 0, losses
+    assert max(abs(x - losses[0]) for x in losses[1:]) > 0.1, f"{case.arm}: the losses did not move ({losses})"

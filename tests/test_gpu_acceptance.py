@@ -11,8 +11,8 @@
     of the largest reference gradient.
 (b) Compiled against eager on CUDA: the baseline GPT and one arm for every registered method,
     arm group and model family (muonlab.doctor.selection.representative_arms), each at its
-    family's smallest preset on CUDA in bf16, 4 steps of the real training loop on fixed
-    learnable batches (tests/support/compile_check.py). The losses agree within 0.01 at the
+    family's smallest preset on CUDA in bf16, 4 steps (20 for the t5 family, whose losses move
+    slower) of the real training loop on fixed learnable batches (tests/support/compile_check.py). The losses agree within 0.01 at the
     first step (the same weights: only kernels differ) and 0.03 after (bf16 rounding compounds
     through the updates; one step moves these losses by 0.2-0.7). On CPU (inductor's C++ code,
     bf16) the four steps of the baseline, 12do_disp_only_nomom, p003_branch_gate, k8_lookup and
@@ -29,7 +29,7 @@ import math
 
 import pytest
 import torch
-from support.compile_check import train_losses
+from support.compile_check import case_steps, train_losses
 
 from muonlab.arms import resolve_config
 from muonlab.doctor.selection import CUDA_OVERRIDES, representative_arms
@@ -95,12 +95,12 @@ def test_flex_attention_matches_the_fp32_reference_forward_and_backward(case):
 
 # ------------------------------------------------------------------------------ (b) compiled vs eager
 CASES = representative_arms()
-STEPS, FIRST_TOL, LATER_TOL = 4, 0.01, 0.03
+FIRST_TOL, LATER_TOL = 0.01, 0.03
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{c.arm}@{c.preset}" for c in CASES])
 def test_compiled_training_matches_eager(case):
-    overrides = {**CUDA_OVERRIDES, "runtime.device": DEVICE.type, "train.num_steps": STEPS}
+    overrides = {**CUDA_OVERRIDES, "runtime.device": DEVICE.type, "train.num_steps": case_steps(case.model_family)}
     cfg = resolve_config(case.arm, case.preset, overrides)
     previous = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("high")  # as a CUDA run sets it (muonlab.train.run)

@@ -490,7 +490,7 @@ seed 003's gate study (one seed, judged by the preregistered 0.0005 BPB alone):
 
 DOCTOR_DESCRIPTION = """Acceptance checks of this machine.
 
---gpu runs, within --budget-s (7.5 minutes, sized for one H100/H200 from a cold start), four
+--gpu runs, within --budget-s (8 minutes, sized for one H100/H200 from a cold start), four
 sections and writes one JSON file (--out): environment (device, capability, torch/CUDA/driver
 versions, FlashAttention-3, Triton, torch.compile), pytest (`pytest -m gpu` over the test files
 holding gpu tests: attention kernels against fp32, compiled against eager, the LMO), throughput

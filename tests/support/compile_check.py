@@ -14,8 +14,27 @@ from muonlab.train.build import build_model, build_optimizer
 from muonlab.train.loop import train_loop
 
 
+# Steps of a compiled-against-eager case: enough for its losses to move by more than 0.1 nats, so
+# that a wrong compiled gradient shows (tests/test_doctor_gpu.py checks each case on the CPU). The
+# t5 family's encoder-decoder at seed 004's learning rates moves 0.017 nats in 4 steps, 0.13 in 20.
+STEPS, FAMILY_STEPS = 4, {"t5": 20}
+
+
+def case_steps(model_family: str) -> int:
+    return FAMILY_STEPS.get(model_family, STEPS)
+
+
+def input_width(cfg) -> int:
+    """Tokens of a micro-batch row x as the family's loader hands it to the model: the target
+    length T, and for the encoder-decoders (the t5 family's PackedPrefixLoader) the S source
+    tokens before the T decoder inputs, x = [source | decoder input]."""
+    T = cfg.train.sequence_len
+    return T + (cfg.model.source_len or T) if cfg.family == "t5" else T
+
+
 def fixed_batches(cfg, vocab_size: int, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Enough (x, y) micro-batches for cfg.train.num_steps steps and the loop's one look-ahead.
+    """Enough (x, y) micro-batches for cfg.train.num_steps steps and the loop's one look-ahead:
+    x of input_width(cfg) tokens, y the T tokens that follow x's last T.
 
     Each row follows a fixed random permutation of the vocabulary from a random first token, a
     bigram map a model learns within a few steps, so the losses move (on uniform random tokens
@@ -23,11 +42,12 @@ def fixed_batches(cfg, vocab_size: int, seed: int = 0) -> list[tuple[torch.Tenso
     count = cfg.train.num_steps * cfg.train.accum_steps_per_rank(1) + 1
     g = torch.Generator().manual_seed(seed)
     successor = torch.randperm(vocab_size, generator=g)
-    rows = torch.empty(count, cfg.train.device_batch_size, cfg.train.sequence_len + 1, dtype=torch.long)
+    rows = torch.empty(count, cfg.train.device_batch_size, input_width(cfg) + 1, dtype=torch.long)
     rows[..., 0] = torch.randint(0, vocab_size, rows.shape[:-1], generator=g)
     for t in range(1, rows.shape[-1]):
         rows[..., t] = successor[rows[..., t - 1]]
-    return [(r[:, :-1].contiguous(), r[:, 1:].contiguous()) for r in rows]
+    T = cfg.train.sequence_len
+    return [(r[:, :-1].contiguous(), r[:, -T:].contiguous()) for r in rows]
 
 
 def train_losses(cfg, compiled: bool, vocab_size: int | None = None) -> tuple[list[float], int]:

@@ -112,10 +112,24 @@ def run_steps(run_dir: str | Path | None) -> list[dict[str, Any]]:
 
 
 def train_command(preset: str, num_steps: int, device: str = "cuda", compile_mode: str = "on",
-                  data_flags: tuple[str, ...] = DATA_FLAGS, eval_tokens: int = EVAL_TOKENS) -> list[str]:
+                  data_flags: tuple[str, ...] = DATA_FLAGS, eval_tokens: int = EVAL_TOKENS,
+                  run_name: str | None = None) -> list[str]:
     """The `muonlab train` command line of one check run."""
+    named = ("--run-name", run_name) if run_name else ()
     return [sys.executable, "-m", "muonlab", "train", "--preset", preset, "--num-steps", str(num_steps),
-            "--device", device, "--compile", compile_mode, *data_flags, "--eval-tokens", str(eval_tokens), "--json"]
+            "--device", device, "--compile", compile_mode, *data_flags, "--eval-tokens", str(eval_tokens),
+            *named, "--json"]
+
+
+def progress(run_dir: Path, num_steps: int) -> str:
+    """Where a stopped run had got to, from its metrics.jsonl: the phase a limit cut short."""
+    steps = run_steps(run_dir) if (run_dir / "metrics.jsonl").is_file() else []
+    if not steps:
+        return "before its first step (start-up, data, model build or the first compile)"
+    last = steps[-1]
+    if last.get("step", 0) + 1 >= num_steps:
+        return f"after its last step ({last.get('step')}), in the final evaluation"
+    return f"at step {last.get('step')} of {num_steps}"
 
 
 def _finite(value: Any) -> bool:
@@ -125,13 +139,17 @@ def _finite(value: Any) -> bool:
 def training_run(preset: str, num_steps: int, timeout_s: float, cache_dir: Path, **command: Any) -> dict[str, Any]:
     """One `muonlab train` run, summarised: status (ok only when the run finished ok with a
     finite training loss and validation BPB), seconds, its throughput figures, the error if any."""
-    argv = train_command(preset, num_steps, **command)
+    run_name = f"doctor-{preset}-{os.getpid()}-{time.time_ns()}"  # a known folder: its progress is read on failure
+    argv = train_command(preset, num_steps, run_name=run_name, **command)
     done = run_process(argv, timeout_s, env=child_env(cache_dir))
     entry: dict[str, Any] = {"preset": preset, "num_steps": num_steps, "status": "failed", "error": None,
                              "seconds": round(done.seconds, 1), "timeout_s": round(timeout_s, 1),
                              "command": ["muonlab", *argv[3:]]}
     entry["error"] = failure(done, timeout_s)
     if entry["error"]:
+        entry["stopped"] = progress(cache_dir / "runs" / run_name, num_steps)
+        entry["error"] += f", {entry['stopped']}"
+        entry["stderr_tail"] = done.stderr.strip().splitlines()[-8:]
         return entry
     try:
         payload = json.loads(done.stdout)
