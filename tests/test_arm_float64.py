@@ -102,11 +102,11 @@ def test_arm_matches_its_float64_figures(arm_name, data_cache, shared_cache, tmp
 def test_normuon_off_by_1e_4_fails_the_float64_check(data_cache, shared_cache, tmp_path, monkeypatch):
     """The check must catch a small change of the math on a machine without a bitwise set: NorMuon's output
     scaled by 1 + 1e-4 (a change bf16 Polar Express output would round away) moves the baseline's figures."""
-    import muonlab.optim.muon_adamw as muon_adamw
+    import muonlab.optim.steps as steps
 
     monkeypatch.setenv("MUONLAB_CACHE", str(shared_cache))
-    normuon = muon_adamw.normuon
-    monkeypatch.setattr(muon_adamw, "normuon", lambda *args, **kwargs: normuon(*args, **kwargs) * (1 + 1e-4))
+    normuon = steps.normuon
+    monkeypatch.setattr(steps, "normuon", lambda *args, **kwargs: normuon(*args, **kwargs) * (1 + 1e-4))
     measured = figures_script.arm_figures("baseline", tmp_path / "runs", data_cache)
     differences = figures_script.differences(measured, RECORDED["baseline"])
     assert any("c_proj" in d for d in differences), differences

@@ -94,7 +94,7 @@ CASES = [
     ("inert-under-adamw", TINY + ["--matrix-optimizer", "adamw", "--matrix-lr", "0.05"], USAGE, "does not act"),
     ("resume-with-settings", lambda t: ["train", "--resume", str(_run_dir(t, None)), "--depth", "3"], USAGE,
      "give no other settings"),
-    # --- training (train/config.py)
+    # --- training (config/run.py)
     ("batch-not-divisible", TINY + ["--device-batch-size", "3"], USAGE, "not divisible by device_batch_size"),
     ("batch-below-one", TINY + ["--device-batch-size", "0"], USAGE, "device_batch_size must be >= 1"),
     ("steps-and-budget", lambda t: ["train", "--config", str(_file(t, "c.json", json.dumps(
@@ -323,7 +323,7 @@ def test_error_contract(case_id, argv, code, needle, tmp_path, monkeypatch, caps
 
 
 # The config layer: every `UsageError(` here must be reached by a case above.
-CHECKED_MODULES = ["settings.py", "config.py", "train/config.py", "data/config.py", "record/config.py",
+CHECKED_MODULES = ["settings.py", "config/__init__.py", "config/run.py", "data/config.py", "record/config.py",
                    "record/sinks.py", "families/__init__.py", "families/autoresearch/config.py",
                    "families/autoresearch/__init__.py", "families/tied.py", "optim/prepolar.py",
                    "optim/addons/moment_free.py", "optim/addons/neumann_whitening.py",
@@ -336,10 +336,10 @@ UNREACHABLE = {
     ("families/tied.py", "runs in one process; under torchrun"): "needs torchrun (driven in "
                                                                  "tests/test_af_muon_distributed.py)",
     ("lab/sweep.py", "share one ledger"): "arms of one preset share its ledger",
-    ("train/config.py", "device_batch_size x \""): "needs torchrun (tests/test_distributed_train.py)",
+    ("config/run.py", "device_batch_size x \""): "needs torchrun (tests/test_distributed_train.py)",
     # library entry points whose command-line twins are refused by the parser's choices first
-    ("config.py", "unknown setting"): "flag names come from the parser (tests/test_config_structure.py)",
-    ("config.py", "unknown preset"): "--preset has choices",
+    ("config/__init__.py", "unknown setting"): "flag names come from the parser (tests/test_config_structure.py)",
+    ("config/__init__.py", "unknown preset"): "--preset has choices",
     ("lab/executors.py", "unknown executor"): "--executor has choices",
     ("device.py", "precision must be one of"): "--precision has choices",
     ("data/config.py", "data source {self.source!r} is not one of"): "a Literal: settings.coerce refuses it first",

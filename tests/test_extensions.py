@@ -18,7 +18,9 @@ import torch
 
 import muonlab.optim.muon_adamw as muon_module
 import muonlab.optim.muon_variant as variant_module
+from muonlab.errors import UsageError
 from muonlab.optim import MuonAdamW, PrePolar, extensions, polar_express, register_prepolar
+from muonlab.optim.extensions import option
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,18 +39,12 @@ class SignConditioner(PrePolar):
 class AbsMaxConditioner(PrePolar):
     """G / (max_t |g_t| + eps): a running max of the raw gradient, with per-matrix state."""
 
-    OPTIONS = dict(absmax_eps=1e-3)
     STACKED_STATE = ("absmax_buffer",)
-    eps: float = 1e-3
+    eps: float = option(1e-3, "added to the running max")
 
-    @classmethod
-    def from_options(cls, o):
-        return cls(eps=float(o["absmax_eps"]))
-
-    @classmethod
-    def validate(cls, o):
-        if o["absmax_eps"] <= 0:
-            raise ValueError(f"absmax_eps must be > 0, got {o['absmax_eps']}")
+    def __post_init__(self):
+        if self.eps <= 0:
+            raise ValueError(f"prepolar_eps must be > 0, got {self.eps}")
 
     def step_inputs(self, state, t, stack_shape, device):
         if "absmax_buffer" not in state:
@@ -146,7 +142,7 @@ def test_stateful_plugin_on_a_name_scope(plugins):
         return MuonAdamW([dict(kind="muon", params=params, lr=0.04, param_names=names, **opts)])
 
     a, b = _params((10, 6), n=4), _params((10, 6), n=4)
-    opt_a, opt_b = build(a), build(b, prepolar="test_absmax", prepolar_scope=r"h\.(1|2)\.", absmax_eps=0.01)
+    opt_a, opt_b = build(a), build(b, prepolar="test_absmax", prepolar_scope=r"h\.(1|2)\.", prepolar_eps=0.01)
     absmax = torch.zeros(4, 10, 6)
     for step in range(3):
         for ps, opt in ((a, opt_a), (b, opt_b)):
@@ -163,7 +159,7 @@ def test_stateful_plugin_on_a_name_scope(plugins):
     torch.save(opt_b.state_dict(), buf)
     buf.seek(0)
     c = [torch.nn.Parameter(p.detach().clone()) for p in b]
-    opt_c = build(c, prepolar="test_absmax", prepolar_scope=r"h\.(1|2)\.", absmax_eps=0.01)
+    opt_c = build(c, prepolar="test_absmax", prepolar_scope=r"h\.(1|2)\.", prepolar_eps=0.01)
     opt_c.load_state_dict(torch.load(buf, weights_only=True))
     for ps, opt in ((b, opt_b), (c, opt_c)):
         _set_grads(ps, 3)
@@ -172,16 +168,35 @@ def test_stateful_plugin_on_a_name_scope(plugins):
 
 
 def test_plugin_options_are_validated(plugins):
-    with pytest.raises(ValueError, match="absmax_eps"):
-        MuonAdamW([dict(kind="muon", params=_params((8, 4)), lr=0.1, absmax_eps=0.0)])
+    with pytest.raises(ValueError, match="prepolar_eps must be > 0"):
+        MuonAdamW([dict(kind="muon", params=_params((8, 4)), lr=0.1, prepolar="test_absmax", prepolar_eps=0.0)])
     with pytest.raises(ValueError, match="prepolar must be"):
         MuonAdamW([dict(kind="muon", params=_params((8, 4)), lr=0.1, prepolar="test_unknown")])
+    # an option the chosen conditioner does not read is refused, never ignored
+    with pytest.raises(ValueError, match="prepolar_tau is not an option of prepolar='test_absmax'"):
+        MuonAdamW([dict(kind="muon", params=_params((8, 4)), lr=0.1, prepolar="test_absmax", prepolar_tau=2.0)])
+    with pytest.raises(ValueError, match="prepolar_eps is not an option of prepolar=None"):
+        MuonAdamW([dict(kind="muon", params=_params((8, 4)), lr=0.1, prepolar_eps=0.5)])
+    with pytest.raises(ValueError, match="aol_reuse_gram is now prepolar_reuse_gram"):
+        MuonAdamW([dict(kind="muon", params=_params((8, 4)), lr=0.1, prepolar="turbo_aol", aol_reuse_gram=False)])
 
 
-def test_plugin_is_accepted_by_the_config_names(plugins):
+def test_plugin_options_are_run_config_settings(plugins):
+    """A plug-in's `option` fields join optim.prepolar: a flag, a default written once, acting
+    only while the plug-in is chosen."""
+    from muonlab.arms import resolve_config
     from muonlab.optim import prepolar
 
-    assert "test_sign" in prepolar.PREPOLARS and prepolar.PREPOLAR_DEFAULTS["absmax_eps"] == 1e-3
+    assert "test_sign" in prepolar.names() and "test_absmax" in prepolar.names()
+    section = prepolar.new_settings()
+    assert section.eps == 1e-3 and section.OWNERS["eps"] == ("test_absmax",)
+    cfg = resolve_config("baseline", "cpu-tiny", {"optim.prepolar.kind": "test_absmax", "optim.prepolar.eps": 0.01})
+    assert cfg.optim.prepolar.conditioner() == AbsMaxConditioner(eps=0.01)
+    assert cfg.hashed_values()["optim.prepolar.eps"] == 0.01
+    with pytest.raises(UsageError, match="eps"):  # it does not act under another conditioner
+        resolve_config("baseline", "cpu-tiny", {"optim.prepolar.kind": "hbieq", "optim.prepolar.eps": 0.01})
+    with pytest.raises(UsageError, match="prepolar_eps must be > 0"):
+        resolve_config("baseline", "cpu-tiny", {"optim.prepolar.kind": "test_absmax", "optim.prepolar.eps": 0.0})
 
 
 # ---------------------------------------------------------------- the registry

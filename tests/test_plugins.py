@@ -8,9 +8,11 @@ import json
 import textwrap
 from pathlib import Path
 
+import pytest
 import torch
 
 from muonlab.cli import main
+from muonlab.optim import extensions
 
 CONDITIONER = textwrap.dedent('''
     """A plug-in conditioner: the sign of the Nesterov tensor (the whole step is then a
@@ -28,6 +30,29 @@ CONDITIONER = textwrap.dedent('''
 
     register_prepolar("plugin_sign", SignConditioner, paper="test plug-in", tests=("tests/test_plugins.py",),
                       replace=True)
+''')
+
+
+POWER = textwrap.dedent('''
+    """A plug-in conditioner with one option: sign(G) |G|^p before Polar Express."""
+    from dataclasses import dataclass
+
+    from muonlab.optim.extensions import PrePolar, option, register_prepolar
+
+
+    @dataclass(frozen=True)
+    class Power(PrePolar):
+        p: float = option(0.5, "the power of |G| (1: the Nesterov tensor, 0: its sign)")
+
+        def __post_init__(self):
+            if self.p < 0:
+                raise ValueError(f"prepolar_p must be >= 0, got {self.p}")
+
+        def condition(self, G, inputs, ctx):
+            return G.sign() * G.abs().pow(self.p)
+
+
+    register_prepolar("plugin_power", Power, paper="test plug-in", tests=("tests/test_plugins.py",), replace=True)
 ''')
 
 
@@ -63,6 +88,16 @@ VARIANT = textwrap.dedent('''
         def branch(self, i, slot, u, f):
             return (1 + self.model.branch_beta[i, slot]) * f
 ''')
+
+
+@pytest.fixture(autouse=True)
+def _forget_plugin_conditioners():
+    """A test's plug-in conditioners leave the registry with it: their options would otherwise
+    stay settings of optim.prepolar for the later tests of this process."""
+    before = set(extensions.prepolars())
+    yield
+    for name in set(extensions.prepolars()) - before:
+        extensions.unregister("prepolar", name)
 
 
 def test_a_plugin_model_variant_trains_from_the_command_line(tmp_path, capsys):
@@ -109,3 +144,37 @@ def test_without_the_plugin_its_name_is_a_usage_error(capsys):
 def test_a_missing_plugin_is_a_usage_error(tmp_path, capsys):
     assert main(["train", "--preset", "cpu-tiny", "--plugin", str(tmp_path / "nope.py")]) == 2
     assert "plug-in file not found" in capsys.readouterr().err
+
+
+def test_a_plugin_option_is_a_flag_a_dotted_key_and_hashed(tmp_path, capsys):
+    """--prepolar-p of a plug-in conditioner: two values train to different weights, each recorded
+    and hashed; it is refused where it does not act, checked by the plug-in's own rule, listed
+    by `muonlab methods`, and unknown without the plug-in."""
+    plugin = tmp_path / "power.py"
+    plugin.write_text(POWER)
+    runs = {p: _train(["--plugin", str(plugin), "--prepolar", "plugin_power", "--prepolar-p", p], capsys)
+            for p in ("0.25", "0.75")}
+    saved = {p: json.loads((Path(out["run_dir"]) / "config.json").read_text()) for p, out in runs.items()}
+    assert [s["config"]["optim"]["prepolar"]["p"] for s in saved.values()] == [0.25, 0.75]
+    weights = [torch.load(Path(out["run_dir"]) / "model.pt", weights_only=True) for out in runs.values()]
+    key = "transformer.h.0.attn.c_q.weight"
+    assert not torch.equal(weights[0][key], weights[1][key])
+    same = _train(["--plugin", str(plugin), "--prepolar", "plugin_power", "--prepolar-p", "0.25"], capsys)
+    w_same = torch.load(Path(same["run_dir"]) / "model.pt", weights_only=True)
+    assert torch.equal(w_same[key], weights[0][key])  # the option, not the run, made the difference
+    # the dotted key of an arm or a config file sets the same setting
+    from muonlab.arms import resolve_config
+
+    cfg = resolve_config("baseline", "cpu-tiny", {"optim.prepolar.kind": "plugin_power", "optim.prepolar.p": 0.25})
+    assert cfg.hashed_values()["optim.prepolar.p"] == 0.25
+    other = resolve_config("baseline", "cpu-tiny", {"optim.prepolar.kind": "plugin_power", "optim.prepolar.p": 0.75})
+    assert cfg.config_hash() != other.config_hash()
+    base = ["train", "--preset", "cpu-tiny", "--num-steps", "1", "--plugin", str(plugin)]
+    assert main([*base, "--prepolar", "hbieq", "--prepolar-p", "0.3"]) == 2
+    assert "only plugin_power reads it (prepolar is hbieq)" in capsys.readouterr().err
+    assert main([*base, "--prepolar", "plugin_power", "--prepolar-p", "-1"]) == 2
+    assert "prepolar_p must be >= 0" in capsys.readouterr().err
+    assert main(["methods", "--plugin", str(plugin), "--json"]) == 0
+    listed = {m["name"]: m for m in json.loads(capsys.readouterr().out)["methods"]}
+    assert listed["plugin_power"]["settings"] == [{"key": "optim.prepolar.p", "flag": "--prepolar-p", "default": 0.5,
+                                                   "help": "the power of |G| (1: the Nesterov tensor, 0: its sign)"}]

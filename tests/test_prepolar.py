@@ -11,7 +11,7 @@ import io
 import pytest
 import torch
 
-import muonlab.optim.muon_adamw as muon_module
+import muonlab.optim.steps as steps_module
 import muonlab.optim.muon_variant as variant_module
 from muonlab.optim import MuonAdamW
 from muonlab.optim.addons.hbieq import hbieq
@@ -149,7 +149,7 @@ def test_aol_gram_reuse_option_reaches_polar_express(monkeypatch):
         p = torch.nn.Parameter(_rand((8, 6), seed=6))
         p.grad = _rand((8, 6), seed=7)
         MuonAdamW([dict(kind="muon", params=[p], lr=0.02, momentum=0.95, weight_decay=0.0,
-                        prepolar="turbo_aol", aol_reuse_gram=reuse)], compile=False).step()
+                        prepolar="turbo_aol", prepolar_reuse_gram=reuse)], compile=False).step()
         assert seen[-1]["reuse_gram"] is reuse
 
 
@@ -199,15 +199,15 @@ def _run(opts, steps=3, capture=None, monkeypatch=None):
 
 
 def _capture_polar_inputs(monkeypatch):
-    """Every Polar Express call, of the upstream step (muon_adamw) and of the variant step."""
+    """Every Polar Express call, of the upstream step (steps.muon_step) and of the variant step."""
     seen = []
-    real = muon_module.polar_express
+    real = steps_module.polar_express
 
     def spy(g, steps, **kw):
         seen.append((g.detach().clone(), kw))
         return real(g, steps, **kw)
 
-    monkeypatch.setattr(muon_module, "polar_express", spy)
+    monkeypatch.setattr(steps_module, "polar_express", spy)
     monkeypatch.setattr(variant_module, "polar_express", spy)
     return seen
 
@@ -216,7 +216,7 @@ def _capture_polar_inputs(monkeypatch):
 def test_polar_express_receives_the_conditioned_nesterov_tensor(name, monkeypatch):
     """3 steps; the input of Polar Express against a float64 transcription of Nesterov + rule."""
     seen = _capture_polar_inputs(monkeypatch)
-    opts = dict(prepolar=name, prepolar_tau=2.0)
+    opts = dict(prepolar=name, **({"prepolar_tau": 2.0} if name == "hbieq" else {}))
     ps, _ = _run(opts, steps=3)
     mom, vzeta = {}, {}
     vmu2 = {}

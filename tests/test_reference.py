@@ -13,6 +13,7 @@ import torch
 
 import muonlab.model.gpt as gpt_module
 import muonlab.optim.muon_adamw as muon_module
+import muonlab.optim.steps as steps_module
 import muonlab.optim.polar as polar_module
 from muonlab.cli import main
 from muonlab.reference import verify_bundle
@@ -69,8 +70,8 @@ def test_wrong_frobenius_safety_is_caught(fp32_reference_bundle, monkeypatch):
 
 
 def test_four_polar_steps_is_caught(fp32_reference_bundle, monkeypatch):
-    real = muon_module.polar_express
-    monkeypatch.setattr(muon_module, "polar_express", lambda g, steps: real(g, 4))
+    real = steps_module.polar_express
+    monkeypatch.setattr(steps_module, "polar_express", lambda g, steps: real(g, 4))
     report = verify_bundle(fp32_reference_bundle)
     assert not report.checks()["update"]
 

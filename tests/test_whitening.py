@@ -17,7 +17,7 @@ import torch
 import muonlab.optim.muon_adamw as muon_module
 from muonlab.optim import MuonAdamW
 from muonlab.optim.distributed import DistMuonAdamW, adamw_is_sharded
-from muonlab.optim.muon_adamw import adamw_step
+from muonlab.optim.steps import adamw_step
 from muonlab.optim.addons.neumann_whitening import WHITEN_DEFAULTS, binomial_coefficients, neumann_whiten
 
 from support.ranks import assert_state_equal, averaged_replay, dyadic_steps, run_ranks

@@ -56,7 +56,7 @@ from muonlab.diagnostics.runs import LoadedRun, load_run, run_config
 from muonlab.errors import MuonlabError, UsageError
 from muonlab.model.variants.residual_rules import use_rule
 from muonlab.optim import muon_variant
-from muonlab.optim.muon_adamw import muon_step
+from muonlab.optim.steps import muon_step
 
 # seed 003's two terminal checkpoints (fractions); "reset_variance" is only "changes little"
 PAPER: dict[str, Any] = {

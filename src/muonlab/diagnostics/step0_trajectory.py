@@ -273,7 +273,7 @@ def first_steps(s: Setup, steps: int, step0_mode: str | None = None, keep_init: 
 
 def adamw_predict(p0: float, g: float, state: dict[str, Any], lr: float, betas: list[float], eps: float,
                   wd: float) -> tuple[float, float, float, float]:
-    """(t, m, v, displacement) of one AdamW step (muonlab.optim.muon_adamw.adamw_step) in float64,
+    """(t, m, v, displacement) of one AdamW step (muonlab.optim.steps.adamw_step) in float64,
     from the state before it (fresh when it has no step)."""
     b1, b2 = betas
     t = (state.get("state_step") or 0.0) + 1.0

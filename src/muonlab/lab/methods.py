@@ -45,14 +45,16 @@ def method_catalog() -> list[dict[str, Any]]:
 def _add_conditioners(entries: dict[str, dict[str, Any]]) -> None:
     """One entry per registered pre-polar conditioner (plug-ins included), from the optimizer's
     registry: the `prepolar` section selects among them by name."""
-    from muonlab.optim.extensions import addons  # noqa: PLC0415
+    from muonlab.optim.extensions import addons, prepolars  # noqa: PLC0415
 
     for info in addons("prepolar"):
+        settings = [{"key": f"optim.prepolar.{f.name}", "flag": f"--{flag_of('optim.prepolar.' + f.name)}",
+                     "default": f.default, "help": f.metadata["help"]} for f in prepolars()[info.name].settings()]
         entries[f"prepolar:{info.name}"] = {
             "name": info.name, "paper": info.paper, "config_key": f"optim.prepolar.kind={info.name}",
             "family": "autoresearch", "flag": f"--prepolar {info.name}", "module": info.module,
-            "tests": list(info.tests), "arms": sorted(n for n, a in ARMS.items()
-                                                      if a.overrides.get("optim.prepolar.kind") == info.name)}
+            "tests": list(info.tests), "settings": settings,
+            "arms": sorted(n for n, a in ARMS.items() if a.overrides.get("optim.prepolar.kind") == info.name)}
 
 
 def format_methods(catalog: list[dict[str, Any]]) -> str:
@@ -62,6 +64,8 @@ def format_methods(catalog: list[dict[str, Any]]) -> str:
         lines.append(f"{e['name']:<22} {e['paper']}")
         lines.append(f"{'':<22} config {e['config_key']}{' (' + e['flag'] + ')' if e['flag'] else ''}, "
                      f"family {e['family']}, module {e['module']}")
+        if e.get("settings"):
+            lines.append(f"{'':<22} settings: " + ", ".join(f"{x['flag']} (default {x['default']})" for x in e["settings"]))
         lines.append(f"{'':<22} arms: {arms or '-'}; tests: {', '.join(e['tests'])}")
     return "\n".join(lines)
 

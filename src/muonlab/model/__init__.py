@@ -1,8 +1,7 @@
 """The baseline GPT, its extension points and the registered model variants."""
 
-from muonlab.model.extensions import (REGISTRY, ModelVariant, describe, find_variant, gpt_config, register_variant,
-                                      variants_from_keys)
-from muonlab.model.gpt import GPT, GPTConfig
+from muonlab.model.extensions import REGISTRY, ModelVariant, describe, find_variant, register_variant, variants_from_keys
+from muonlab.model.gpt import GPT, GPTConfig, gpt_config
 from muonlab.model.variants.over_encoding import OverEncoding
 from muonlab.model.variants.qk_scale import stop_exp
 from muonlab.model.variants.radius_gate import radius_gate_scale

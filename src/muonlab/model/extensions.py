@@ -225,17 +225,6 @@ def variants_from_keys(**flat: Any) -> tuple:
     return tuple(out)
 
 
-def gpt_config(**kw: Any):
-    """GPTConfig from upstream fields plus flat variant settings, e.g.
-    gpt_config(n_layer=4, qk_scale="pair_tied_stopexp"): a convenience for tests and scripts."""
-    from muonlab.model.gpt import GPTConfig
-
-    upstream = {f.name for f in fields(GPTConfig)}
-    base = {k: v for k, v in kw.items() if k in upstream}
-    extra = variants_from_keys(**{k: v for k, v in kw.items() if k not in upstream})
-    return GPTConfig(**{**base, "variants": tuple(base.get("variants", ())) + extra})
-
-
 def find_variant(model: torch.nn.Module, name: str) -> ModelVariant | None:
     """The model's variant object registered as `name`, or None."""
     return next((v for v in getattr(model, "variants", ()) if v.name == name), None)

@@ -16,11 +16,13 @@ name, with the metadata `muonlab methods` lists (AddonInfo):
 A plug-in conditioner, in its own file (tests/test_extensions.py does exactly this):
 
     @dataclass(frozen=True)
-    class Sign(PrePolar):
+    class Power(PrePolar):
+        p: float = option(0.5, "the power of |G|")
         def condition(self, G, inputs, ctx):
-            return G.sign()
-    register_prepolar("sign", Sign, paper="...", tests=("tests/test_sign.py",))
-    MuonAdamW([dict(kind="muon", params=ps, lr=0.02, prepolar="sign")])
+            return G.sign() * G.abs() ** self.p
+    register_prepolar("power", Power, paper="...", tests=("tests/test_power.py",))
+    MuonAdamW([dict(kind="muon", params=ps, lr=0.02, prepolar="power", prepolar_p=0.25)])
+    # or: muonlab train --plugin power.py --prepolar power --prepolar-p 0.25
 
 A muon group with no add-on set runs upstream's `muon_step` itself; otherwise the variant step
 (muon_variant.py) is composed from the stages once per option set, so torch.compile sees a
@@ -30,7 +32,9 @@ static function and nothing is looked up per element.
 from __future__ import annotations
 
 import abc
+import dataclasses
 import sys
+import typing
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, NamedTuple
 
@@ -95,11 +99,22 @@ class MuonContext(NamedTuple):
     red_dim: int
 
 
+GROUP_PREFIX = "prepolar_"  # a conditioner's field `tau` is the muon group key `prepolar_tau`
+
+
+def option(default: Any, help: str) -> Any:
+    """A conditioner field that is also a run-config setting: flag `--prepolar-<name>`, dotted key
+    `optim.prepolar.<name>`, with this description; acting only while its conditioner is chosen."""
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
 class PrePolar:
-    """Base of a pre-polar conditioner; a subclass is a frozen dataclass of its static options.
+    """Base of a pre-polar conditioner. A subclass is a frozen dataclass whose fields are its
+    options, each written once: the default, the description (`option(default, help)` for those
+    the command line sets; a plain field is set in Python only), the check (`__post_init__`,
+    raising ValueError). A field `f` is read from a muon group's key `prepolar_f`.
 
     Class attributes:
-        OPTIONS: its param-group keys with their defaults (besides `prepolar` itself).
         STACKED_STATE: state keys holding one slice per matrix [n, ...] (sliced by a name scope,
             sharded with the matrices by DistMuonAdamW).
         WHOLE_GROUPS_ONLY: refuse a `prepolar_scope` selecting a strict subset of a stack.
@@ -107,22 +122,43 @@ class PrePolar:
         before_momentum(raw_grads, inputs): reads the raw gradient, before the Nesterov update.
         condition(G, inputs, ctx) -> G: G is the fp32 Nesterov tensor [n, m, k] of the selected
             matrices (statistics per matrix only); may work in place.
+    A field named `first_t` follows the optimizer's homotopy convention (muonlab.optim.homotopy:
+    `optim.homotopy_first_t` sets it in a run).
     """
 
-    OPTIONS: ClassVar[dict] = {}
     STACKED_STATE: ClassVar[tuple[str, ...]] = ()
     WHOLE_GROUPS_ONLY: ClassVar[bool] = False
     before_momentum: ClassVar[Callable | None] = None
     condition: ClassVar[Callable | None] = None
 
     @classmethod
-    def from_options(cls, options: dict) -> "PrePolar":
-        """The conditioner for a group's option values (options_of(group, OPTIONS))."""
-        return cls()
+    def group_defaults(cls) -> dict[str, Any]:
+        """{muon group key: default} of every option."""
+        return {GROUP_PREFIX + f.name: f.default for f in dataclasses.fields(cls)}
 
     @classmethod
-    def validate(cls, options: dict) -> None:
-        """Raise ValueError naming the first bad option value."""
+    def settings(cls) -> list[dataclasses.Field]:
+        """The options the run config and the command line set (declared with `option`)."""
+        return [f for f in dataclasses.fields(cls) if "help" in f.metadata]
+
+    @classmethod
+    def from_group(cls, group: dict) -> "PrePolar":
+        """The conditioner a muon group's keys describe (absent key: the default); ValueError
+        names the first bad value."""
+        hints = typing.get_type_hints(cls)
+        values = {}
+        for f in dataclasses.fields(cls):
+            value = group.get(GROUP_PREFIX + f.name, f.default)
+            if hints[f.name] in (int, float) and isinstance(value, (int, float)) and not isinstance(value, bool):
+                value = hints[f.name](value)
+            values[f.name] = value
+        return cls(**values)
+
+    def group_options(self) -> dict[str, Any]:
+        """The muon group keys of the options that differ from their defaults (a group at the
+        defaults carries none, as the groups recorded in checkpoints)."""
+        return {GROUP_PREFIX + f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if getattr(self, f.name) != f.default}
 
     def step_inputs(self, state: dict, t: int, stack_shape: tuple[int, int, int], device) -> dict:
         """Host side, once per update on every rank: the tensors this step's hooks read, made
@@ -135,12 +171,28 @@ class PrePolar:
         return stages
 
 
+_RESERVED_OPTIONS = ("kind", "scope", "step")  # the pre-polar point's own names (STEP_KEY is prepolar_step)
+
+
 def register_prepolar(name: str, cls: type[PrePolar], *, paper: str, tests=(), summary: str = "",
                       replace: bool = False) -> type[PrePolar]:
-    """Make `cls` selectable with a muon group's `prepolar=name`."""
-    if not (isinstance(cls, type) and issubclass(cls, PrePolar)):
-        raise TypeError(f"a pre-polar conditioner subclasses PrePolar, got {cls!r}")
-    _register("prepolar", name, cls, paper=paper, config_keys=("prepolar", "prepolar_scope", *cls.OPTIONS),
+    """Make `cls` selectable with a muon group's `prepolar=name` (`--prepolar name`). Its options
+    share one namespace with the other conditioners' (`--prepolar-<field>`): a name another
+    conditioner already declares must keep its type and default."""
+    if not (isinstance(cls, type) and issubclass(cls, PrePolar) and dataclasses.is_dataclass(cls)):
+        raise TypeError(f"a pre-polar conditioner is a dataclass subclassing PrePolar, got {cls!r}")
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name in _RESERVED_OPTIONS:
+            raise ValueError(f"pre-polar conditioner {name!r}: option name {f.name!r} is reserved")
+        for other_name, other in _REGISTRY["prepolar"].items():
+            if other_name == name or f.name not in {g.name for g in other.settings()} or "help" not in f.metadata:
+                continue
+            theirs = next(g for g in dataclasses.fields(other) if g.name == f.name)
+            if (typing.get_type_hints(other)[f.name], theirs.default) != (hints[f.name], f.default):
+                raise ValueError(f"pre-polar conditioner {name!r}: option {f.name!r} is {other_name}'s with another "
+                                 f"type or default; name it differently")
+    _register("prepolar", name, cls, paper=paper, config_keys=("prepolar", "prepolar_scope", *cls.group_defaults()),
               tests=tests, summary=summary, replace=replace)
     return cls
 
@@ -295,6 +347,6 @@ def stacked_state_keys() -> tuple[str, ...]:
 
 
 __all__ = ["POINTS", "AddonInfo", "AdamWPrecision", "AdamWTransform", "GroupKind", "MuonContext",
-           "MuonStageAddon", "PrePolar", "addons", "info", "options_of", "register_adamw_state",
+           "MuonStageAddon", "PrePolar", "addons", "info", "option", "options_of", "register_adamw_state",
            "register_adamw_transform", "register_group_kind", "register_muon_stage", "register_prepolar",
            "unregister"]

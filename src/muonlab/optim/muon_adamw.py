@@ -15,7 +15,7 @@ Muon step per same-shape stack of matrices (one group per shape):
 
 Methods attach at the named points of extensions.py (pre-polar, polar, post-polar, AdamW
 gradient transforms and state precision, extra group kinds); a group with none set is stepped
-by the functions below exactly as upstream steps it.
+by upstream's step functions (steps.py) exactly as upstream steps it.
 """
 
 from __future__ import annotations
@@ -23,59 +23,10 @@ from __future__ import annotations
 import torch
 
 from muonlab.optim import extensions, muon_variant
-from muonlab.optim.polar import polar_express
+from muonlab.optim.steps import adamw_step, muon_step
 
 ADAMW_DEFAULTS = dict(betas=(0.8, 0.95), eps=1e-10, weight_decay=0.0)
 MUON_DEFAULTS = dict(momentum=0.95, ns_steps=5, beta2=0.95, weight_decay=0.0)
-
-
-def adamw_step(p, grad, exp_avg, exp_avg_sq, step_t, lr_t, beta1_t, beta2_t, eps_t, wd_t):
-    """One AdamW update with bias correction, in place on p and its moments."""
-    p.mul_(1 - lr_t * wd_t)
-    exp_avg.lerp_(grad, 1 - beta1_t)
-    exp_avg_sq.lerp_(grad.square(), 1 - beta2_t)
-    bias1 = 1 - beta1_t ** step_t
-    bias2 = 1 - beta2_t ** step_t
-    denom = (exp_avg_sq / bias2).sqrt() + eps_t
-    p.add_(exp_avg / denom, alpha=-(lr_t / bias1))
-
-
-def nesterov_(stacked_grads, momentum_buffer, momentum_t):
-    """Nesterov momentum via lerp; overwrites the gradients with the look-ahead and returns it."""
-    momentum = momentum_t.to(stacked_grads.dtype)
-    momentum_buffer.lerp_(stacked_grads, 1 - momentum)
-    return stacked_grads.lerp_(momentum_buffer, momentum)
-
-
-def normuon(g, second_momentum_buffer, beta2_t, red_dim):
-    """NorMuon: per-neuron second moment along the reduced dimension, Frobenius norm kept."""
-    beta2 = beta2_t.to(g.dtype)
-    v_mean = g.float().square().mean(dim=red_dim, keepdim=True)
-    red_dim_size = g.size(red_dim)
-    v_norm = (v_mean.sum(dim=(-2, -1), keepdim=True) * red_dim_size).sqrt()
-    second_momentum_buffer.lerp_(v_mean.to(dtype=second_momentum_buffer.dtype), 1 - beta2)
-    step_size = second_momentum_buffer.clamp_min(1e-10).rsqrt()
-    scaled_sq_sum = (v_mean * red_dim_size) * step_size.float().square()
-    v_norm_new = scaled_sq_sum.sum(dim=(-2, -1), keepdim=True).sqrt()
-    return g * (step_size * (v_norm / v_norm_new.clamp_min(1e-10))).to(g.dtype)
-
-
-def cautious_update_(g, stacked_params, lr_t, wd_t):
-    """p <- p - lr g - lr wd p, the decay only where update and parameter agree in sign."""
-    lr = lr_t.to(g.dtype)
-    wd = wd_t.to(g.dtype)
-    mask = (g * stacked_params) >= 0
-    stacked_params.sub_(lr * g + lr * wd * stacked_params * mask)
-
-
-def muon_step(stacked_grads, stacked_params, momentum_buffer, second_momentum_buffer,
-              momentum_t, lr_t, wd_t, beta2_t, ns_steps: int, red_dim: int):
-    """One Muon update of a stack [N, rows, cols], in place on params and buffers (the grads
-    become the Nesterov look-ahead)."""
-    g = nesterov_(stacked_grads, momentum_buffer, momentum_t)
-    g = polar_express(g, ns_steps)
-    g = normuon(g, second_momentum_buffer, beta2_t, red_dim)
-    cautious_update_(g, stacked_params, lr_t, wd_t)
 
 
 # One graph per (shape group, option set), and every optimizer in the process shares

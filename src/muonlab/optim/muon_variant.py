@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from muonlab.optim import extensions
+from muonlab.optim import extensions, steps
 from muonlab.optim import prepolar as _prepolar
 from muonlab.optim.polar import polar_express
 
@@ -82,7 +82,7 @@ def step_inputs(group: dict, stages: MuonStages, state: dict, start: int, stop: 
 
 def build_step(stages: MuonStages):
     """The step function for `stages`: muon_step's 10 arguments, then `inputs` (step_inputs)."""
-    from muonlab.optim.muon_adamw import cautious_update_, nesterov_, normuon
+    nesterov_, normuon, cautious_update_ = steps.nesterov_, steps.normuon, steps.cautious_update_
 
     cond = stages.prepolar
     before = cond.before_momentum if cond is not None else None

@@ -13,43 +13,61 @@ is WHOLE_GROUPS_ONLY. A group the scope leaves out runs the upstream step and ge
 With a conditioner on, the group's state counts its completed updates (`prepolar_step`, t = 0
 at the first update; replicated across ranks), which the conditioner's `step_inputs` reads.
 
-The names `PREPOLARS`, `PREPOLAR_DEFAULTS`, `STACKED_STATE_KEYS` and `DTYPES` are read from the
-registry when asked for (config validation and the training builder use them).
+The run config's `optim.prepolar` section is made from the registry (`new_settings`): `kind`,
+`scope`, and every registered conditioner's options (its fields declared with
+extensions.option), so a plug-in's options are flags and dotted keys like a built-in's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import typing
+from typing import Any, ClassVar
 
-from muonlab.optim import extensions
-from dataclasses import dataclass
-from typing import ClassVar, Literal
 from muonlab.errors import UsageError
+from muonlab.optim import extensions
 from muonlab.settings import METHOD_OFF, MethodInfo, Section, setting
 
 SCOPES = ("all", "square_only", "rect_only")
-OPTIONS = dict(prepolar=None, prepolar_scope="all")  # this point's own keys
 STEP_KEY = "prepolar_step"  # completed updates of the group (only present with a conditioner on)
+_POINT_KEYS = ("prepolar", "prepolar_scope")
+# group keys of earlier releases, refused with their new names (CLI runs never wrote them: they
+# were defaults, and a group at the defaults carries no option key)
+_RENAMED = {"zeta_beta2": "prepolar_beta2", "zeta_eps": "prepolar_eps", "aol_reuse_gram": "prepolar_reuse_gram"}
+
+
+def names() -> tuple[str, ...]:
+    """The registered conditioners, in registration order."""
+    return tuple(extensions.prepolars())
 
 
 def validate_group(group: dict) -> None:
-    """Raise ValueError naming the first bad pre-polar option of a muon group."""
+    """Raise ValueError naming the first bad pre-polar option of a muon group: an unknown
+    conditioner, an option key no chosen conditioner reads, a bad value, a bad scope."""
     registered = extensions.prepolars()
     name = group.get("prepolar")
     if name is not None and name not in registered:
         raise ValueError(f"prepolar must be None or one of {tuple(registered)}, got {name!r}")
-    for cls in registered.values():  # every conditioner's keys, so a bad value never sits unnoticed
-        cls.validate(extensions.options_of(group, cls.OPTIONS))
+    renamed = next((k for k in _RENAMED if k in group), None)
+    if renamed:
+        raise ValueError(f"{renamed} is now {_RENAMED[renamed]}")
+    known = set(_POINT_KEYS) | (set(registered[name].group_defaults()) if name is not None else set())
+    stray = sorted(k for k in group if k.startswith(extensions.GROUP_PREFIX) and k not in known)
+    if stray:
+        raise ValueError(f"{stray[0]} is not an option of prepolar={name!r}")
+    if name is not None:
+        registered[name].from_group(group)
     scope = group.get("prepolar_scope", "all")
     if name is None or scope in SCOPES:
         return
-    names = group.get("param_names")
-    if names is None or len(names) != len(group["params"]):
+    group_names = group.get("param_names")
+    if group_names is None or len(group_names) != len(group["params"]):
         raise ValueError(f"prepolar_scope {scope!r} is a name filter: the group needs `param_names`")
-    picked = selected_indices(group, 0, len(names))
-    if registered[name].WHOLE_GROUPS_ONLY and 0 < len(picked) < len(names):
+    picked = selected_indices(group, 0, len(group_names))
+    if registered[name].WHOLE_GROUPS_ONLY and 0 < len(picked) < len(group_names):
         raise ValueError(f"prepolar={name!r} acts on whole groups; scope {scope!r} "
-                         f"selects {len(picked)} of {len(names)} matrices")
+                         f"selects {len(picked)} of {len(group_names)} matrices")
     re.compile(scope)
 
 
@@ -61,8 +79,8 @@ def selected_indices(group: dict, start: int, stop: int) -> list[int]:
         return list(range(stop - start))
     if scope in SCOPES:
         return []
-    names = group["param_names"]
-    return [i - start for i in range(start, stop) if re.search(scope, names[i])]
+    group_names = group["param_names"]
+    return [i - start for i in range(start, stop) if re.search(scope, group_names[i])]
 
 
 def conditioner(group: dict) -> tuple[extensions.PrePolar | None, bool]:
@@ -75,56 +93,88 @@ def conditioner(group: dict) -> tuple[extensions.PrePolar | None, bool]:
     picked = selected_indices(group, 0, n)
     if not picked:
         return None, False
-    cls = extensions.prepolars()[name]
-    return cls.from_options(extensions.options_of(group, cls.OPTIONS)), len(picked) < n
+    return extensions.prepolars()[name].from_group(group), len(picked) < n
 
 
-def __getattr__(name: str):
-    if name == "PREPOLARS":
-        return tuple(extensions.prepolars())
-    if name == "PREPOLAR_DEFAULTS":  # every option a muon group may carry, with its default
-        out = dict(OPTIONS)
-        for cls in extensions.prepolars().values():
-            out.update(cls.OPTIONS)
-        for addon in extensions.muon_stage_addons():
-            out.update(addon.options)
-        return out
-    if name == "STACKED_STATE_KEYS":
-        return extensions.stacked_state_keys()
-    if name == "DTYPES":
-        from muonlab.optim.addons.polar_precision import DTYPES
-        return DTYPES
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# ---------------------------------------------------------------- the run-config section
+@dataclasses.dataclass
+class PrepolarSettingsBase(Section):
+    """Seed 000 §3.3, seed 002 §1.4a: a conditioner of the Nesterov tensor before Polar Express.
+    The concrete class adds every registered conditioner's options (new_settings)."""
 
+    METHOD: ClassVar[MethodInfo] = MethodInfo('prepolar', 'seed 000 §3.3; seed 002 §1.4a', __name__,
+                                              ('tests/test_prepolar.py', 'tests/test_prepolar_arms.py'), 'kind', None)
+    OWNERS: ClassVar[dict[str, tuple[str, ...]]] = {}  # option -> the conditioners that declare it
 
-# run-config settings of this method: its flags, their help, which options act when
-@dataclass
-class PrepolarSettings(Section):
-    """Seed 000 §3.3, seed 002 §1.4a: a conditioner of the Nesterov tensor before Polar Express."""
-
-    METHOD: ClassVar[MethodInfo] = MethodInfo('prepolar', 'seed 000 §3.3; seed 002 §1.4a', __name__, ('tests/test_prepolar.py', 'tests/test_prepolar_arms.py'), 'kind', None)
-
-    kind: str | None = setting(None, "hbieq | zeta | turbo_aol | muon2f, or a plug-in's name; none: off",
-                               flag="prepolar")
-    scope: str = setting("all", "all | square_only | rect_only | a regex on block parameter names",
-                         flag="prepolar-scope")
-    tau: float = setting(80.0, "hbieq homotopy horizon (seed 000: 80, seed 002: 25; 0 = undamped)", flag="prepolar-tau")
-    passes: int = setting(2, "hbieq equilibration passes", flag="prepolar-passes")
-    sides: Literal["both", "row"] = setting("both", "hbieq sides (row with passes 1: seed 000 exp51's control)",
-                                            flag="prepolar-sides")
+    def chosen(self) -> type[extensions.PrePolar] | None:
+        return None if self.kind is None else extensions.prepolars().get(self.kind)
 
     def inactive(self) -> dict[str, str]:
         if self.kind is None:
-            return {"scope": METHOD_OFF, "tau": METHOD_OFF, "passes": METHOD_OFF, "sides": METHOD_OFF}
-        if self.kind != "hbieq":
-            why = f"only hbieq reads it (prepolar is {self.kind})"
-            return {"tau": why, "passes": why, "sides": why}
-        return {}
+            return {"scope": METHOD_OFF, **{name: METHOD_OFF for name in self.OWNERS}}
+        return {name: f"only {', '.join(owners)} reads it (prepolar is {self.kind})"
+                for name, owners in self.OWNERS.items() if self.kind not in owners}
 
     def validate(self) -> None:
-        from muonlab.optim.prepolar import PREPOLARS  # noqa: PLC0415 (the optimizer's registry)
+        if self.kind is not None and self.chosen() is None:
+            raise UsageError(f"prepolar must be one of {', '.join(names())}, got {self.kind!r}")
+        try:
+            self.conditioner()
+        except ValueError as exc:
+            raise UsageError(f"prepolar {self.kind}: {exc}") from None
 
-        if self.kind is not None and self.kind not in PREPOLARS:
-            raise UsageError(f"prepolar must be one of {', '.join(PREPOLARS)}, got {self.kind!r}")
-        if self.passes < 1 or self.tau < 0:
-            raise UsageError("need prepolar_passes >= 1 and prepolar_tau >= 0")
+    def follows_homotopy(self) -> bool:
+        """The chosen conditioner has a homotopy ramp (a `first_t` field: muonlab.optim.homotopy)."""
+        cls = self.chosen()
+        return cls is not None and "first_t" in {f.name for f in dataclasses.fields(cls)}
+
+    def conditioner(self, first_t: int | None = None) -> extensions.PrePolar | None:
+        """The chosen conditioner with these settings (and the run's homotopy first_t where it has a ramp)."""
+        cls = self.chosen()
+        if cls is None:
+            return None
+        values = {f.name: getattr(self, f.name) for f in cls.settings()}
+        if first_t is not None and self.follows_homotopy():
+            values["first_t"] = first_t
+        return cls(**values)
+
+    def group_options(self, first_t: int | None = None) -> dict[str, Any]:
+        """A muon group's pre-polar keys: none when off; the defaults are left out, so a group
+        holds exactly what earlier releases recorded in checkpoints."""
+        cond = self.conditioner(first_t)
+        if cond is None:
+            return {}
+        scope = {} if self.scope == "all" else {"prepolar_scope": self.scope}
+        return {"prepolar": self.kind, **scope, **cond.group_options()}
+
+
+_SETTINGS_CLASSES: dict[tuple, type] = {}
+
+
+def settings_class() -> type[PrepolarSettingsBase]:
+    """`optim.prepolar` for the conditioners registered now (one class per registry state)."""
+    registered = extensions.prepolars()
+    key = tuple(registered.items())
+    if key not in _SETTINGS_CLASSES:
+        owners: dict[str, list[str]] = {}
+        fields: list[tuple] = [
+            ("kind", typing.Optional[str], setting(None, " | ".join(registered) + ", or a plug-in's name; none: off",
+                                                   flag="prepolar")),
+            ("scope", str, setting("all", "all | square_only | rect_only | a regex on block parameter names",
+                                   flag="prepolar-scope"))]
+        for name, cls in registered.items():
+            hints = typing.get_type_hints(cls)
+            for f in cls.settings():
+                if f.name not in owners:
+                    fields.append((f.name, hints[f.name], setting(f.default, f"{name}: {f.metadata['help']}",
+                                                                  flag="prepolar-" + f.name.replace("_", "-"))))
+                owners.setdefault(f.name, []).append(name)
+        _SETTINGS_CLASSES[key] = dataclasses.make_dataclass(
+            "PrepolarSettings", fields, bases=(PrepolarSettingsBase,),
+            namespace={"OWNERS": {k: tuple(v) for k, v in owners.items()}, "__module__": __name__})
+    return _SETTINGS_CLASSES[key]
+
+
+def new_settings() -> PrepolarSettingsBase:
+    """A default `optim.prepolar` section (the factory of the optimizer config's field)."""
+    return settings_class()()

@@ -14,26 +14,27 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
 from muonlab.atomic import append_whole, atomic_open, write_json, write_text
 from muonlab.paths import cache_root
 
-if TYPE_CHECKING:  # the record sits below the config layer: it reads a config, never builds one
-    from muonlab.config import RunConfig
+# `cfg` below is a run config (muonlab.config.RunConfig): the record sits below the config layer,
+# so it reads a config's `record` and `data` sections and never imports the class
+RunConfigLike = Any
 
 
-def runs_dir(cfg: RunConfig) -> Path:
+def runs_dir(cfg: RunConfigLike) -> Path:
     return Path(cfg.record.runs_dir).expanduser() if cfg.record.runs_dir else cache_root(cfg.data.cache_dir) / "runs"
 
 
-def ledger_path(cfg: RunConfig) -> Path:
+def ledger_path(cfg: RunConfigLike) -> Path:
     return Path(cfg.record.ledger).expanduser() if cfg.record.ledger else runs_dir(cfg) / "ledger.jsonl"
 
 
-def new_run_id(cfg: RunConfig) -> str:
+def new_run_id(cfg: RunConfigLike) -> str:
     if cfg.record.run_name:
         return cfg.record.run_name
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -46,7 +47,7 @@ class RunDir:
         self.path = path
 
     @classmethod
-    def create(cls, cfg: RunConfig, run_id: str) -> "RunDir":
+    def create(cls, cfg: RunConfigLike, run_id: str) -> "RunDir":
         path = runs_dir(cfg) / run_id
         if path.exists() and any(path.iterdir()):
             raise FileExistsError(f"run directory {path} already exists")

@@ -1,8 +1,8 @@
 """Training: the loop, schedules, checkpoints, one run end to end. It writes the run record
 (`muonlab.record`) and never reads the lab above it.
 
-`run_training` and `RunResult` are imported on first use, so the run config can import this
-package's settings (muonlab.train.config) without importing the loop.
+`run_training` and `RunResult` are imported on first use: importing the package loads no loop
+(the command line's --help imports no torch).
 """
 
 __all__ = ["RunResult", "run_training"]

@@ -55,18 +55,13 @@ def build_model(cfg, vocab_size: int, runtime):
 def build_optimizer(model, cfg, compile_step: bool, distributed: bool = False):
     """MuonAdamW, or with several processes DistMuonAdamW (it averages gradients itself)."""
     from muonlab.optim import DistMuonAdamW, MuonAdamW  # noqa: PLC0415
-    from muonlab.optim.prepolar import PREPOLAR_DEFAULTS  # noqa: PLC0415
+    from muonlab.optim.addons.polar_precision import OPTIONS as POLAR_DEFAULTS  # noqa: PLC0415
 
     o = cfg.optim
     # only the add-ons that are on go on the groups, so baseline groups stay exactly upstream's
-    muon = {}
-    if o.prepolar.kind is not None:
-        muon.update(prepolar=o.prepolar.kind, prepolar_scope=o.prepolar.scope)
-        if o.prepolar.kind == "hbieq":
-            muon.update(prepolar_tau=o.prepolar.tau, prepolar_passes=o.prepolar.passes,
-                        prepolar_sides=o.prepolar.sides, prepolar_first_t=o.homotopy_first_t)
-    muon.update(polar_dtype=o.polar.dtype, post_polar_dtype=o.polar.post_dtype)
-    muon = {k: v for k, v in muon.items() if v != PREPOLAR_DEFAULTS[k]}
+    muon = o.prepolar.group_options(first_t=o.homotopy_first_t)
+    polar = dict(polar_dtype=o.polar.dtype, post_polar_dtype=o.polar.post_dtype)
+    muon.update({k: v for k, v in polar.items() if v != POLAR_DEFAULTS[k]})
     # Neumann-Gram vocabulary whitening on wte, lm_head and value embeddings (seed 002 §1.4d);
     # fp32 master weights and moments for wte and value embeddings (seed 002 §1.4e)
     table = {} if o.whiten.kind is None else dict(whiten=o.whiten.kind, whiten_tau=o.whiten.tau,

@@ -20,7 +20,7 @@ from muonlab.model.variants.radius_gate import RadiusGateSettings
 from muonlab.model.variants.memory import MemorySettings
 from muonlab.model.variants.over_encoding import OverEncodingSettings
 from muonlab.model.variants.routing import RoutingSettings
-from muonlab.optim.prepolar import PrepolarSettings
+from muonlab.optim import prepolar
 from muonlab.optim.addons.polar_precision import PolarSettings
 from muonlab.optim.addons.neumann_whitening import WhitenSettings
 from muonlab.optim.addons.moment_free import TableWhitenSettings
@@ -127,7 +127,7 @@ class MuonAdamWConfig(Section):
     step0_mode: str = setting("none", STEP0_HELP)
     homotopy_first_t: int = setting(1, "t of the first update in every homotopy ramp (hbieq alpha_t, whiten and "
                                        "table_whiten beta_t): 1 = seed 000's stated counter, 0 = a_0 = 0")
-    prepolar: PrepolarSettings = setting(factory=PrepolarSettings)
+    prepolar: Section = setting(factory=prepolar.new_settings)  # kind, scope and every conditioner's options
     polar: PolarSettings = setting(factory=PolarSettings)
 
     # methods that are one setting of this section: (field, off value) -> what it is
@@ -149,8 +149,8 @@ class MuonAdamWConfig(Section):
     table_whiten: TableWhitenSettings = setting(factory=TableWhitenSettings)
 
     def inactive(self) -> dict[str, str]:
-        ramps = self.prepolar.kind == "hbieq" or self.whiten.kind is not None or self.table_whiten.kind is not None
-        out = {} if ramps else {"homotopy_first_t": "no homotopy ramp is on (prepolar hbieq, whiten, table_whiten)"}
+        ramps = self.prepolar.follows_homotopy() or self.whiten.kind is not None or self.table_whiten.kind is not None
+        out = {} if ramps else {"homotopy_first_t": "no homotopy ramp is on (a prepolar ramp, whiten, table_whiten)"}
         if self.matrix_optimizer == "muon":
             why = "matrix_optimizer is muon"
             return {**out, "adamw_matrix_lr": why, "adamw_matrix_weight_decay": why}

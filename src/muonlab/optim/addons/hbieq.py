@@ -19,10 +19,11 @@ baseline's step: the Step-0 stability seed 000 Table 4B credits the homotopy wit
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
-from muonlab.optim.extensions import PrePolar, register_prepolar
+from muonlab.optim.extensions import PrePolar, option, register_prepolar
 from muonlab.optim.homotopy import homotopy_alpha, homotopy_t
 
 
@@ -58,25 +59,17 @@ def _homotopy_denominator(stat: torch.Tensor, stat_mean: torch.Tensor, alpha, ep
 
 @dataclass(frozen=True)
 class HBiEq(PrePolar):
-    OPTIONS = dict(prepolar_tau=80.0, prepolar_passes=2, prepolar_sides="both", prepolar_eps=1e-10, prepolar_first_t=1)
-
-    tau: float = 80.0
-    passes: int = 2
-    sides: str = "both"
+    tau: float = option(80.0, "homotopy horizon (seed 000: 80, seed 002: 25; 0 = undamped)")
+    passes: int = option(2, "equilibration passes")
+    sides: Literal["both", "row"] = option("both", "sides (row with passes 1: seed 000 exp51's control)")
     eps: float = 1e-10
     first_t: int = 1
 
-    @classmethod
-    def from_options(cls, o: dict) -> "HBiEq":
-        return cls(tau=o["prepolar_tau"], passes=int(o["prepolar_passes"]), sides=o["prepolar_sides"],
-                   eps=float(o["prepolar_eps"]), first_t=int(o["prepolar_first_t"]))
-
-    @classmethod
-    def validate(cls, o: dict) -> None:
-        if o["prepolar_sides"] not in ("both", "row"):
-            raise ValueError(f"prepolar_sides must be 'both' or 'row', got {o['prepolar_sides']!r}")
-        if o["prepolar_passes"] < 1 or o["prepolar_tau"] < 0:
-            raise ValueError("prepolar_passes must be >= 1 and prepolar_tau >= 0")
+    def __post_init__(self):
+        if self.sides not in ("both", "row"):
+            raise ValueError(f"prepolar_sides must be 'both' or 'row', got {self.sides!r}")
+        if self.passes < 1 or self.tau < 0:
+            raise ValueError(f"prepolar_passes must be >= 1 and prepolar_tau >= 0, got {self.passes} and {self.tau}")
 
     def step_inputs(self, state, t, stack_shape, device) -> dict:
         return {"alpha_t": torch.tensor(homotopy_alpha(homotopy_t(t, self.first_t), self.tau), dtype=torch.float32)}

@@ -4,7 +4,7 @@ Boissin et al. 2025, adapted on seed 000's common backbone (5-step Polar Express
 A0 = X^T X (m > n) or X X^T (m <= n), s_i = (sum_j |A0_ij|)^(-1/2) / 1.02, and X <- X diag(s)
 (tall, columns) or diag(s) X (otherwise, rows). Unstated in the paper (spec-000-003 §5.7),
 chosen here: A0 is formed in the iteration dtype (it replaces a line acting on the bf16 X);
-the first iteration reuses it (`aol_reuse_gram`, default True, as Turbo-Muon does: the Gram of
+the first iteration reuses it (`reuse_gram`, group key `prepolar_reuse_gram`, default True, as Turbo-Muon does: the Gram of
 the scaled X is diag(s) A0 diag(s), so AOL costs no extra matmul; seed 000's Turbo runs were
 also timed faster than its unconditioned baseline, consistent with reuse); False forms that
 Gram again (same math, different bf16 rounding); the L1 row sum is clamped at the dtype's
@@ -45,14 +45,9 @@ register_normalization("aol", lambda X: aol_scale(X, return_gram=True))
 
 @dataclass(frozen=True)
 class TurboAOL(PrePolar):
-    OPTIONS = dict(aol_reuse_gram=True)
     WHOLE_GROUPS_ONLY = True
 
     reuse_gram: bool = True
-
-    @classmethod
-    def from_options(cls, o: dict) -> "TurboAOL":
-        return cls(reuse_gram=bool(o["aol_reuse_gram"]))
 
     def stages(self, stages):
         return replace(stages, polar=replace(stages.polar, normalize="aol", reuse_gram=self.reuse_gram))

@@ -3,9 +3,10 @@
     V_t = b2 V_{t-1} + (1-b2) g_t^2       on the raw gradient (before the in-place Nesterov step)
     G  <- G / (sqrt(V_t / (1 - b2^t)) + eps)
 
-t = 1 at the first update (paper: "Step 0 (t=1)"), b2 = `zeta_beta2` (0.99), eps = `zeta_eps`
-(1e-8). State: `zeta_buffer` [N, m, n] fp32, 4 bytes per matrix element (the whole stack's
-layout even when a name scope selects some of its matrices). Not reproduced (as in the paper):
+t = 1 at the first update (paper: "Step 0 (t=1)"), b2 = `beta2` (0.99), eps = `eps` (1e-8), the
+muon group keys `prepolar_beta2` and `prepolar_eps`, set in Python only (a run keeps the paper's).
+State: `zeta_buffer` [N, m, n] fp32, 4 bytes per matrix element (the whole stack's layout even
+when a name scope selects some of its matrices). Not reproduced (as in the paper):
 Zeta's scalar step-size rule and LR warmup.
 """
 
@@ -30,20 +31,14 @@ def zeta_whiten(G: torch.Tensor, V: torch.Tensor, bias_t, eps: float = 1e-8) -> 
 
 @dataclass(frozen=True)
 class Zeta(PrePolar):
-    OPTIONS = dict(zeta_beta2=0.99, zeta_eps=1e-8)
     STACKED_STATE = ("zeta_buffer",)
 
     beta2: float = 0.99
     eps: float = 1e-8
 
-    @classmethod
-    def from_options(cls, o: dict) -> "Zeta":
-        return cls(beta2=float(o["zeta_beta2"]), eps=float(o["zeta_eps"]))
-
-    @classmethod
-    def validate(cls, o: dict) -> None:
-        if not 0 <= o["zeta_beta2"] < 1:
-            raise ValueError(f"zeta_beta2 must be in [0, 1), got {o['zeta_beta2']}")
+    def __post_init__(self):
+        if not 0 <= self.beta2 < 1:
+            raise ValueError(f"prepolar_beta2 must be in [0, 1), got {self.beta2}")
 
     def step_inputs(self, state, t, stack_shape, device) -> dict:
         if "zeta_buffer" not in state:

@@ -2,7 +2,7 @@
 
 A run is a `RunConfig`: its model family, seed and arm, and one section per component, each
 owned by the code it configures: `model` and `optim` (the family's, muonlab.families), `schedule`,
-`train` and `runtime` (muonlab.train.config), `data` (muonlab.data.config), `record` (bookkeeping,
+`train` and `runtime` (the run's own: muonlab.config.run), `data` (muonlab.data.config), `record` (bookkeeping,
 muonlab.record.config). It is resolved once from layers of dotted-key overrides: the preset, the
 arm, the command line. Every leaf also answers to its flat flag name (`prepolar_tau` or
 `prepolar-tau` for `optim.prepolar.tau`), the names the command line has always used.
@@ -33,7 +33,7 @@ from muonlab.record.config import RecordConfig
 from muonlab.record.protocol import PROTOCOL_KEY, protocol_hash
 from muonlab.settings import (Section, flatten, hashed_values, inactive_keys, leaves, set_dotted, setting, to_dict,
                               validate_tree)
-from muonlab.train.config import RuntimeConfig, ScheduleConfig, TrainingConfig
+from muonlab.config.run import RuntimeConfig, ScheduleConfig, TrainingConfig
 
 CONFIG_FORMAT = 2  # 1: the flat TrainConfig of muonlab <= 0.1 (see from_legacy)
 _FORMAT2_SECTIONS = ("model", "optim", "schedule", "train", "runtime", "record")  # format 1 nested only data
@@ -107,9 +107,17 @@ class RunConfig(Section):
 
 
 # ----------------------------------------------------------------------------- flat flags
-@lru_cache(maxsize=1)
 def _flags() -> tuple[dict[str, str], dict[str, frozenset[str]], dict[tuple[str, str], str]]:
-    """(flag -> dotted key, flag -> the families that have it, (family, key) -> flag)."""
+    """(flag -> dotted key, flag -> the families that have it, (family, key) -> flag), for the
+    methods registered now: a plug-in's conditioner adds its options (optim.prepolar's class
+    changes with the registry)."""
+    from muonlab.optim.prepolar import settings_class  # noqa: PLC0415
+
+    return _flags_for(settings_class())
+
+
+@lru_cache(maxsize=4)
+def _flags_for(_registry_state) -> tuple[dict[str, str], dict[str, frozenset[str]], dict[tuple[str, str], str]]:
     table: dict[str, str] = {}
     owners: dict[str, set[str]] = {}
     by_key: dict[tuple[str, str], str] = {}

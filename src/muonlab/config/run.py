@@ -1,4 +1,5 @@
-"""Settings of the training loop: batch and duration, the LR schedule's shape, the runtime."""
+"""The run's own settings, which the training loop reads: batch and duration, the LR schedule's
+shape, the runtime. They sit in the config layer (the loop above it reads them, nothing below does)."""
 
 from __future__ import annotations
 
