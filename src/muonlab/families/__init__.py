@@ -44,10 +44,11 @@ class Family:
     # (periodic evaluation asks for splits=("val",) and train.eval_every_tokens); None: bits per byte
     # on val and holdout (muonlab.eval.text.evaluate_text_splits), the autoresearch family's metric
     evaluate: Callable | None = None
-    final_metrics: Callable = lambda model: {}  # (model) -> numbers of the trained weights for the ledger
+    # (model) -> numbers of the trained model for the ledger and the run summary (after its metrics)
+    final_metrics: Callable = lambda model: {}
     presets: dict[str, dict[str, Any]] = field(default_factory=dict)
     metric: str = "val_bpb"  # the ledger key a report compares by default (lower is better)
-    summary_metrics: tuple[str, ...] = ()  # metrics keys the run summary shows after upstream's
+    summary_metrics: tuple[str, ...] = ()  # its evaluation's keys the run summary shows after upstream's
     data_sources: tuple[str, ...] | None = None  # the data sources it reads (None: every text source)
     # (cfg) -> the optional packages (muonlab.optional) its model needs: required before a run writes anything
     requires: Callable = lambda cfg: ()

@@ -20,7 +20,7 @@ from muonlab.families import Family, register_family
 from muonlab.families.tied import AFMuonConfig, LRSchedule, build_optimizer
 from muonlab.families.token_family import (PROTEIN_SOURCES, TEXT_TOKEN_SOURCES, block_batcher, describe_counts,
                                            evaluate_token_splits, token_data)
-from muonlab.tied.table_stats import TABLE3_KEYS, table_stats
+from muonlab.tied.table_stats import table_stats
 from muonlab.settings import Section, setting
 from muonlab.tied.gpt import lm_loss
 from muonlab.tied.hf import HF_MODELS
@@ -123,6 +123,6 @@ register_family(Family(
                                                f"{HF_MODELS[cfg.model.preset][1]['num_hidden_layers']}"),
     depth=lambda cfg: HF_MODELS[cfg.model.preset][1]["num_hidden_layers"], embedding_key="model.model.embed_tokens.weight",
     prepare_data=prepare_data, evaluate=evaluate, presets=PRESETS, metric="val_ce",
-    summary_metrics=("val_ce", "val_ppl", "holdout_ce", "holdout_ppl", *TABLE3_KEYS), final_metrics=table_stats,
+    summary_metrics=("val_ce", "val_ppl", "holdout_ce", "holdout_ppl"), final_metrics=table_stats,
     data_sources=TEXT_TOKEN_SOURCES + PROTEIN_SOURCES, requires=lambda cfg: ("transformers",),
 ))

@@ -19,7 +19,7 @@ from muonlab.errors import UsageError
 from muonlab.families import Family, register_family
 from muonlab.families.tied import AFMuonConfig, LRSchedule, build_optimizer
 from muonlab.families.token_family import evaluate_token_splits, tokens_dir
-from muonlab.tied.table_stats import TABLE3_KEYS, table_stats
+from muonlab.tied.table_stats import table_stats
 from muonlab.settings import Section, setting
 from muonlab.tied.imagegpt import IMAGEGPT_PRESETS, TiedImageGPT
 
@@ -151,6 +151,6 @@ register_family(Family(
                           f"depth {IMAGEGPT_PRESETS[cfg.model.preset].n_layer}"),
     depth=lambda cfg: IMAGEGPT_PRESETS[cfg.model.preset].n_layer, validate=validate, embedding_key="wte.weight",
     prepare_data=prepare_data, evaluate=evaluate, presets=PRESETS, metric="val_ce",
-    summary_metrics=("val_ce", "val_bpd", "val_bits_per_token", "val_completion_nll", "val_completion_bpd", *TABLE3_KEYS), final_metrics=table_stats,
+    summary_metrics=("val_ce", "val_bpd", "val_bits_per_token", "val_completion_nll", "val_completion_bpd"), final_metrics=table_stats,
     data_sources=IMAGE_SOURCES,
 ))

@@ -24,7 +24,7 @@ from muonlab.errors import UsageError
 from muonlab.families import Family, register_family
 from muonlab.families.tied import AFMuonConfig, LRSchedule, build_optimizer
 from muonlab.families.token_family import TEXT_TOKEN_SOURCES, describe_counts, eval_examples, evaluate_token_splits, token_data
-from muonlab.tied.table_stats import TABLE3_KEYS, table_stats
+from muonlab.tied.table_stats import table_stats
 from muonlab.settings import MethodInfo, Section, setting
 from muonlab.tied.gpt import lm_loss
 from muonlab.tied.t5 import T5_PRESETS, TiedT5
@@ -244,6 +244,6 @@ register_family(Family(
     schedule=LRSchedule, describe=_describe, depth=lambda cfg: sum(_layers(cfg)[1:]), validate=validate,
     embedding_key=lambda cfg: ("model.model.encoder.text_model.embed_tokens.weight" if _is_t5gemma2(cfg)
                                else "wte.weight"), prepare_data=prepare_data, evaluate=evaluate, presets=PRESETS,
-    metric="val_ce", summary_metrics=("val_ce", "val_ppl", "holdout_ce", "holdout_ppl", *TABLE3_KEYS), final_metrics=table_stats,
+    metric="val_ce", summary_metrics=("val_ce", "val_ppl", "holdout_ce", "holdout_ppl"), final_metrics=table_stats,
     data_sources=TEXT_TOKEN_SOURCES, requires=lambda cfg: ("transformers",) if _is_t5gemma2(cfg) else (),
 ))

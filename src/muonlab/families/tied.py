@@ -11,7 +11,7 @@ import torch
 
 from muonlab.errors import UsageError
 from muonlab.families import Family, register_family
-from muonlab.tied.table_stats import TABLE3_KEYS, table_stats
+from muonlab.tied.table_stats import table_stats
 from muonlab.settings import MethodInfo, Section, setting
 from muonlab.tied import TIED_PRESETS
 
@@ -219,6 +219,6 @@ register_family(Family(
     build_optimizer=build_optimizer, schedule=LRSchedule, step_hooks=step_hooks,
     describe=_describe, depth=lambda cfg: cfg.model.shape().n_layer,
     presets=PRESETS, embedding_key="wte.weight", prepare_data=prepare_data, evaluate=evaluate,
-    metric="val_ce", summary_metrics=("val_ce", "val_ppl", "holdout_ce", "holdout_ppl", *TABLE3_KEYS), final_metrics=table_stats,
+    metric="val_ce", summary_metrics=("val_ce", "val_ppl", "holdout_ce", "holdout_ppl"), final_metrics=table_stats,
     data_sources=("climbmix", "local", "stdlib", "synthetic", "memmap"),
 ))

@@ -108,6 +108,10 @@ class ModelVariant:
         """num_scaling_params entries reported beside `total` (seed 002 kept its tables apart)."""
         return {}
 
+    def summary_counts(self, counts: dict[str, int]) -> dict[str, float]:
+        """Figures of num_scaling_params for the run summary, e.g. {"oe_params_M": ...}."""
+        return {}
+
     def param_groups(self, lrs: LRs) -> list[dict]:
         return []
 

@@ -259,6 +259,11 @@ class GPT(nn.Module):
             counts.update(variant.counts_apart(counts["total"]))
         return counts
 
+    def summary_counts(self) -> dict[str, float]:
+        """What the variants report in the run summary from the parameter counts."""
+        counts = self.num_scaling_params()
+        return {k: v for variant in self.variants for k, v in variant.summary_counts(counts).items()}
+
     def setup_optimizer(self, unembedding_lr=0.004, embedding_lr=0.2, matrix_lr=0.02,
                         weight_decay=0.0, adam_betas=(0.8, 0.95), scalar_lr=0.5,
                         optimizer_cls=None, group_options=None, matrix_adamw=None, **optimizer_kwargs):

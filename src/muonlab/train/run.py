@@ -43,7 +43,6 @@ from muonlab.train.checkpoint import (latest_checkpoint, newest_complete_checkpo
                                       set_rng_state)
 from muonlab.train.distributed import Dist, init_from_env, shutdown
 from muonlab.train.loop import Diverged, LoopState, OutOfMemory, RunInterrupted, train_loop
-from muonlab.tied.table_stats import TABLE3_KEYS
 
 COUNT_KEYS = ("tokens", "bytes")  # an evaluation's sizes, not its scores
 SUMMARY_KEYS = ("val_bpb", "holdout_bpb", "training_seconds", "total_seconds", "peak_vram_mb",
@@ -61,15 +60,16 @@ class RunResult:
 
 
 def format_summary(summary: dict) -> str:
-    """Upstream's closing block: '---' then one `key: value` line per summary key (a family's own
-    metric, such as seed 004's val_ce, after them)."""
+    """Upstream's closing block: '---' then one `key: value` line per summary key; the family's own
+    figures (seed 004's val_ce, seed 004 Table 3's statistics, seed 002's oe_params_M) stand between
+    `depth` and `status` in the summary and follow upstream's keys, with 6 decimals."""
+    keys = list(summary)
+    family = keys[keys.index("depth") + 1:keys.index("status")] if {"depth", "status"} <= set(keys) else []
     lines = ["---"]
-    extra = [k for k in summary if k.startswith(("val_", "holdout_")) and k not in SUMMARY_KEYS]
-    extra += [k for k in TABLE3_KEYS if k in summary]  # seed 004 Table 3's weight statistics
-    for key in (*SUMMARY_KEYS, *extra):
+    for key in (*SUMMARY_KEYS, *family):
         value = summary.get(key)
         if isinstance(value, float):
-            digits = 6 if key.startswith(("val_", "holdout_")) or key in TABLE3_KEYS else (2 if key == "mfu_percent" else 1)
+            digits = 6 if key.startswith(("val_", "holdout_")) or key in family else (2 if key == "mfu_percent" else 1)
             text = f"{value:.{digits}f}"
         else:
             text = "n/a" if value is None else str(value)
@@ -345,7 +345,8 @@ def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx: 
                       peak_flops(runtime.device), ctx.world_size)
     total_tokens = state.step * cfg.train.total_batch_size
     scores = {f"{split}_{k}": v for split, result in evals.items() for k, v in result.metrics().items()}
-    scores.update(family.final_metrics(model))  # e.g. seed 004 Table 3's tied-table and matrix RMS
+    final = family.final_metrics(model)  # e.g. seed 004 Table 3's tied-table and matrix RMS
+    scores.update(final)
     summary = {
         "val_bpb": scores.get("val_bpb"),
         "holdout_bpb": scores.get("holdout_bpb"),
@@ -356,10 +357,10 @@ def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx: 
         "total_tokens_M": total_tokens / 1e6,
         "num_steps": state.step,
         "num_params_M": counts["total"] / 1e6,  # the backbone (seed 002's result.json num_params)
-        **({"oe_params_M": counts["oe_tables"] / 1e6} if "oe_tables" in counts else {}),
         "depth": family.depth(cfg),
-        # the family's own metric (seed 004: validation loss, perplexity, bits per dimension)
-        **{k: scores[k] for k in family.summary_metrics if k in scores},
+        # the family's own (format_summary: between depth and status): its metric (seed 004: validation
+        # loss, perplexity, bits per dimension), then its final figures
+        **{k: scores[k] for k in family.summary_metrics if k in scores}, **final,
         "status": "ok",
         "run_id": run.path.name,
         "startup_seconds": t_train - t_start,

@@ -137,5 +137,6 @@ register_family(Family(
     build_optimizer=build_optimizer, schedule=schedule,
     describe=lambda cfg: f"width {cfg.model.model_dim}, depth {cfg.model.depth}", depth=lambda cfg: cfg.model.depth,
     step_hooks=step_hooks, trajectory=trajectory, validate=validate, presets=PRESETS,
+    final_metrics=lambda model: model.summary_counts(),
     attention_backend=lambda model: model.transformer.h[0].attn.backend,
 ))
