@@ -10,7 +10,8 @@ from torch import nn
 from torch.func import functional_call
 
 from muonlab.optim.af_muon import (PRESETS, AFMuon, GradientSources, build_optimizer, gradient_sources,
-                                   newton_schulz, partition_by_role, state_bytes, tied_lr)
+                                   partition_by_role, state_bytes, tied_lr)
+from muonlab.optim.polar import newton_schulz
 from muonlab.optim.lmo import clipped_row_lmo
 
 V, D, H = 37, 16, 24

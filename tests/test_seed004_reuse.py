@@ -17,7 +17,8 @@ import torch
 
 from muonlab.diagnostics import reuse
 from muonlab.errors import UsageError
-from muonlab.optim.af_muon import build_optimizer, newton_schulz
+from muonlab.optim.af_muon import build_optimizer
+from muonlab.optim.polar import newton_schulz
 from muonlab.tied.gpt import build_tied_model
 from muonlab.tied.shared_mlp import SharedMLPConfig, SharedMLPLM, shared_mlp_expected_num_parameters
 

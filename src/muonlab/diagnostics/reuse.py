@@ -30,7 +30,8 @@ from pathlib import Path
 import torch
 
 from muonlab.errors import UsageError
-from muonlab.optim.af_muon import newton_schulz, shape_factor
+from muonlab.optim.af_muon import shape_factor
+from muonlab.optim.polar import newton_schulz
 from muonlab.tied.gpt import lm_loss
 from muonlab.tied.shared_mlp import SHARED, SharedMLPLM
 

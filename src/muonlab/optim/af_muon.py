@@ -1,7 +1,7 @@
 """AF-Muon: AdamW-free Muon for tied-embedding models (seed paper 004; spec-004 §1, §3).
 
-Every unique parameter gets one role (§1.1). "matrix": Muon with its own quintic Newton–Schulz
-(§1.2). "tied": the one table that is both input embedding and output head; heavy-ball momentum
+Every unique parameter gets one role (§1.1). "matrix": Muon with the quintic Newton–Schulz of
+§1.2 (muonlab.optim.polar.newton_schulz, beside upstream's Polar Express). "tied": the one table that is both input embedding and output head; heavy-ball momentum
 on the merged gradient and the row-wise clipped-row LMO (§1.3, `muonlab.optim.lmo`), with
 lr_tie = lr * rho * s / d (eq. 6; rho = rho_out/rho_hid). "vector" (ndim <= 1): heavy-ball
 momentum and b / max(RMS(b), eps) (§1.4). One fp32 buffer per tensor, no second moment, no bias
@@ -35,8 +35,8 @@ from torch import Tensor, nn
 from torch.optim.optimizer import required
 
 from muonlab.optim.lmo import clipped_row_lmo
+from muonlab.optim.polar import newton_schulz
 
-NS_COEFFS = (3.4445, -4.7750, 2.0315)
 ROLES = ("matrix", "tied", "vector", "adamw")
 # the group settings each role's update reads (the others are defaults it carries and ignores)
 ROLE_KEYS = {"matrix": ("lr", "momentum", "weight_decay", "ns_steps"),
@@ -46,23 +46,6 @@ ROLE_KEYS = {"matrix": ("lr", "momentum", "weight_decay", "ns_steps"),
 PRESETS = ("afmuon", "hybrid", "sign", "factorial_lmo_rms", "factorial_lmo_adamw",
            "factorial_adamw_rms", "factorial_adamw_adamw", "adamw", "hybrid_untied")
 Named = list[tuple[str, nn.Parameter]]
-
-
-def newton_schulz(G: Tensor, steps: int = 5, eps: float = 1e-7) -> Tensor:
-    """Quintic Newton–Schulz (a, b, c) = NS_COEFFS in bf16: Frobenius-normalise (+eps), iterate
-    X <- aX + (bA + cA^2)X with A = XX^T on the wide orientation. Returns bf16, G's shape."""
-    if G.ndim < 2:
-        raise ValueError(f"newton_schulz needs a >= 2-D tensor, got shape {tuple(G.shape)}")
-    X = (G.reshape(G.shape[0], -1) if G.ndim > 3 else G).to(torch.bfloat16)
-    tall = X.size(-2) > X.size(-1)
-    if tall:
-        X = X.mT
-    X = X / (X.norm(dim=(-2, -1), keepdim=True) + eps)
-    a, b, c = NS_COEFFS
-    for _ in range(steps):
-        A = X @ X.mT
-        X = a * X + (b * A + c * (A @ A)) @ X
-    return (X.mT if tall else X).reshape(G.shape)
 
 
 def shape_factor(p: Tensor) -> float:

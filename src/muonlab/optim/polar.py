@@ -1,4 +1,8 @@
-"""Polar Express orthogonalisation (Amsel et al. 2025), as used by upstream MuonAdamW.
+"""The polar iterations, each as its paper uses it: Polar Express (Amsel et al. 2025), upstream
+MuonAdamW's, and the quintic Newton–Schulz of AF-Muon (seed 004 §1.2, Keller Jordan's Muon
+coefficients). Their coefficient schedules stand side by side below.
+
+Polar Express:
 
 Each step applies the odd polynomial X <- a X + b (X X^T) X + c (X X^T)^2 X, with
 per-step coefficients tuned so that the singular values of X approach 1. The input is
@@ -36,6 +40,9 @@ POLAR_EXPRESS_COEFFS: tuple[tuple[float, float, float], ...] = (
 )
 FROBENIUS_SAFETY = 1.02
 FROBENIUS_EPS = 1e-6
+# AF-Muon's Newton–Schulz: one (a, b, c) for every step, Frobenius norm + 1e-7, plain bf16 matmuls
+NS_COEFFS: tuple[float, float, float] = (3.4445, -4.7750, 2.0315)
+NS_EPS = 1e-7
 
 EMULATE_CPU_BF16_MATMUL = not cpu_has_native_bf16()  # decided once per process
 
@@ -92,3 +99,21 @@ def polar_express(g: torch.Tensor, steps: int = 5, dtype: torch.dtype = torch.bf
             B = b * A + c * mm(A, A)
             X = a * X + mm(B, X)
     return X
+
+
+def newton_schulz(G: torch.Tensor, steps: int = 5, eps: float = NS_EPS) -> torch.Tensor:
+    """Quintic Newton–Schulz (a, b, c) = NS_COEFFS in bf16: Frobenius-normalise (+eps), iterate
+    X <- aX + (bA + cA^2)X with A = XX^T on the wide orientation. Returns bf16, G's shape.
+    Its bf16 products are torch's own on every device (no matmul_for), as AF-Muon's runs recorded."""
+    if G.ndim < 2:
+        raise ValueError(f"newton_schulz needs a >= 2-D tensor, got shape {tuple(G.shape)}")
+    X = (G.reshape(G.shape[0], -1) if G.ndim > 3 else G).to(torch.bfloat16)
+    tall = X.size(-2) > X.size(-1)
+    if tall:
+        X = X.mT
+    X = X / (X.norm(dim=(-2, -1), keepdim=True) + eps)
+    a, b, c = NS_COEFFS
+    for _ in range(steps):
+        A = X @ X.mT
+        X = a * X + (b * A + c * (A @ A)) @ X
+    return (X.mT if tall else X).reshape(G.shape)
