@@ -2,14 +2,14 @@
 
 import contextlib
 import io
-import importlib
 import json
 from pathlib import Path
 
 import pytest
 import torch
 
-from muonlab.cli import DIAGNOSTICS, main
+from muonlab.cli import main
+from muonlab.diagnostics import commands
 from muonlab.diagnostics import equivalence, geometry, trajectory
 from muonlab.errors import UsageError
 from muonlab.model.variants.qk_scale import qk_multiplier
@@ -142,8 +142,7 @@ def test_diagnose_cli(tool, exp17_run, capsys):
     assert main(["diagnose", tool, "--json", *run]) == 0
     result = json.loads(capsys.readouterr().out)
     DIAGNOSE_CHECKS[tool](result, exp17_run)
-    module_name, _, formatter, _, _ = DIAGNOSTICS[tool]  # the text view of the same numbers
-    assert getattr(importlib.import_module(f"muonlab.diagnostics.{module_name}"), formatter)(result).strip()
+    assert commands()[tool].format(result).strip()  # the text view of the same numbers
 
 
 def test_diagnose_accounting_cli(capsys):

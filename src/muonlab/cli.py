@@ -287,149 +287,11 @@ def cmd_report(args) -> int:
     return 0
 
 
-# tool: (module, runner, formatter, what it is, its own options)
-_RUN = (("--run", dict(required=True, metavar="RUN_DIR", help="the run directory to read")),)
-# The step-0 audits read a run's config, or build one from preset, arm, seed and settings.
-_STEP0_RUN = (
-    ("--run", dict(default=None, metavar="RUN_DIR", help="a run directory (its config.json)")),
-    ("--preset", dict(default=None, help="the protocol (default cpu-tiny)")),
-    ("--arm", dict(default=None, help="the arm (default 12do_oe_decoupled_x0_out)")),
-    ("--seed", dict(type=int, default=None, help="the seed (default: the arm's first paper seed)")),
-    ("--set", dict(action="append", default=[], metavar="KEY=VALUE",
-                   help="a setting on top of preset and arm, by flag name (e.g. oe-m=1009)")),
-    ("--device", dict(default=None, help="cpu, cuda, ... (default: the config's)")),
-    ("--precision", dict(default=None, choices=("fp32", "bf16"), help="default: the config's")),
-)
-_DEVICE = (("--device", dict(default="cpu", help="where to rebuild the run (cpu, cuda, ...; default cpu)")),
-           ("--precision", dict(default="fp32", choices=("fp32", "bf16"), help="fp32 or bf16 autocast (default fp32)")))
-DIAGNOSTICS = {
-    "conditioning": ("conditioning", lambda m, a: m.run(seed=a.seed, seeds=a.seeds, profile=a.profile,
-                                                         precision=a.precision, device=a.device), "format_table",
-                     "seed 000 §4.3 synthetic conditioning benchmark: anisotropy calibrated to the printed raw "
-                     "kappa 12,700.5, then kappa, defect and cosine per conditioner, printed vs measured",
-                     (("--seed", dict(type=int, default=0, help="first seed of the Gaussian cores (default 0)")),
-                      ("--seeds", dict(type=int, default=32, help="seeds measured, each calibrated: the sampling "
-                                                                  "spread that is the tolerance (default 32)")),
-                      ("--profile", dict(default="geometric", choices=("geometric", "loguniform"),
-                                         help="row/column scale profile, unstated in the paper (default geometric)")),
-                      ("--precision", dict(default="bf16", choices=("bf16", "fp32"),
-                                           help="Polar Express precision (default bf16, the paper's backbone)")),
-                      ("--device", dict(default="cpu", help="cpu (the paper's, default), cuda, ...")))),
-    "storage": ("storage", lambda m, a: m.run_storage_audit(
-                    preset=a.preset, arm=a.arm, seed=a.seed, depth=a.depth, batch=a.batch, seq_len=a.seq_len,
-                    device=a.device, precision=a.precision, backend=a.backend), "format_storage_table",
-                "saved-for-backward storages per pre-sublayer gains implementation (seed 000 §3.1, Table 1), "
-                "compiled by Inductor, with the peak memory on CUDA",
-                (("--preset", dict(default=None, help="audit this preset's GPT (gpu-d8: the paper's depth 8; "
-                                                      "default: a small CPU shape, L 4, d 128, B 2, T 48)")),
-                 ("--arm", dict(default=None, help="with --preset: the arm whose model is built (default baseline)")),
-                 ("--seed", dict(type=int, default=None, help="init and tokens (default: the arm's seed, else 0)")),
-                 ("--depth", dict(type=int, default=None, help="layers (default: the preset's, else 4)")),
-                 ("--batch", dict(type=int, default=None,
-                                  help="rows B (paper 32 and 64; default: the preset's device batch, else 2)")),
-                 ("--seq-len", dict(type=int, default=None, help="T (default: the preset's, else 48)")),
-                 ("--device", dict(default=None, help="cpu, cuda, ... (default: the preset's, which for a GPU "
-                                                      "preset must be CUDA; without a preset cpu)")),
-                 ("--precision", dict(default=None, choices=("fp32", "bf16"),
-                                                  help="default: the preset's on the device (bf16 on CUDA), else "
-                                                       "bf16 on CUDA and fp32 elsewhere")),
-                 ("--backend", dict(default=None, choices=("inductor", "aot_eager"),
-                                    help="the compiler (default inductor on CUDA, and on CPU where a C++ compiler "
-                                         "exists; else aot_eager)")))),
-    "equivalence": ("equivalence", lambda m, a: m.run(), "format_table",
-                    "fused vs unfused gains, LeRoPE vs autograd, Proposition 1 on every plane", ()),
-    "gauge": ("gauge", lambda m, a: m.run_gauge_audit(seed=a.seed, preset=a.preset, arm=a.arm), "format_gauge_table",
-              "seed 003's FP64 residual-gauge identities on the production residual addition (a toy and a GPT)",
-              (("--preset", dict(default="cpu-tiny", help="the autoresearch preset whose GPT is audited, in float64 "
-                                                          "on CPU (default cpu-tiny)")),
-               ("--arm", dict(default="p003_branch_tangent", help="an arm turning on the branch_tangent residual "
-                                                                  "rule and nothing else (default p003_branch_tangent)")),
-               ("--seed", dict(type=int, default=None, help="init and draws (default: the arm's first seed for the "
-                                                            "GPT, 0 for the toy)")))),
-    "step0": ("step0_audit", lambda m, a: m.run_step0_audit(**m.cli_args(a)), "format_step0_table",
-              "seed 002 §2.4 step-0 precision and epsilon audit of a run's real initialisation and step-0 batch",
-              _STEP0_RUN),
-    "step0-trajectory": ("step0_trajectory", lambda m, a: m.run_trajectory_audit(**m.cli_args(a), steps=a.steps,
-                                                                                 modes=a.modes),
-                         "format_trajectory_table", "seed 002 §2.4 steps 0..11 trajectories of the six step-0 modes "
-                         "(values, gradients, state['step'], exp_avg, exp_avg_sq) with their semantics checked",
-                         _STEP0_RUN + (
-                          ("--steps", dict(type=int, default=12, help="optimizer steps recorded (default 12: 0..11)")),
-                          ("--modes", dict(default=None, help="comma-separated step-0 modes (default: all six)")),)),
-    "accounting": ("accounting", lambda m, a: m.accounting_table(_accounting_arms(a), a.preset, a.visited_rows),
-                   "format_accounting_table", "FLOP, parameter and memory accounting per arm, derived from the "
-                   "arm's model and optimizer, beside seed 002's printed values (spec-002 §2.6-2.8, Table 1b)",
-                   (("--arms", dict(default=None, help="comma-separated arms (default: every seed-002 arm)")),
-                    ("--preset", dict(default="gpu-d8", help="the protocol the arms are priced at (default gpu-d8)")),
-                    ("--visited-rows", dict(type=int, default=None, metavar="N",
-                                            help="OE rows visited per table in a step (data-dependent; default "
-                                                 "every row, the upper bound)")))),
-    "trajectory": ("trajectory", lambda m, a: m.read_trajectory(a.run), "format_table",
-                   "a run's loss and residual scalars at its trajectory steps", _RUN),
-    "geometry": ("geometry", lambda m, a: m.run(a.run), "format_table",
-                 "W_Q/W_K effective rank and row-norm dispersion, variant scalars, of a run's checkpoint", _RUN),
-    "replay": ("replay", lambda m, a: m.run_replay(a.run, micro_batches=a.micro_batches, rule=a.rule,
-                                                   device=a.device, precision=a.precision),
-               "format_replay_table", "seed 003's actual-state Muon replay of one step under two backward rules",
-               (*_RUN, ("--rule", dict(default="branch_tangent", help="the backward rule compared with ordinary")),
-                ("--micro-batches", dict(type=int, default=None,
-                                         help="micro-batches to replay (default: one optimizer step's worth)")),
-                _DEVICE[0], ("--precision", dict(default=None, choices=("fp32", "bf16"),
-                                                 help="fp32 or bf16 autocast (default: the run's own precision)")))),
-    "audit": ("audit002", lambda m, a: m.run_audit(a.run), "format_audit_table",
-              "seed 002 checkpoint audits (stable rank, mean-row energy, q_tau profile, terminal scalars)", _RUN),
-    "afmuon": ("afmuon", lambda m, a: m.run(a.run), "format_table",
-               "AF-Muon LMO statistics of a tied run (capped coordinates, clipped rows, cosine with Sign)", _RUN),
-    "reuse": ("reuse", lambda m, a: m.run(a.run, polar=a.polar), "format_table",
-              "seed 004 K.9 / Table 39: per-depth gradients of a shared-MLP run's reused matrices (cosines, "
-              "cancellation, Muon once vs per use)",
-              (*_RUN, ("--polar", dict(default="ns", choices=("ns", "svd"),
-                                       help="Muon's direction: its Newton-Schulz map (default) or the exact polar factor")))),
-    "overhead": ("overhead", lambda m, a: m.measure(a.preset, device=a.device, precision=a.precision, steps=a.steps,
-                                                    warmup=a.warmup, micro_steps=a.micro_steps, vocab=a.vocab),
-                 "format_table", "seed 004 Table 27: optimizer-state bytes (analytic) and step time / peak memory "
-                 "(measured) of Hybrid, Sign and AF-Muon on a seed-004 preset",
-                 (("--preset", dict(required=True, help="the setting (a seed-004 preset: tied-cpu, nanogpt-124m, "
-                                                        "smollm2-135m, t5gemma2, ...)")),
-                  ("--steps", dict(type=int, default=30, help="timed steps per arm (paper 30; 0: state only)")),
-                  ("--warmup", dict(type=int, default=5, help="untimed steps first (paper 5)")),
-                  ("--micro-steps", dict(type=int, default=None,
-                                         help="micro-batches a step (default: the preset's accumulation)")),
-                  ("--vocab", dict(type=int, default=None, help="table rows (default: the preset's setting's)")),
-                  *_DEVICE)),
-    "tied": ("tied_table", lambda m, a: m.run(a.run, micro_batches=a.micro_batches, device=a.device,
-                                              precision=a.precision), "format_table",
-             "a tied run's table RMS / max and matrix RMS (seed 004 Table 3), lookup vs softmax gradient rows and "
-             "cosine (K.8), MoE router statistics (Table 19)",
-             (*_RUN, ("--micro-batches", dict(type=int, default=None,
-                                              help="micro-batches to measure (default: one optimizer step's worth)")),
-              *_DEVICE)),
-}
-
-
-def _accounting_arms(args) -> list[str]:
-    """--arms, or every seed-002 arm (spec-002 §1.12)."""
-    from muonlab.arms import ARMS, get_arm
-
-    if args.arms is not None:
-        names = [name.strip() for name in args.arms.split(",") if name.strip()]
-        if not names:
-            raise UsageError("--arms names at least one arm (leave it out for every seed-002 arm)")
-        return [get_arm(name).name for name in names]
-    return [name for name, arm in ARMS.items() if arm.paper == "seed 002"]
-
-
 def cmd_diagnose(args) -> int:
-    import importlib
-
-    module_name, runner, formatter, _, _ = DIAGNOSTICS[args.tool]
-    mod = importlib.import_module(f"muonlab.diagnostics.{module_name}")
-    result = runner(mod, args)
-    _emit(args, result, getattr(mod, formatter)(result))
-    failed = (result.get("passed") is False  # a check of the diagnostic itself failed: exit 1
-              or (args.tool == "equivalence" and not result["proposition1"]["passed"])
-              or (args.tool == "gauge" and result["passed"] != result["checks"]))
-    return 1 if failed else 0
+    command = args.diagnostic
+    result = command.run(args)
+    _emit(args, result, command.format(result))
+    return 1 if command.failed(result) else 0
 
 
 def cmd_demo(args) -> int:
@@ -681,12 +543,14 @@ def build_parser(argv: list[str] | None = None, only: str | None = None) -> argp
     if p:
         tools = p.add_subparsers(dest="tool", metavar="TOOL", parser_class=_Parser)
         tools.required = True
-        for name, (_, _, _, what, options) in DIAGNOSTICS.items():
-            t = tools.add_parser(name, help=what, description=what)
-            for flag, kwargs in options:
+        from muonlab.diagnostics import commands
+
+        for name, command in commands().items():  # each declared beside its code (its module's COMMAND)
+            t = tools.add_parser(name, help=command.help, description=command.help)
+            for flag, kwargs in command.options:
                 t.add_argument(flag, **kwargs)
             t.add_argument("--json", action="store_true", help="print the numbers as JSON")
-            t.set_defaults(func=cmd_diagnose)
+            t.set_defaults(func=cmd_diagnose, diagnostic=command)
 
     p = verb("demo", help="the CPU demo: stdlib corpus, cpu-demo preset, compare with xz")
     if p:

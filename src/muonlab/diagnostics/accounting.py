@@ -54,9 +54,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from muonlab.arms import get_arm
+from muonlab.arms import ARMS, get_arm
 from muonlab.config import all_presets, build_config
 from muonlab.errors import UsageError
+from muonlab.diagnostics import Command
 
 MIB = 2 ** 20
 aten = torch.ops.aten
@@ -590,3 +591,25 @@ def format_accounting_table(result: dict[str, Any]) -> str:
         for (label, reason), arms in notes.items():
             out.append(f"- {label} ({', '.join(arms)}): {reason}" if arms else f"- {label}: {reason}")
     return "\n".join(out)
+
+
+def accounting_arms(args) -> list[str]:
+    """--arms, or every seed-002 arm (spec-002 §1.12)."""
+    if args.arms is not None:
+        names = [name.strip() for name in args.arms.split(",") if name.strip()]
+        if not names:
+            raise UsageError("--arms names at least one arm (leave it out for every seed-002 arm)")
+        return [get_arm(name).name for name in names]
+    return [name for name, arm in ARMS.items() if arm.paper == "seed 002"]
+
+
+COMMAND = Command(
+    'accounting', "FLOP, parameter and memory accounting per arm, derived from the "
+    "arm's model and optimizer, beside seed 002's printed values (spec-002 §2.6-2.8, Table 1b)",
+    options=(("--arms", dict(default=None, help="comma-separated arms (default: every seed-002 arm)")),
+        ("--preset", dict(default="gpu-d8", help="the protocol the arms are priced at (default gpu-d8)")),
+        ("--visited-rows", dict(type=int, default=None, metavar="N",
+        help="OE rows visited per table in a step (data-dependent; default "
+        "every row, the upper bound)"))),
+    run=lambda a: accounting_table(accounting_arms(a), a.preset, a.visited_rows),
+    format=format_accounting_table)

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from muonlab.optim.lmo import clipped_row_lmo
+from muonlab.diagnostics import Command, RUN_OPTIONS
 
 PAPER_C3_S05 = {"coord_capped": 0.0028, "rows_clipped": 0.8949, "tail_energy": 0.0303, "cos_sign": 0.799,
                 "objective_ratio": 1.253}
@@ -72,3 +73,10 @@ def format_table(res: dict) -> str:
     for key in ("coord_capped", "rows_clipped", "tail_energy", "cos_sign", "objective_ratio"):
         lines.append(f"{key:<18} {res[key]:>10.4f} {PAPER_C3_S05[key]:>15.4f}")
     return "\n".join(lines)
+
+
+COMMAND = Command(
+    'afmuon', "AF-Muon LMO statistics of a tied run (capped coordinates, clipped rows, cosine with Sign)",
+    options=RUN_OPTIONS,
+    run=lambda a: run(a.run),
+    format=format_table)

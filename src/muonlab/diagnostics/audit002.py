@@ -38,6 +38,7 @@ import torch
 from muonlab.diagnostics.runs import load_run
 from muonlab.model import find_variant
 from muonlab.model.variants.qk_scale import qk_multiplier
+from muonlab.diagnostics import Command, RUN_OPTIONS
 
 QTAU_KINDS = ("pair_tied_exp", "pair_tied_stopexp")
 
@@ -184,3 +185,10 @@ def format_audit_table(result: dict[str, Any]) -> str:
     for name, vals in result["scalars"].items():
         lines.append(f"{name:<19}[" + ", ".join(f"{v:+.3f}" for v in vals) + "]")
     return "\n".join(lines)
+
+
+COMMAND = Command(
+    'audit', "seed 002 checkpoint audits (stable rank, mean-row energy, q_tau profile, terminal scalars)",
+    options=RUN_OPTIONS,
+    run=lambda a: run_audit(a.run),
+    format=format_audit_table)

@@ -26,6 +26,7 @@ import torch
 from muonlab.model import GPT, gpt_config
 from muonlab.model.variants.lerope import lerope_grad_agreement
 from muonlab.model.variants.qk_scale import qk_multiplier
+from muonlab.diagnostics import Command
 
 PAPER = {"fused_output_rel_l2": 1.36e-7, "fused_grad_rel_l2_max": 4.14e-7,
          "lerope_shared": {"tau_grad_cosine": 0.9999978, "tau_grad_rel_l2": 0.002393},
@@ -146,3 +147,11 @@ def format_table(res: dict) -> str:
                  f"{p['tied_shift_max']:.1e}, smallest untied shift {p['untied_shift_min']:.1e}, det "
                  f"{p['det_rel_err_max']:.1e} -> {'PASS' if p['passed'] else 'FAIL'}")
     return "\n".join(lines)
+
+
+COMMAND = Command(
+    'equivalence', "fused vs unfused gains, LeRoPE vs autograd, Proposition 1 on every plane",
+    options=(),
+    run=lambda a: run(),
+    format=format_table,
+    failed=lambda result: not result["proposition1"]["passed"])

@@ -88,6 +88,7 @@ from torch import Tensor
 
 from muonlab.errors import UsageError
 from muonlab.model.variants import residual_rules as RR
+from muonlab.diagnostics import Command
 
 Params = dict[str, Tensor]
 DT = torch.float64
@@ -574,3 +575,16 @@ def format_gauge_table(result: dict) -> str:
                  f"g {t['loss_g']:.10f}; -g {t['loss_minus_g']:.10f}; surrogate {t['loss_surrogate']:.10f} "
                  f"(cosine {t['surrogate_cosine']:.5f}, rel change {t['surrogate_rel_change']:.5f})")
     return "\n".join(lines)
+
+
+COMMAND = Command(
+    'gauge', "seed 003's FP64 residual-gauge identities on the production residual addition (a toy and a GPT)",
+    options=(("--preset", dict(default="cpu-tiny", help="the autoresearch preset whose GPT is audited, in float64 "
+        "on CPU (default cpu-tiny)")),
+        ("--arm", dict(default="p003_branch_tangent", help="an arm turning on the branch_tangent residual "
+        "rule and nothing else (default p003_branch_tangent)")),
+        ("--seed", dict(type=int, default=None, help="init and draws (default: the arm's first seed for the "
+        "GPT, 0 for the toy)"))),
+    run=lambda a: run_gauge_audit(seed=a.seed, preset=a.preset, arm=a.arm),
+    format=format_gauge_table,
+    failed=lambda result: result["passed"] != result["checks"])

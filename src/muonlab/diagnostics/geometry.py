@@ -18,6 +18,7 @@ from muonlab.diagnostics.runs import load_run
 from muonlab.model import find_variant
 from muonlab.model.variants.presub_gains import gain_value
 from muonlab.model.variants.qk_scale import qk_multiplier
+from muonlab.diagnostics import Command, RUN_OPTIONS
 
 
 def effective_rank(w: torch.Tensor) -> float:
@@ -84,3 +85,10 @@ def format_table(res: dict) -> str:
     if "radius_gates" in res:
         lines.append(f"radius gates (a, b) per layer x (attn, mlp): {res['radius_gates']}")
     return "\n".join(lines)
+
+
+COMMAND = Command(
+    'geometry', "W_Q/W_K effective rank and row-norm dispersion, variant scalars, of a run's checkpoint",
+    options=RUN_OPTIONS,
+    run=lambda a: run(a.run),
+    format=format_table)

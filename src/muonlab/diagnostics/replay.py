@@ -57,6 +57,7 @@ from muonlab.errors import MuonlabError, UsageError
 from muonlab.model.variants.residual_rules import use_rule
 from muonlab.optim import muon_variant
 from muonlab.optim.steps import muon_step
+from muonlab.diagnostics import Command, RUN_OPTIONS, DEVICE_OPTIONS
 
 # seed 003's two terminal checkpoints (fractions); "reset_variance" is only "changes little"
 PAPER: dict[str, Any] = {
@@ -302,3 +303,15 @@ def format_replay_table(result: dict) -> str:
                      f"direction, {pct(result['repeat_gradient_rel_change'])} of the gradient; a contrast "
                      "is resolved only above it (seed 003: 2.038% / 2.027%)")
     return "\n".join(lines)
+
+
+COMMAND = Command(
+    'replay', "seed 003's actual-state Muon replay of one step under two backward rules",
+    options=(*RUN_OPTIONS, ("--rule", dict(default="branch_tangent", help="the backward rule compared with ordinary")),
+        ("--micro-batches", dict(type=int, default=None,
+        help="micro-batches to replay (default: one optimizer step's worth)")),
+        DEVICE_OPTIONS[0], ("--precision", dict(default=None, choices=("fp32", "bf16"),
+        help="fp32 or bf16 autocast (default: the run's own precision)"))),
+    run=lambda a: run_replay(a.run, micro_batches=a.micro_batches, rule=a.rule,
+        device=a.device, precision=a.precision),
+    format=format_replay_table)

@@ -34,6 +34,7 @@ from muonlab.optim.af_muon import shape_factor
 from muonlab.optim.polar import newton_schulz
 from muonlab.tied.gpt import lm_loss
 from muonlab.tied.shared_mlp import SHARED, SharedMLPLM
+from muonlab.diagnostics import Command, RUN_OPTIONS
 
 POLARS = ("ns", "svd")
 METRICS = ("mean_pair_cos", "min_pair_cos", "negative_pairs", "norm_cv", "kappa", "direction_cos",
@@ -160,3 +161,12 @@ def format_table(res: dict) -> str:
         fmt = (lambda v: f"{v:>10.3g}") if key == "split_error" else (lambda v: f"{v:>10.4f}")
         lines.append(f"{key:<20} " + " ".join(fmt(res[n][key]) + " " + fmt(PAPER_TABLE39[n][key]) for n in SHARED))
     return "\n".join(lines)
+
+
+COMMAND = Command(
+    'reuse', "seed 004 K.9 / Table 39: per-depth gradients of a shared-MLP run's reused matrices (cosines, "
+    "cancellation, Muon once vs per use)",
+    options=(*RUN_OPTIONS, ("--polar", dict(default="ns", choices=("ns", "svd"),
+        help="Muon's direction: its Newton-Schulz map (default) or the exact polar factor"))),
+    run=lambda a: run(a.run, polar=a.polar),
+    format=format_table)

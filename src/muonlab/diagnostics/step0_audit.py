@@ -51,6 +51,7 @@ from muonlab.model import find_variant
 from muonlab.model import gpt as gpt_module
 from muonlab.model.gpt import LOGIT_SOFTCAP
 from muonlab.optim.step0 import ALL_FAMILIES
+from muonlab.diagnostics import Command, RUN_OPTIONS, STEP0_RUN_OPTIONS
 
 FAMILIES = ALL_FAMILIES
 EPS_VALUES = (0.0, 2.0**-23, 1e-6)
@@ -297,3 +298,10 @@ def format_step0_table(result: dict[str, Any]) -> str:
     lines.append(f"checks: {len(result['checks']) - len(failed)}/{len(result['checks'])} passed")
     lines += [f"  {'ok    ' if ch['passed'] else 'FAILED'} {ch['check']}: {ch['detail']}" for ch in result["checks"]]
     return "\n".join(head + lines)
+
+
+COMMAND = Command(
+    'step0', "seed 002 §2.4 step-0 precision and epsilon audit of a run's real initialisation and step-0 batch",
+    options=STEP0_RUN_OPTIONS,
+    run=lambda a: run_step0_audit(**cli_args(a)),
+    format=format_step0_table)

@@ -50,6 +50,7 @@ import torch
 
 from muonlab.errors import UsageError
 from muonlab.optim.step0 import ALL_FAMILIES, STEP0_MODES, Step0Control, family_params
+from muonlab.diagnostics import Command, RUN_OPTIONS, STEP0_RUN_OPTIONS
 
 DEFAULT_PRESET, DEFAULT_ARM = "cpu-tiny", "12do_oe_decoupled_x0_out"  # seed 002's 12do, on the CPU preset
 DEFAULT_STEPS = 12  # steps 0..11 (spec-002 §2.4)
@@ -508,3 +509,14 @@ def format_trajectory_table(result: dict[str, Any]) -> str:
     lines.append(f"checks: {len(result['checks']) - len(failed)}/{len(result['checks'])} passed")
     lines += [f"  FAILED [{ch['mode']}] {ch['check']}: {ch['detail']}" for ch in failed]
     return "\n".join(lines)
+
+
+COMMAND = Command(
+    'step0-trajectory', "seed 002 §2.4 steps 0..11 trajectories of the six step-0 modes "
+    "(values, gradients, state['step'], exp_avg, exp_avg_sq) with their semantics checked",
+    options=STEP0_RUN_OPTIONS + (
+        ("--steps", dict(type=int, default=12, help="optimizer steps recorded (default 12: 0..11)")),
+        ("--modes", dict(default=None, help="comma-separated step-0 modes (default: all six)")),),
+    run=lambda a: run_trajectory_audit(**cli_args(a), steps=a.steps,
+        modes=a.modes),
+    format=format_trajectory_table)

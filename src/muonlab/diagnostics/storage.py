@@ -95,6 +95,7 @@ from muonlab.errors import UsageError
 from muonlab.model import GPT, GPTConfig, find_variant, gpt_config
 from muonlab.model.gpt import has_ve
 from muonlab.model.variants.presub_gains import PRESUB_GAINS
+from muonlab.diagnostics import Command
 
 IMPLS = PRESUB_GAINS
 MODES = ("eager", "compiled")
@@ -501,3 +502,28 @@ def format_storage_table(result: dict) -> str:
     lines.append("measured peak, unfused_slice - weight_fused (compiled): "
                  + (NO_PEAK if measured is None else f"{measured:+.3f} MiB"))
     return "\n".join(lines)
+
+
+COMMAND = Command(
+    'storage', "saved-for-backward storages per pre-sublayer gains implementation (seed 000 §3.1, Table 1), "
+    "compiled by Inductor, with the peak memory on CUDA",
+    options=(("--preset", dict(default=None, help="audit this preset's GPT (gpu-d8: the paper's depth 8; "
+        "default: a small CPU shape, L 4, d 128, B 2, T 48)")),
+        ("--arm", dict(default=None, help="with --preset: the arm whose model is built (default baseline)")),
+        ("--seed", dict(type=int, default=None, help="init and tokens (default: the arm's seed, else 0)")),
+        ("--depth", dict(type=int, default=None, help="layers (default: the preset's, else 4)")),
+        ("--batch", dict(type=int, default=None,
+        help="rows B (paper 32 and 64; default: the preset's device batch, else 2)")),
+        ("--seq-len", dict(type=int, default=None, help="T (default: the preset's, else 48)")),
+        ("--device", dict(default=None, help="cpu, cuda, ... (default: the preset's, which for a GPU "
+        "preset must be CUDA; without a preset cpu)")),
+        ("--precision", dict(default=None, choices=("fp32", "bf16"),
+        help="default: the preset's on the device (bf16 on CUDA), else "
+        "bf16 on CUDA and fp32 elsewhere")),
+        ("--backend", dict(default=None, choices=("inductor", "aot_eager"),
+        help="the compiler (default inductor on CUDA, and on CPU where a C++ compiler "
+        "exists; else aot_eager)"))),
+    run=lambda a: run_storage_audit(
+        preset=a.preset, arm=a.arm, seed=a.seed, depth=a.depth, batch=a.batch, seq_len=a.seq_len,
+        device=a.device, precision=a.precision, backend=a.backend),
+    format=format_storage_table)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from muonlab.diagnostics import Command, RUN_OPTIONS, DEVICE_OPTIONS
 
 # seed 004 Table 3 (NanoGPT, per seed 43 / 44 / 45) and Table 19 (NanoGPT-MoE, mean over seeds)
 PAPER_TABLE3 = {
@@ -87,3 +88,14 @@ def format_table(res: dict) -> str:
     lines.append("paper: NanoGPT (Table 3, mean of seeds 43-45), K.8 (Table 38), NanoGPT-MoE (Table 19); a CPU "
                  "preset's model and data differ, so these compare in kind, not in value")
     return "\n".join(lines)
+
+
+COMMAND = Command(
+    'tied', "a tied run's table RMS / max and matrix RMS (seed 004 Table 3), lookup vs softmax gradient rows and "
+    "cosine (K.8), MoE router statistics (Table 19)",
+    options=(*RUN_OPTIONS, ("--micro-batches", dict(type=int, default=None,
+        help="micro-batches to measure (default: one optimizer step's worth)")),
+        *DEVICE_OPTIONS),
+    run=lambda a: run(a.run, micro_batches=a.micro_batches, device=a.device,
+        precision=a.precision),
+    format=format_table)

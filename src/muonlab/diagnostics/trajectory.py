@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from muonlab.errors import UsageError
+from muonlab.diagnostics import Command, RUN_OPTIONS
 
 
 def read_trajectory(run_dir: str | Path) -> dict:
@@ -40,3 +41,10 @@ def format_table(res: dict) -> str:
         resid = " ".join(f"{v:.3f}" for v in r["resid_lambdas"])
         lines.append(f"step {r['step']:>5}  loss {r['loss']:.4f}  x0_lambdas [{x0}]  resid_lambdas [{resid}]")
     return "\n".join(lines)
+
+
+COMMAND = Command(
+    'trajectory', "a run's loss and residual scalars at its trajectory steps",
+    options=RUN_OPTIONS,
+    run=lambda a: read_trajectory(a.run),
+    format=format_table)
