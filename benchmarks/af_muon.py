@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import bench_main, time_optimizer_steps  # noqa: E402
 
 from muonlab.optim.af_muon import build_optimizer, state_bytes  # noqa: E402
-from muonlab.tied import build_tied_model  # noqa: E402
+from muonlab.families.tied.model import build_tied_model  # noqa: E402
 
 
 def _state_ratio() -> dict:

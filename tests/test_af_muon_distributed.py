@@ -16,7 +16,7 @@ import torch.multiprocessing as mp
 
 from muonlab.optim.af_muon import build_optimizer
 from muonlab.optim.af_muon_distributed import DistAFMuon
-from muonlab.tied import build_tied_model
+from muonlab.families.tied.model import build_tied_model
 
 pytestmark = pytest.mark.multiprocess
 

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from muonlab.cli import main
-from muonlab.tied import build_tied_model
-from muonlab.tied.moe import RouterCounts, TopKMoE
-from muonlab.tied.shared_mlp import SharedMLPConfig, SharedMLPLM
-from muonlab.tied.table_stats import table_stats
+from muonlab.families.tied.model import build_tied_model
+from muonlab.families.tied.moe import RouterCounts, TopKMoE
+from muonlab.families.reuse.model import SharedMLPConfig, SharedMLPLM
+from muonlab.families.afmuon import table_stats
 
 
 def _random_tied(preset="tied-tiny", seed=0):

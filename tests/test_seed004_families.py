@@ -91,7 +91,7 @@ def test_hf_val_loss_equals_an_independent_pass_over_the_val_file(tmp_path):
 def test_untied_t5_control_puts_every_table_on_adamw():
     from muonlab.families.t5 import PackedT5
     from muonlab.optim.af_muon import build_optimizer
-    from muonlab.tied.t5 import T5_PRESETS
+    from muonlab.families.t5.model import T5_PRESETS
 
     model = PackedT5(T5_PRESETS["t5-tiny-untied"])
     opt = build_optimizer(model, "hybrid_untied")

@@ -1,4 +1,4 @@
-"""Tied NanoGPT / NanoGPT-MoE of seed 004 (AF-Muon): muonlab.tied.
+"""Tied NanoGPT / NanoGPT-MoE of seed 004 (AF-Muon): muonlab.families.tied (model.py, moe.py).
 
 Shapes from seed 004 App. J.1 / J.6 and spec-004 §3; conventions (RMSNorm eps 1e-6,
 interleaved RoPE, ScaledReLU^2 = sqrt(2) ReLU^2, N(0, 0.02) init, top-1 gate p/p,
@@ -16,17 +16,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from muonlab.errors import UsageError
-from muonlab.tied import (
-    TIED_PRESETS,
-    TiedGPT,
-    TiedGPTConfig,
-    TopKMoE,
-    build_tied_model,
-    expected_num_parameters,
-    load_balancing_loss,
-    scaled_relu_sq,
-)
-from muonlab.tied.gpt import MLP, RMSNorm, apply_rotary, rotary_tables
+from muonlab.families.tied.model import TIED_PRESETS, TiedGPT, TiedGPTConfig, build_tied_model, expected_num_parameters, scaled_relu_sq
+from muonlab.families.tied.moe import TopKMoE, load_balancing_loss
+from muonlab.families.tied.model import MLP, RMSNorm, apply_rotary, rotary_tables
 
 TINY = ("tied-tiny", "tied-tiny-moe")
 

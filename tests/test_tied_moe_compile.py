@@ -9,9 +9,10 @@ import torch
 from torch._dynamo.testing import CompileCounter, CompileCounterWithBackend
 
 from muonlab.families import get_family
-from muonlab.tied import TopKMoE, build_tied_model
-from muonlab.tied.gpt import MLP
-from muonlab.tied.moe import UnroutedExpertGrads
+from muonlab.families.tied.moe import TopKMoE
+from muonlab.families.tied.model import build_tied_model
+from muonlab.families.tied.model import MLP
+from muonlab.families.tied.moe import UnroutedExpertGrads
 
 # torch's own compile stack calls its deprecated torch.jit.script_method; nothing here uses TorchScript
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")

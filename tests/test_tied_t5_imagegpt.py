@@ -1,5 +1,5 @@
 """Small T5-style (3-way tie) and ImageGPT-style tied models of seed 004 (AF-Muon):
-muonlab.tied.t5 and muonlab.tied.imagegpt.
+muonlab.families.t5.model and muonlab.families.imagegpt.model.
 
 Shapes and counts from seed 004 App. J.5 / J.7 and spec-004 §3 rows 5 and 8 (54,561,792 /
 104,893,440 and 33,563,648 parameters); the 3-way gradient G = G_enc + G_dec + G_out from
@@ -18,8 +18,8 @@ import torch.nn.functional as F
 
 from muonlab.errors import UsageError
 from muonlab.optim.af_muon import GradientSources, build_optimizer, partition_by_role
-from muonlab.tied.gpt import expected_num_parameters
-from muonlab.tied.imagegpt import (
+from muonlab.families.tied.model import expected_num_parameters
+from muonlab.families.imagegpt.model import (
     IMAGEGPT_PRESETS,
     N_COLOURS,
     SOS_ID,
@@ -34,7 +34,7 @@ from muonlab.tied.imagegpt import (
     rgb554_decode,
     rgb554_encode,
 )
-from muonlab.tied.t5 import (
+from muonlab.families.t5.model import (
     T5_PRESETS,
     T5Config,
     TiedT5,

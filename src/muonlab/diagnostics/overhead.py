@@ -39,8 +39,8 @@ def default_vocab(preset_name: str) -> int:
     """The table the preset trains: its BPE size where it trains one, else the paper's (or the CPU data's)
     vocabulary of the setting (the model's own table needs the data's tokenizer otherwise)."""
     from muonlab.config import preset
-    from muonlab.tied.hf import HF_MODELS
-    from muonlab.tied.t5gemma2 import PAPER_VOCAB
+    from muonlab.families.hf.model import HF_MODELS
+    from muonlab.families.t5.t5gemma2 import PAPER_VOCAB
 
     cfg = preset(preset_name)
     fixed = {"t5gemma2": PAPER_VOCAB, "reuse-k9": 49_152, "imagegpt": 16_384, "imagegpt-cpu": 16_384,

@@ -32,8 +32,8 @@ import torch
 from muonlab.errors import UsageError
 from muonlab.optim.af_muon import shape_factor
 from muonlab.optim.polar import newton_schulz
-from muonlab.tied.gpt import lm_loss
-from muonlab.tied.shared_mlp import SHARED, SharedMLPLM
+from muonlab.families.tied.model import lm_loss
+from muonlab.families.reuse.model import SHARED, SharedMLPLM
 from muonlab.diagnostics import Command, RUN_OPTIONS
 
 POLARS = ("ns", "svd")

@@ -51,7 +51,7 @@ from muonlab.model import find_variant
 from muonlab.model import gpt as gpt_module
 from muonlab.model.gpt import LOGIT_SOFTCAP
 from muonlab.optim.step0 import ALL_FAMILIES
-from muonlab.diagnostics import Command, RUN_OPTIONS, STEP0_RUN_OPTIONS
+from muonlab.diagnostics import Command, STEP0_RUN_OPTIONS
 
 FAMILIES = ALL_FAMILIES
 EPS_VALUES = (0.0, 2.0**-23, 1e-6)

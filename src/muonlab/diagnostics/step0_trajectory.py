@@ -50,7 +50,7 @@ import torch
 
 from muonlab.errors import UsageError
 from muonlab.optim.step0 import ALL_FAMILIES, STEP0_MODES, Step0Control, family_params
-from muonlab.diagnostics import Command, RUN_OPTIONS, STEP0_RUN_OPTIONS
+from muonlab.diagnostics import Command, STEP0_RUN_OPTIONS
 
 DEFAULT_PRESET, DEFAULT_ARM = "cpu-tiny", "12do_oe_decoupled_x0_out"  # seed 002's 12do, on the CPU preset
 DEFAULT_STEPS = 12  # steps 0..11 (spec-002 §2.4)

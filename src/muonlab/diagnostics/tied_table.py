@@ -1,11 +1,11 @@
 """A tied run's table diagnostics at its newest checkpoint (seed 004 Table 3, K.8 / Table 38, Table 19).
 
-- Table 3: the tied table's RMS and largest entry, the hidden matrices' RMS (`muonlab.tied.table_stats`).
+- Table 3: the tied table's RMS and largest entry, the hidden matrices' RMS (`muonlab.families.afmuon`).
 - K.8: the table's gradient split into its lookup (sparse input) and softmax (dense output) sources over
   the run's next optimizer step (every micro-batch of it, as the run would have taken them): the fraction
   of vocabulary rows each source reaches ("input rows" 0.601, "output rows" 1.000 in the paper) and the
   cosine between the two (0.003), `muonlab.optim.af_muon.GradientSources`.
-- Table 19: for an MoE, the router statistics of the same forward passes (`muonlab.tied.moe.RouterCounts`).
+- Table 19: for an MoE, the router statistics of the same forward passes (`muonlab.families.tied.moe.RouterCounts`).
 Printed beside the paper's NanoGPT / NanoGPT-MoE values (mean over seeds 43-45 of the run's optimizer):
 a CPU preset's model and data differ from the paper's, so they compare in kind, not in value.
 """
@@ -46,8 +46,8 @@ def measure(model: torch.nn.Module, batches, autocast) -> dict:
     """Table 3 of `model`'s weights; K.8 and Table 19 over `batches` (gradients left in .grad)."""
     from muonlab.errors import UsageError
     from muonlab.optim.af_muon import GradientSources
-    from muonlab.tied.moe import RouterCounts
-    from muonlab.tied.table_stats import table_stats
+    from muonlab.families.tied.moe import RouterCounts
+    from muonlab.families.afmuon import table_stats
 
     weights = table_stats(model)
     if not weights:

@@ -1,5 +1,10 @@
 """Model families behind one interface: config, model, optimizer, schedule, presets, metric.
 
+Each family is a folder, families/<name>/: its model(s), its config sections, its definition
+(registered in the package's __init__) and its presets. What seed 004's tied-token families share
+is in afmuon.py (the AF-Muon optimizer section and builder, the schedule, Table 3's statistics)
+and token_family.py (their token data and evaluation).
+
 A family is everything the training loop needs to know about one kind of model: the sections
 of the run config it owns (`model` and `optim`), how to build the model and its optimizer, the
 schedule its optimizer follows, its data and its evaluation metric, what it reports, and its
@@ -77,4 +82,6 @@ def all_families() -> dict[str, Family]:
 
 
 def _load_builtin() -> None:
-    from muonlab.families import autoresearch, hf, imagegpt, reuse, t5, tied  # noqa: F401, PLC0415 (registration)
+    # the built-in families, one package each, in the order they register (the order all_families
+    # lists them and the command line builds their flags in)
+    from muonlab.families import autoresearch, tied, hf, imagegpt, reuse, t5  # noqa: F401, I001, PLC0415

@@ -27,6 +27,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from muonlab.families.tied.model import lm_loss
+from muonlab.families.token_family import describe_counts
+
 PAPER_NUM_PARAMETERS = 786_029_296  # seed 004 spec §3 row 6, at a 262,144-row table
 PAPER_VOCAB = 262_144
 
@@ -55,7 +58,7 @@ _MM_TOKENS = {"t5gemma2-270m": 256, "t5gemma2-tiny": 4}  # image tokens after th
 
 def t5gemma2_config(name: str, vocab_size: int | None = None):
     """The transformers T5Gemma2Config of `name`, tied embeddings forced on."""
-    from muonlab.tied.hf import require_transformers
+    from muonlab.families.hf.model import require_transformers
 
     T5Gemma2Config = require_transformers().T5Gemma2Config
     if name not in T5GEMMA2_MODELS:
@@ -70,7 +73,7 @@ def t5gemma2_config(name: str, vocab_size: int | None = None):
 def build_t5gemma2(name: str, vocab_size: int | None = None, device: str | torch.device | None = None) -> nn.Module:
     """A random-init T5Gemma2ForConditionalGeneration whose encoder lookup, decoder lookup and head
     are one Parameter; the vision tower and projector frozen (see the module docstring)."""
-    from muonlab.tied.hf import require_transformers
+    from muonlab.families.hf.model import require_transformers
 
     AutoModelForSeq2SeqLM = require_transformers().AutoModelForSeq2SeqLM
     with contextlib.nullcontext() if device is None else torch.device(device):  # None: the ambient device
@@ -88,3 +91,40 @@ def num_parameters(model: nn.Module, trainable: bool = False) -> int:
     """Unique parameters (the tied table once); `trainable`: only those that train."""
     unique = {id(p): p for p in model.parameters()}.values()
     return sum(p.numel() for p in unique if p.requires_grad or not trainable)
+
+
+class PackedT5Gemma2(nn.Module):
+    """A T5Gemma2ForConditionalGeneration called as the loop calls a model (x = [source | decoder
+    input], y = the targets), like `PackedT5`."""
+
+    def __init__(self, model: nn.Module, source_len: int, target_len: int):
+        super().__init__()
+        self.model, self.source_len, self.target_len = model, source_len, target_len
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.model.get_input_embeddings()
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.model.get_output_embeddings()
+
+    def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None, reduction: str = "mean"):
+        S = self.source_len
+        logits = self.model(input_ids=x[:, :S], decoder_input_ids=x[:, S:], use_cache=False).logits
+        return logits if targets is None else lm_loss(logits, targets, reduction)
+
+    def num_scaling_params(self) -> dict[str, int]:
+        return describe_counts(self)
+
+    def estimate_flops(self) -> int:
+        """FLOPs per target token, forward + backward, as PackedT5's: 6 x the trained matrices (encoder
+        ones by S / T; the table once, as the head) + attention 12 h (L_e S^2 / T + L_d (T + S)), h the
+        query width (heads x head dim); the decoder's merged attention sees T + S keys."""
+        S, T = self.source_len, self.target_len
+        text = self.model.config.decoder
+        table = self.get_input_embeddings().weight
+        trained = [(n, p) for n, p in self.named_parameters() if p.requires_grad and p.ndim >= 2 and p is not table]
+        enc = sum(p.numel() for n, p in trained if ".encoder." in n)
+        dec = sum(p.numel() for n, p in trained if ".decoder." in n)
+        h = text.num_attention_heads * text.head_dim
+        attn = 12 * h * text.num_hidden_layers * (S * S / T + T + S)
+        return int(6 * (enc * S / T + dec + table.numel()) + attn)

@@ -17,11 +17,10 @@ import torch
 
 from muonlab.errors import UsageError
 from muonlab.families import Family, register_family
-from muonlab.families.tied import AFMuonConfig, LRSchedule, build_optimizer
+from muonlab.families.afmuon import AFMuonConfig, LRSchedule, build_optimizer, table_stats
+from muonlab.families.imagegpt.model import IMAGEGPT_PRESETS, ImageGPTModel
 from muonlab.families.token_family import evaluate_token_splits, tokens_dir
-from muonlab.tied.table_stats import table_stats
 from muonlab.settings import Section, setting
-from muonlab.tied.imagegpt import IMAGEGPT_PRESETS, TiedImageGPT
 
 IMAGE_SHAPES = tuple(IMAGEGPT_PRESETS)
 IMAGE_SOURCES = ("images", "synthetic_images", "memmap")
@@ -33,13 +32,6 @@ class ImageGPTModelConfig(Section):
 
     preset: Literal[IMAGE_SHAPES] = setting("imagegpt-cpu", "the ImageGPT's shape: imagegpt-tiny or imagegpt-cpu "
                                             "(8 x 8 images) or imagegpt (32 x 32, seed 004 App. J.7)", flag="imagegpt-preset")
-
-
-class ImageGPTModel(TiedImageGPT):
-    def num_scaling_params(self) -> dict[str, int]:
-        from muonlab.families.token_family import describe_counts  # noqa: PLC0415
-
-        return describe_counts(self)
 
 
 def build_model(cfg, vocab_size: int, runtime):

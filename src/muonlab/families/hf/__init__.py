@@ -1,6 +1,6 @@
 """Seed 004's Hugging Face settings (Table 1 rows 2-4 and 9): SmolLM2-135M, Qwen2.5-0.5B and
 Llama-3.2-1B shapes and the protein Llama, built at random init from their public configuration
-numbers (`muonlab.tied.hf`; nothing is downloaded) with tied input and output embeddings, and
+numbers (`muonlab.families.hf.model`; nothing is downloaded) with tied input and output embeddings, and
 trained on token blocks with AF-Muon or its baselines (the protein's pure-AdamW baseline too).
 
 The vocabulary is the data's (the model's table has one row per token id the data can hold):
@@ -14,16 +14,12 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-import torch.nn as nn
 
 from muonlab.families import Family, register_family
-from muonlab.families.tied import AFMuonConfig, LRSchedule, build_optimizer
-from muonlab.families.token_family import (PROTEIN_SOURCES, TEXT_TOKEN_SOURCES, block_batcher, describe_counts,
-                                           evaluate_token_splits, token_data)
-from muonlab.tied.table_stats import table_stats
+from muonlab.families.afmuon import AFMuonConfig, LRSchedule, build_optimizer, table_stats
+from muonlab.families.hf.model import HF_MODELS, HFCausalLM
+from muonlab.families.token_family import PROTEIN_SOURCES, TEXT_TOKEN_SOURCES, block_batcher, evaluate_token_splits, token_data
 from muonlab.settings import Section, setting
-from muonlab.tied.gpt import lm_loss
-from muonlab.tied.hf import HF_MODELS
 
 HF_SHAPES = tuple(HF_MODELS)
 
@@ -38,36 +34,8 @@ class HFModelConfig(Section):
                                          flag="hf-preset")
 
 
-class HFCausalLM(nn.Module):
-    """A transformers causal LM called as the loop calls a model: (idx, targets) -> the loss."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.model = model
-
-    def get_input_embeddings(self) -> nn.Module:
-        return self.model.get_input_embeddings()
-
-    def get_output_embeddings(self) -> nn.Module:
-        return self.model.get_output_embeddings()
-
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, reduction: str = "mean"):
-        logits = self.model(input_ids=idx, use_cache=False).logits
-        return logits if targets is None else lm_loss(logits, targets, reduction)
-
-    def num_scaling_params(self) -> dict[str, int]:
-        return describe_counts(self)
-
-    def estimate_flops(self) -> int:
-        """FLOPs per token, forward + backward: 6 x the matrices (the tied table once, as the head)
-        + causal attention 12 L d T (the autoresearch convention)."""
-        c = self.model.config
-        matrices = sum(p.numel() for p in {id(p): p for p in self.parameters()}.values() if p.ndim >= 2)
-        return 6 * matrices + 12 * c.num_hidden_layers * c.hidden_size * c.max_position_embeddings
-
-
 def build_model(cfg, vocab_size: int, runtime):
-    from muonlab.tied.hf import build_hf_model  # noqa: PLC0415
+    from muonlab.families.hf.model import build_hf_model  # noqa: PLC0415
 
     model = build_hf_model(cfg.model.preset, device=runtime.device, vocab_size=vocab_size,
                            max_positions=cfg.train.sequence_len)

@@ -22,6 +22,10 @@ import contextlib
 from typing import Any
 
 import torch
+from torch import nn
+
+from muonlab.families.tied.model import lm_loss
+from muonlab.families.token_family import describe_counts
 
 from muonlab.optional import require
 
@@ -75,3 +79,31 @@ def build_hf_model(name: str, device: str | torch.device | None = None, **overri
 
 def unique_parameter_count(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+class HFCausalLM(nn.Module):
+    """A transformers causal LM called as the loop calls a model: (idx, targets) -> the loss."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.model.get_input_embeddings()
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.model.get_output_embeddings()
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, reduction: str = "mean"):
+        logits = self.model(input_ids=idx, use_cache=False).logits
+        return logits if targets is None else lm_loss(logits, targets, reduction)
+
+    def num_scaling_params(self) -> dict[str, int]:
+        return describe_counts(self)
+
+    def estimate_flops(self) -> int:
+        """FLOPs per token, forward + backward: 6 x the matrices (the tied table once, as the head)
+        + causal attention 12 L d T (the autoresearch convention)."""
+        c = self.model.config
+        matrices = sum(p.numel() for p in {id(p): p for p in self.parameters()}.values() if p.ndim >= 2)
+        return 6 * matrices + 12 * c.num_hidden_layers * c.hidden_size * c.max_position_embeddings

@@ -9,13 +9,13 @@ and a vocabulary of 49,152 tokens", "normalization parameters remain depth-speci
 cross-token mixing", 52.6M parameters. Architecture:
   - x_0 = wte[idx] + wpe[t] (untied input table V x d, learned positional table T x d);
   - x_l = x_{l-1} + down(act(up(norm_l(x_{l-1})))) for l = 1..L, with depth-specific pre-norm
-    RMSNorms (`muonlab.tied.gpt.RMSNorm`, eps 1e-6, learnable gain) and the SAME bias-free
+    RMSNorms (`muonlab.families.tied.model.RMSNorm`, eps 1e-6, learnable gain) and the SAME bias-free
     `up` (d -> ff) and `down` (ff -> d) Parameters at every depth;
   - logits = lm_head(norm(x_L)), an untied bias-free head (V x d);
   - init: N(0, init_std) for every Linear and Embedding, gains 1 (spec-004 §3 conventions).
 
 Choices where the paper is silent (ours):
-  - activation: ScaledReLU^2 = sqrt(2) ReLU(x)^2 (`muonlab.tied.gpt.scaled_relu_sq`), the
+  - activation: ScaledReLU^2 = sqrt(2) ReLU(x)^2 (`muonlab.families.tied.model.scaled_relu_sq`), the
     seed's shared MLP convention (spec-004 §3, "for all arms");
   - positional table length `sequence_len` = 256. The paper gives no context length; its
     52.6M rounds from 52,431,360 + 512 T, which holds for 232 <= T <= 427, and 256 is the
@@ -43,7 +43,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from muonlab.tied.gpt import REDUCTIONS, RMSNorm, lm_loss, scaled_relu_sq
+from muonlab.families.tied.model import REDUCTIONS, RMSNorm, lm_loss, scaled_relu_sq
 
 SHARED = ("up", "down")
 

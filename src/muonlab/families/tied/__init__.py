@@ -3,7 +3,6 @@ table, trained with AF-Muon or its baselines (muonlab.optim.af_muon)."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from typing import ClassVar, Literal
 
@@ -11,22 +10,18 @@ import torch
 
 from muonlab.errors import UsageError
 from muonlab.families import Family, register_family
-from muonlab.tied.table_stats import table_stats
+from muonlab.families.afmuon import AFMuonConfig, LRSchedule, build_optimizer, table_stats
 from muonlab.settings import MethodInfo, Section, setting
-from muonlab.tied import TIED_PRESETS
+from muonlab.families.tied.model import TIED_PRESETS
 
 TIED_SHAPES = tuple(TIED_PRESETS)
-
-AF_OPTIMIZERS = ("afmuon", "hybrid", "sign", "factorial_lmo_rms", "factorial_lmo_adamw", "factorial_adamw_rms",
-                 "factorial_adamw_adamw", "adamw")
-
 
 @dataclass
 class TiedModelConfig(Section):
     """The tied GPT's shape (vocabulary from the data, context from train.sequence_len)."""
 
     FIELD_METHODS: ClassVar[dict[str, MethodInfo]] = {
-        "grad_source": MethodInfo("tied_gradient_source", "seed 004 K.8", "muonlab.tied.gpt",
+        "grad_source": MethodInfo("tied_gradient_source", "seed 004 K.8", "muonlab.families.tied.model",
                                   ("tests/test_tied_lab.py",), "grad_source", "both")}
 
     preset: Literal[TIED_SHAPES] = setting("tied-tiny", "the tied model's shape", flag="tied-preset")
@@ -51,51 +46,10 @@ class TiedModelConfig(Section):
         return replace(base, n_embd=self.n_embd, n_head=self.n_embd // (base.n_embd // base.n_head))
 
 
-@dataclass
-class AFMuonConfig(Section):
-    """Seed 004 §3: AF-Muon (c 3, s 0.5, rho 60, Muon lr 0.02, vector lr 3e-4) and its baselines."""
-
-    METHOD: ClassVar[MethodInfo] = MethodInfo(
-        "af_muon", "seed 004 §3 (Table 1; K.1, K.3, K.7)", "muonlab.optim.af_muon; muonlab.optim.lmo",
-        ("tests/test_af_muon.py", "tests/test_lmo.py", "tests/test_tied_lab.py"), "kind", None)
-
-    kind: Literal[AF_OPTIMIZERS] = setting("afmuon", "AF-Muon, Hybrid Muon, Sign (c = 1), the K.1 factorial "
-                                           "(tied rule x vector rule), or plain AdamW", flag="optimizer")
-    cap: float | None = setting(None, "the clipped-row LMO's cap c (none: the optimizer's own, AF-Muon 3; "
-                                "Sign fixes 1; inf allowed)", flag="af-cap")
-    scale: float | None = setting(None, "the tied table's scale s (none: the optimizer's own, AF-Muon 0.5, "
-                                  "Sign 1)", flag="af-scale")
-    rho: float = setting(60.0, "the tied table's rho", flag="af-rho")
-    matrix_lr: float = setting(0.02, "Muon / tied-table base lr", flag="af-matrix-lr")
-    vector_lr: float = setting(3e-4, "vector (and auxiliary AdamW) lr", flag="af-vector-lr")
-    adamw_lr: float = setting(6e-4, "the AdamW baseline's lr (seed 004's tuned pilot value)", flag="af-adamw-lr")
-
-    def tied_rule(self) -> str:
-        return "lmo" if self.kind in ("afmuon", "sign", "factorial_lmo_rms", "factorial_lmo_adamw") else "adamw"
-
-    def inactive(self) -> dict[str, str]:
-        if self.kind == "adamw":
-            why = "optimizer adamw trains every tensor with AdamW"
-            return {k: why for k in ("cap", "scale", "rho", "matrix_lr", "vector_lr")}
-        out = {"adamw_lr": f"only optimizer adamw reads it (optimizer is {self.kind})"}
-        if self.tied_rule() == "adamw":
-            why = f"optimizer {self.kind} puts the tied table on AdamW"
-            out.update(cap=why, scale=why, rho=why)
-        return out
-
-    def validate(self) -> None:
-        if self.kind == "sign" and self.cap not in (None, 1.0):
-            raise UsageError(f"optimizer sign fixes af_cap = 1, got {self.cap}")
-        cap = 3.0 if self.cap is None else self.cap
-        scale = 0.5 if self.scale is None else self.scale
-        if math.isnan(cap) or cap < 1 or min(scale, self.rho, self.matrix_lr, self.vector_lr, self.adamw_lr) <= 0:
-            raise UsageError("need af_cap >= 1 and af_scale, af_rho, af_matrix_lr, af_vector_lr, af_adamw_lr > 0")
-
-
 def build_model(cfg, vocab_size: int, runtime):
     """Fp32 parameters (seed 004 keeps parameters and state in fp32 under bf16 autocast), the
     preset's shape with the data's vocabulary and the run's context."""
-    from muonlab.tied import build_tied_model  # noqa: PLC0415
+    from muonlab.families.tied.model import build_tied_model  # noqa: PLC0415
 
     with torch.device("meta"):
         model = build_tied_model(cfg.model.shape(), vocab_size=vocab_size, sequence_len=cfg.train.sequence_len,
@@ -105,55 +59,9 @@ def build_model(cfg, vocab_size: int, runtime):
     return model
 
 
-def build_optimizer(model, cfg, compile_step: bool, distributed: bool = False):
-    from muonlab.optim import af_muon  # noqa: PLC0415
-
-    o = cfg.optim
-    if distributed and o.kind == "adamw":
-        raise UsageError("optimizer adamw (torch's AdamW) runs in one process; under torchrun use the AF-Muon "
-                         "optimizers (afmuon, hybrid, sign, factorial_*)")
-    if o.kind == "adamw":  # seed 004's protein baseline: plain AdamW everywhere
-        optimizer = af_muon.build_optimizer(model, "adamw", lr=o.adamw_lr)
-    elif o.kind == "hybrid" and not af_muon.is_tied(model):  # seed 004 Table 15's untied control
-        optimizer = af_muon.build_optimizer(model, "hybrid_untied", lr=o.matrix_lr, aux_lr=o.vector_lr)
-    else:
-        lmo = {k: v for k, v in (("cap", o.cap), ("scale", o.scale)) if v is not None and o.tied_rule() == "lmo"}
-        if o.kind == "sign":
-            lmo.pop("cap", None)  # fixed at 1 by the optimizer (validated above)
-        optimizer = af_muon.build_optimizer(model, o.kind, lr=o.matrix_lr, vector_lr=o.vector_lr,
-                                            aux_lr=o.vector_lr, rho=o.rho, **lmo)
-    if distributed:  # the same groups, averaged, clipped and sharded across the ranks by the optimizer
-        from muonlab.optim.af_muon_distributed import DistAFMuon  # noqa: PLC0415
-
-        dist_opt = DistAFMuon(optimizer.param_groups, max_grad_norm=cfg.train.grad_clip or None,
-                              clip_params=model.parameters())
-        dist_opt.roles = optimizer.roles
-        optimizer = dist_opt
-    for group in optimizer.param_groups:
-        group["initial_lr"] = group["lr"]  # the lab's schedule scales every group from here
-    return optimizer
-
-
-class LRSchedule:
-    """AF-Muon's groups follow only the LR multiplier (their momentum and decay are fixed)."""
-
-    def __init__(self, cfg):
-        from muonlab.optim.schedules import Schedule  # noqa: PLC0415
-
-        s = cfg.schedule
-        self._shape = Schedule(warmup_ratio=s.warmup_ratio, warmdown_ratio=s.warmdown_ratio,
-                               final_lr_frac=s.final_lr_frac)
-
-    def apply(self, optimizer, step: int, progress: float) -> dict[str, float]:
-        lrm = self._shape.lr_multiplier(progress)
-        for group in optimizer.param_groups:
-            group["lr"] = group["initial_lr"] * lrm
-        return {"lrm": lrm}
-
-
 def step_hooks(cfg, model) -> list:
-    """The MoE's: experts no token chose keep `.grad` None under torch.compile too (muonlab.tied.moe)."""
-    from muonlab.tied.moe import TopKMoE, UnroutedExpertGrads  # noqa: PLC0415
+    """The MoE's: experts no token chose keep `.grad` None under torch.compile too (muonlab.families.tied.moe)."""
+    from muonlab.families.tied.moe import TopKMoE, UnroutedExpertGrads  # noqa: PLC0415
 
     layers = [m for m in model.modules() if isinstance(m, TopKMoE)]
     return [UnroutedExpertGrads(layers)] if layers else []
@@ -201,7 +109,7 @@ def evaluate(model, data, cfg, runtime, ctx, splits=("val", "holdout"), tokens=N
     from muonlab.data.token_data import TokenData  # noqa: PLC0415
     from muonlab.families.token_family import evaluate_token_splits  # noqa: PLC0415
     from muonlab.eval.text import evaluate_text_splits  # noqa: PLC0415
-    from muonlab.tied.moe import RouterCounts  # noqa: PLC0415
+    from muonlab.families.tied.moe import RouterCounts  # noqa: PLC0415
 
     score = evaluate_token_splits if isinstance(data, TokenData) else evaluate_text_splits
     out = {}

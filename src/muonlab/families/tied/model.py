@@ -12,7 +12,7 @@ the released code, spec-004 §3, for the rest):
     10,000, interleaved pairs (2i, 2i+1)), causal SDPA, bias-free out-projection;
   - MLP `Linear(d, r*d) -> ScaledReLU^2 -> Linear(r*d, d)`, ScaledReLU^2(x) = sqrt(2) *
     ReLU(x)^2 (the released code's `scaled_relu_sq`, default on for all arms);
-  - MoE variant: the MLP replaced by `muonlab.tied.moe.TopKMoE` (4 experts, top-1);
+  - MoE variant: the MLP replaced by `muonlab.families.tied.moe.TopKMoE` (4 experts, top-1);
   - final RMSNorm, logits = h E^T, no soft-cap, no QK-norm, no biases, no positional
     table (the V2 partition rejects one), dropout 0;
   - init: N(0, 0.02) for every Linear and for the table, gains 1 (released code).
@@ -32,7 +32,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from muonlab.errors import UsageError
-from muonlab.tied.moe import TopKMoE, at_least_fp32, router_stats
+from muonlab.families.tied.moe import TopKMoE, at_least_fp32, router_stats
 
 REDUCTIONS = ("mean", "sum", "none")
 GRAD_SOURCES = ("both", "lookup", "softmax")

@@ -28,7 +28,7 @@ expert FLOPs (E = 4 in seed 004). Its unchosen experts' weights then get exact-z
 `.grad` None before the optimizer step, as eagerly.
 
 The experts are built by a caller-supplied factory so that this module needs no
-knowledge of the MLP (the dense ScaledReLU^2 MLP lives in `muonlab.tied.gpt`).
+knowledge of the MLP (the dense ScaledReLU^2 MLP lives in `muonlab.families.tied.model`).
 """
 
 from __future__ import annotations

@@ -7,13 +7,13 @@ color tokens" from "a deterministic RGB554 tokenizer, which maps each ... RGB pi
 16,385"; the input prepends the start token and shifts the image right, "while the output
 predicts only the 16,384 color tokens", so the start-token row gets lookup gradient only.
 
-The network is `muonlab.tied.gpt.TiedGPT` (the spec-004 §3 "shared model conventions": pre-norm
+The network is `muonlab.families.tied.model.TiedGPT` (the spec-004 §3 "shared model conventions": pre-norm
 RMSNorm with gains, eps 1e-6; fused bias-free QKV; RoPE base 10,000 on interleaved pairs; causal
 SDPA; ScaledReLU^2 = sqrt(2) ReLU^2 MLP; final RMSNorm; head weight = embedding weight; N(0, 0.02)
 init, gains 1) reused by subclassing; only the head differs: logits = h E[:16384]^T
 (`ColourHead`, whose `.weight` is still the whole tied Parameter so AF-Muon's partition finds the
 tie). 33,563,648 parameters at seed 004's size (16,385 x 512 table + 8 blocks + final norm;
-`muonlab.tied.gpt.expected_num_parameters` gives it, the SOS row included, the table once).
+`muonlab.families.tied.model.expected_num_parameters` gives it, the SOS row included, the table once).
 
 RGB554 (spec-004 §3 row 8): token = (R >> 3) * 512 + (G >> 3) * 16 + (B >> 4), raster order
 (row by row, left to right). `rgb554_decode` maps a token to the centre of its colour bin
@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from muonlab.data.images import RGB554_VOCAB, SOS
 from muonlab.data.images import rgb554_encode as pixel_tokens
 from muonlab.errors import UsageError
-from muonlab.tied.gpt import REDUCTIONS, TiedGPT, TiedGPTConfig, TiedLMHead, lm_loss
+from muonlab.families.tied.model import REDUCTIONS, TiedGPT, TiedGPTConfig, TiedLMHead, lm_loss
 
 N_COLOURS = RGB554_VOCAB  # RGB554: 5 + 5 + 4 bits (seed 004 App. J.7: 2^14 = 16,384 colour tokens)
 SOS_ID = SOS  # the start token, input-only (seed 004 App. J.7)
@@ -216,3 +216,10 @@ def build_imagegpt(spec: str | ImageGPTConfig, **overrides: object) -> TiedImage
             raise UsageError(f"unknown ImageGPT preset {spec!r}; choose from {', '.join(IMAGEGPT_PRESETS)}")
         spec = IMAGEGPT_PRESETS[spec]
     return TiedImageGPT(replace(spec, **overrides) if overrides else spec)  # type: ignore[arg-type]
+
+
+class ImageGPTModel(TiedImageGPT):
+    def num_scaling_params(self) -> dict[str, int]:
+        from muonlab.families.token_family import describe_counts  # noqa: PLC0415
+
+        return describe_counts(self)

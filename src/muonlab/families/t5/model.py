@@ -10,10 +10,10 @@ released small-T5 runner as summarised in spec-004 §1.1 / §3, read for its fac
   - one table `wte` E in R^{V x d} used three ways (seed 004 App. I, eq. for N_alias^T5): encoder
     lookup, decoder lookup and output head. It is one stored Parameter, so autograd merges
     G_enc + G_dec + G_out on it (App. I, "Combined lookup gradients"); the head is a
-    `muonlab.tied.gpt.TiedLMHead` that owns no Parameter, so `state_dict` holds the table once;
+    `muonlab.families.tied.model.TiedLMHead` that owns no Parameter, so `state_dict` holds the table once;
   - lookups scaled by sqrt(d), plus fixed sinusoidal positions (sin on even, cos on odd
     channels, base 10,000), each stack counting positions from 0 (spec-004 §3 row 5);
-  - pre-norm blocks with `muonlab.tied.gpt.RMSNorm` (learnable gain, eps 1e-6):
+  - pre-norm blocks with `muonlab.families.tied.model.RMSNorm` (learnable gain, eps 1e-6):
     encoder = self-attention + FF (2 norms), decoder = causal self-attention + cross-attention
     to the encoder output + FF (3 norms); a final RMSNorm closes each stack, and the decoder
     cross-attends to the final-normed encoder output. With these 2 + 3 per-layer norms and the
@@ -47,7 +47,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from muonlab.errors import UsageError
-from muonlab.tied.gpt import REDUCTIONS, RMSNorm, TiedLMHead, lm_loss
+from muonlab.families.tied.model import REDUCTIONS, RMSNorm, TiedLMHead, lm_loss
+from muonlab.families.token_family import describe_counts
 
 TABLE_PATHS = ("encoder", "decoder", "head")
 
@@ -339,3 +340,26 @@ def build_t5(spec: str | T5Config, **overrides: object) -> TiedT5:
             raise UsageError(f"unknown T5 preset {spec!r}; choose from {', '.join(T5_PRESETS)}")
         spec = T5_PRESETS[spec]
     return TiedT5(replace(spec, **overrides) if overrides else spec)  # type: ignore[arg-type]
+
+
+class PackedT5(TiedT5):
+    """TiedT5 called as the loop calls a model: x = [source | decoder input], y = the targets."""
+
+    def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None,  # type: ignore[override]
+                reduction: str = "mean", table_paths=("encoder", "decoder", "head")) -> torch.Tensor:
+        S = self.config.source_len
+        return super().forward(x[:, :S], x[:, S:], targets, reduction, table_paths)
+
+    def num_scaling_params(self) -> dict[str, int]:
+        return describe_counts(self)
+
+    def estimate_flops(self) -> int:
+        """FLOPs per target token, forward + backward: 6 x the matrices a target token's example
+        uses per target (encoder work is shared by S / T) + attention 12 d (L_e S^2 / T + L_d (T + S))."""
+        c = self.config
+        S, T, d = c.source_len, c.target_len, c.n_embd
+        enc = sum(p.numel() for n, p in self.named_parameters() if p.ndim >= 2 and n.startswith("encoder."))
+        dec = sum(p.numel() for n, p in self.named_parameters() if p.ndim >= 2 and n.startswith("decoder."))
+        head = c.vocab_size * d
+        attn = 12 * d * (c.n_encoder_layers * S * S / T + c.n_decoder_layers * (T + S))
+        return int(6 * (enc * S / T + dec + head) + attn)

@@ -4,10 +4,10 @@ trained on the prefix-to-continuation objective:
 - the small T5 (`t5-tiny`, `t5-small`) with AF-Muon at rho_out / rho_hid = 1 (Table 14), and the
   untied control of Table 15 (`--t5-tied false`: three tables, all on Hybrid's AdamW);
 - T5Gemma2 (`t5gemma2-tiny`, `t5gemma2-270m`): the Hugging Face google/t5gemma-2-270m-270m
-  configuration at random init, tie forced, rho ratio 60 (App. J.5, Table 16; muonlab.tied.t5gemma2).
+  configuration at random init, tie forced, rho ratio 60 (App. J.5, Table 16; muonlab.families.t5.t5gemma2).
 
 The loop hands a model (x, y): here x = [source | decoder input] (S + T tokens) and y = the T
-target tokens, so `PackedT5` splits x at S; the loader (`PackedPrefixLoader`) packs the
+target tokens, so `PackedT5` (model.py) and `PackedT5Gemma2` (t5gemma2.py) split x at S; the loader (`PackedPrefixLoader`) packs the
 windows of `muonlab.data.loaders.prefix_continuation` that way. train.sequence_len is the target
 length T (the paper's 256), so a step's tokens are target tokens, as the paper counts them.
 """
@@ -18,17 +18,14 @@ from dataclasses import dataclass, replace
 from typing import ClassVar, Literal
 
 import torch
-from torch import nn
 
 from muonlab.errors import UsageError
 from muonlab.families import Family, register_family
-from muonlab.families.tied import AFMuonConfig, LRSchedule, build_optimizer
-from muonlab.families.token_family import TEXT_TOKEN_SOURCES, describe_counts, eval_examples, evaluate_token_splits, token_data
-from muonlab.tied.table_stats import table_stats
+from muonlab.families.afmuon import AFMuonConfig, LRSchedule, build_optimizer, table_stats
+from muonlab.families.t5.model import T5_PRESETS, PackedT5
+from muonlab.families.t5.t5gemma2 import T5GEMMA2_MODELS, PackedT5Gemma2
+from muonlab.families.token_family import TEXT_TOKEN_SOURCES, eval_examples, evaluate_token_splits, token_data
 from muonlab.settings import MethodInfo, Section, setting
-from muonlab.tied.gpt import lm_loss
-from muonlab.tied.t5 import T5_PRESETS, TiedT5
-from muonlab.tied.t5gemma2 import T5GEMMA2_MODELS
 
 T5_SHAPES = ("t5-tiny", "t5-small", *T5GEMMA2_MODELS)
 
@@ -38,7 +35,7 @@ class T5ModelConfig(Section):
     """The small T5's shape (vocabulary from the data, target length from train.sequence_len)."""
 
     FIELD_METHODS: ClassVar[dict[str, MethodInfo]] = {
-        "tied": MethodInfo("t5_untied_control", "seed 004 Table 15", "muonlab.tied.t5",
+        "tied": MethodInfo("t5_untied_control", "seed 004 Table 15", "muonlab.families.t5.model",
                            ("tests/test_seed004_families.py",), "tied", True)}
 
     preset: Literal[T5_SHAPES] = setting("t5-tiny", "the encoder-decoder: t5-tiny (CPU), t5-small (seed 004 App. "
@@ -54,66 +51,6 @@ class T5ModelConfig(Section):
             raise UsageError(f"t5 source_len must be >= 1, got {self.source_len}")
 
 
-class PackedT5(TiedT5):
-    """TiedT5 called as the loop calls a model: x = [source | decoder input], y = the targets."""
-
-    def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None,  # type: ignore[override]
-                reduction: str = "mean", table_paths=("encoder", "decoder", "head")) -> torch.Tensor:
-        S = self.config.source_len
-        return super().forward(x[:, :S], x[:, S:], targets, reduction, table_paths)
-
-    def num_scaling_params(self) -> dict[str, int]:
-        return describe_counts(self)
-
-    def estimate_flops(self) -> int:
-        """FLOPs per target token, forward + backward: 6 x the matrices a target token's example
-        uses per target (encoder work is shared by S / T) + attention 12 d (L_e S^2 / T + L_d (T + S))."""
-        c = self.config
-        S, T, d = c.source_len, c.target_len, c.n_embd
-        enc = sum(p.numel() for n, p in self.named_parameters() if p.ndim >= 2 and n.startswith("encoder."))
-        dec = sum(p.numel() for n, p in self.named_parameters() if p.ndim >= 2 and n.startswith("decoder."))
-        head = c.vocab_size * d
-        attn = 12 * d * (c.n_encoder_layers * S * S / T + c.n_decoder_layers * (T + S))
-        return int(6 * (enc * S / T + dec + head) + attn)
-
-
-class PackedT5Gemma2(nn.Module):
-    """A T5Gemma2ForConditionalGeneration called as the loop calls a model (x = [source | decoder
-    input], y = the targets), like `PackedT5`."""
-
-    def __init__(self, model: nn.Module, source_len: int, target_len: int):
-        super().__init__()
-        self.model, self.source_len, self.target_len = model, source_len, target_len
-
-    def get_input_embeddings(self) -> nn.Module:
-        return self.model.get_input_embeddings()
-
-    def get_output_embeddings(self) -> nn.Module:
-        return self.model.get_output_embeddings()
-
-    def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None, reduction: str = "mean"):
-        S = self.source_len
-        logits = self.model(input_ids=x[:, :S], decoder_input_ids=x[:, S:], use_cache=False).logits
-        return logits if targets is None else lm_loss(logits, targets, reduction)
-
-    def num_scaling_params(self) -> dict[str, int]:
-        return describe_counts(self)
-
-    def estimate_flops(self) -> int:
-        """FLOPs per target token, forward + backward, as PackedT5's: 6 x the trained matrices (encoder
-        ones by S / T; the table once, as the head) + attention 12 h (L_e S^2 / T + L_d (T + S)), h the
-        query width (heads x head dim); the decoder's merged attention sees T + S keys."""
-        S, T = self.source_len, self.target_len
-        text = self.model.config.decoder
-        table = self.get_input_embeddings().weight
-        trained = [(n, p) for n, p in self.named_parameters() if p.requires_grad and p.ndim >= 2 and p is not table]
-        enc = sum(p.numel() for n, p in trained if ".encoder." in n)
-        dec = sum(p.numel() for n, p in trained if ".decoder." in n)
-        h = text.num_attention_heads * text.head_dim
-        attn = 12 * h * text.num_hidden_layers * (S * S / T + T + S)
-        return int(6 * (enc * S / T + dec + table.numel()) + attn)
-
-
 def _is_t5gemma2(cfg) -> bool:
     return cfg.model.preset in T5GEMMA2_MODELS
 
@@ -127,7 +64,7 @@ def _shape(cfg, vocab_size: int):
 
 def build_model(cfg, vocab_size: int, runtime):
     if _is_t5gemma2(cfg):
-        from muonlab.tied.t5gemma2 import build_t5gemma2  # noqa: PLC0415
+        from muonlab.families.t5.t5gemma2 import build_t5gemma2  # noqa: PLC0415
 
         T = cfg.train.sequence_len
         model = build_t5gemma2(cfg.model.preset, vocab_size, runtime.device)
