@@ -1,6 +1,6 @@
 """Step time and optimizer-state bytes of every pre-polar conditioner vs the plain MuonAdamW step.
 
-Depth-8 Muon shapes (spec-000-003 §0): 512x512 x32, 2048x512 x8, 512x2048 x8, 4x32 x4.
+Depth-8 Muon shapes (seed 000 §3.3): 512x512 x32, 2048x512 x8, 512x2048 x8, 4x32 x4.
 All optimizers live in one process and are stepped interleaved (one step of each per repeat,
 after warm-up steps), so machine noise hits them alike; reported: median step seconds, the
 ratio to the plain step, and the state bytes beyond the plain step's (absolute and per matrix

@@ -1,12 +1,12 @@
 """Step time and optimizer-state bytes of the embedding-table options vs the upstream AdamW step.
 
 The depth-8 tables (vocab 8192, width 512): wte and the 4 value-embedding tables in bf16 (as
-upstream casts them), lm_head in fp32. Options (issue 5 items 4-5, seed 002 §1.4d-e):
+upstream casts them), lm_head in fp32. Options (issue 5 items 4-5, seed 002 §2.1 Tier 1 and §3 item 3):
 `master32` (fp32 master copy + fp32 moments for the bf16 tables), `neumann` (right-projected
 Neumann-Gram whitening of every table's gradient, tau 80, fp32), and both (`01_dense_opt`'s
 setting). All optimizers live in one process and step interleaved after warm-up, so machine
 noise hits them alike; reported: median step seconds, ratio to the upstream step, state bytes
-beyond it. Targets (spec-002 §1.4e): master32 adds exactly 160.0 MiB at depth 8 (8 bytes per
+beyond it. Targets (seed 002 §2.1, §3 item 3): master32 adds exactly 160.0 MiB at depth 8 (8 bytes per
 bf16 table element: fp32 master + the moments' bf16 -> fp32 growth), whitening adds 0 bytes.
 
     .venv/bin/python benchmarks/embedding_optimizer.py [--repeats 7] [--warmup 2] [--json]

@@ -1,4 +1,4 @@
-"""Time of the finite-cap clipped-row LMO (seed 004 §1.3) vs a plain row-RMS normalisation.
+"""Time of the finite-cap clipped-row LMO (seed 004 §2.2 (eqs. 4–5)) vs a plain row-RMS normalisation.
 
 The table is the NanoGPT tied table, 50,304 x 768 fp32 (a momentum-like buffer: Gaussian by
 default, `--dist t3` for Student-t(3) heavy tails, which need more Newton passes). Contenders,

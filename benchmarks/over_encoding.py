@@ -6,7 +6,7 @@ its moment-free group, stepped interleaved in one process (count + forward + bac
 optimizer step, as the training loop does). Reported: median step seconds, the ratio (target
 <= 1.05, issue 7), the OE parts measured separately (lookup, counting, moment-free update),
 and the bytes: optimizer state of the OE group (target 0: no moments), the tables' params +
-grads + counts against OverEncoding.memory_bytes() (the spec's analytical formula, exactly).
+grads + counts against OverEncoding.memory_bytes() (seed 002 §3 item 3's analytical formula, exactly).
 
     .venv/bin/python benchmarks/over_encoding.py [--repeats 7] [--warmup 2] [--oe-m 150855] [--json]
 """

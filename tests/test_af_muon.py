@@ -1,4 +1,4 @@
-"""AF-Muon (seed 004, spec-004 §1, §3): partition, the three branches against direct transcriptions,
+"""AF-Muon (seed 004, §2, §3.1): partition, the three branches against direct transcriptions,
 presets, state round trip, state memory and the gradient-source tool."""
 
 import copy
@@ -115,7 +115,7 @@ def test_partition_errors_name_the_tensor():
 
 
 def ns_transcription(G, steps=5):
-    """Spec §1.2 written out: bf16, transpose if rows > cols, Frobenius + 1e-7, quintic."""
+    """The released code's Newton–Schulz written out (cf. seed 004 §2.2): bf16, transpose if rows > cols, Frobenius + 1e-7, quintic."""
     a, b, c = 3.4445, -4.7750, 2.0315
     X = G.to(torch.bfloat16)
     t = X.shape[0] > X.shape[1]
@@ -323,7 +323,7 @@ def test_hybrid_adamw_groups_match_torch_adamw():
 
 
 class NanoGPTShapes(nn.Module):
-    """The NanoGPT-124M parameter set of spec §3 (V 50304, d 768, 12 layers, separate q/k/v/o)."""
+    """The NanoGPT-124M parameter set of seed 004 App. J.1 (V 50304, d 768, 12 layers, separate q/k/v/o)."""
 
     def __init__(self, vocab=50304, d=768, layers=12, ff=3072):
         super().__init__()

@@ -1,4 +1,4 @@
-"""`diagnose accounting` (spec-002 §2.6-2.8, Table 1b): derived from the model and the arm.
+"""`diagnose accounting` (seed 002 §3, Table 1b): derived from the model and the arm.
 
 Every derived number is checked against a hand transcription of its formula on the small cpu-tiny
 model (width 64, 2 layers, 2 heads, vocabulary 300, 4 x 64 tokens a micro-step, 2 micro-steps a
@@ -80,7 +80,7 @@ def test_meta_nonzero_takes_the_visited_rows_and_unknown_ops_are_listed():
 
 def test_parameters_and_step_flops_by_hand(s):
     dense = A.measure_step(TINY)
-    # spec-002 §0: wte + lm_head + value tables (V d each), 12 d^2 per block, ve_gate H x 32 per value layer,
+    # upstream train.py (seed 002 §3 item 1 gives the totals): wte + lm_head + value tables (V d each), 12 d^2 per block, ve_gate H x 32 per value layer,
     # resid / x0 lambdas
     backbone = s.V * s.d * (2 + s.n_ve) + 12 * s.d ** 2 * s.L + s.n_ve * s.H * 32 + 2 * s.L
     assert dense["counts"]["total"] == backbone

@@ -1,4 +1,4 @@
-"""Seed 002's checkpoint audits (spec-002 §2.1-2.3, §2.5): stable rank, mean-row energy, q_tau, scalars."""
+"""Seed 002's checkpoint audits (§4.2.1–4.2.2, §4.5): stable rank, mean-row energy, q_tau, scalars."""
 
 import contextlib
 import io

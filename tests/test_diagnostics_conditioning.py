@@ -1,4 +1,4 @@
-"""Seed 000 §4.3's conditioning benchmark: calibration to the printed raw kappa, the metrics against
+"""Seed 000 §4.4 item 2's conditioning benchmark: calibration to the printed raw kappa, the metrics against
 float64 transcriptions, one precision for every conditioner, the device, the printed-vs-measured logic."""
 
 import json

@@ -1,4 +1,4 @@
-"""FP64 residual-scale gauge audit (spec-000-003 §2 item 7, seed 003) on the production residual
+"""FP64 residual-scale gauge audit (seed 003 "Residual-scale identity and its limits") on the production residual
 addition: it passes on a toy and on the cpu-tiny GPT, each identity fails when one of its terms is
 broken on purpose, and breaking the production rule (muonlab.model.variants.residual_rules) fails it."""
 

@@ -1,4 +1,4 @@
-"""Seed 003's actual-state Muon replay (spec-000-003 §2 item 6) on a cpu-tiny checkpoint."""
+"""Seed 003's actual-state Muon replay ("Actual-state Muon replay") on a cpu-tiny checkpoint."""
 
 import contextlib
 import io

@@ -1,4 +1,4 @@
-"""Seed 002 §2.4 step-0 audits on the real model (muonlab.diagnostics.step0_audit, step0_trajectory).
+"""Seed 002 §4.5 item 2 step-0 audits on the real model (muonlab.diagnostics.step0_audit, step0_trajectory).
 
 The real model is cpu-tiny's 12do arm (routing sepden + out_lambdas) with a small OE modulus; the
 reference for "as training" is `muonlab train` itself, observed through a spy on its loop.
@@ -143,7 +143,7 @@ def _f64(result, family, label):
 
 def test_learning_rates_are_the_optimizer_groups(audit):
     """resid_lambdas step at 0.01 scalar_lr = 0.005, the routing scalars at scalar_lr = 0.5
-    (upstream's setup_optimizer, spec-002 §1.7): columns and the optimizer's own step agree."""
+    (upstream's setup_optimizer, seed 002 §2.1 Tier 3): columns and the optimizer's own step agree."""
     fams = audit["families"]
     assert fams["resid_lambdas"]["lr"] == pytest.approx(0.005) and fams["resid_lambdas"]["betas"] == [0.8, 0.95]
     for name in ROUTING:
@@ -292,7 +292,7 @@ def _fam(traj, mode, step, family):
 
 
 def test_trajectory_every_mode_step0_semantics(traj):
-    """spec-002 §1.8 read off the raw records (b1 = 0.96, b2 = 0.95: m0 = 0.04 g0, v0 = 0.05 g0^2)."""
+    """Seed 002 §4.5 item 2 read off the raw records (b1 = 0.96, b2 = 0.95: m0 = 0.04 g0, v0 = 0.05 g0^2)."""
     assert list(traj["modes"]) == list(T.STEP0_MODES) and traj["passed"]
     for mode, m in traj["modes"].items():
         assert len(m["steps"]) == 3

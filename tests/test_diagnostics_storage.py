@@ -1,4 +1,4 @@
-"""Saved-tensor storage audit (seed 000 §3.1/§4.1, spec-000-003 §2 item 1): the slice-view pinning.
+"""Saved-tensor storage audit (seed 000 §3.1/§4.1, §6 step 2): the slice-view pinning.
 
 Relations asserted are the paper's (one extra full (B,T,d) storage per value-embedding layer for
 unfused_slice, none for weight_fused and unfused_contig beyond one compact (B,T,32) copy per layer,

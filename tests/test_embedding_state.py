@@ -1,4 +1,4 @@
-"""Embedding-state precision (seed 002 §1.4e, §1.9): master32 vs native bf16 state."""
+"""Embedding-state precision (seed 002 §2.1 (Tier 1), §4.3 item 2): master32 vs native bf16 state."""
 
 import copy
 
@@ -21,7 +21,7 @@ def _state_bytes(opt) -> int:
 
 @pytest.mark.parametrize("name,extra_mib", [("gpu-d6", 96.0), ("gpu-d8", 160.0)])
 def test_master32_memory_matches_the_analysis(name, extra_mib):
-    """+8 B per wte/value-embedding parameter: 96.0 MiB at depth 6, 160.0 MiB at depth 8 (spec-002 §1.4e)."""
+    """+8 B per wte/value-embedding parameter: 96.0 MiB at depth 6, 160.0 MiB at depth 8 (seed 002 §2.1, §3 item 3)."""
     torch.manual_seed(0)
     model = GPT(model_config(preset(name), vocab_size=8192))
     model.init_weights()  # wte and value embeddings in bf16, as upstream

@@ -17,7 +17,7 @@ from muonlab.lab.report.render import fmt_p
 from muonlab.record.ledger import append_record
 
 SEEDS = (41, 42, 47)
-# Seed 002 Table 2 (spec-002 §4.1), val / held-out per seed 41, 42, 47, as printed.
+# Seed 002 Table 2 (§4.1), val / held-out per seed 41, 42, 47, as printed.
 TABLE2 = {
     6: {"00_dense_native": "1.049084/1.048465 1.046407/1.045764 1.050544/1.049959",
         "01_dense_opt": "1.048075/1.047426 1.045677/1.045099 1.048099/1.047451",
@@ -148,7 +148,7 @@ def test_the_same_contrast_across_depth_6_and_8(capsys, seed002_ledger):
 # ---------------------------------------------------------------------------- one seed
 def test_single_seed_decisions_name_seed003s_rule(capsys, tmp_path):
     ledger = tmp_path / "ledger.jsonl"
-    # Seed 003 §4.5, seed 246 BPB as printed (9 decimals)
+    # Seed 003 Tables 1–2, seed 246 BPB as printed (9 decimals)
     for arm, bpb in (("p003_ordinary", 0.993173922), ("p003_state_gate", 0.992720999),
                      ("p003_branch_gate", 0.992919502)):
         write_line(ledger, arm, 246, "gpu-d8", {"val_bpb": bpb})

@@ -175,7 +175,7 @@ def test_seed002_table3_paired_contrasts_and_dods(row, col):
 
 @pytest.mark.parametrize("row,col", TABLE3_CELLS)
 def test_seed002_printed_cis_are_the_t_interval_of_the_printed_mean_and_sd(row, col):
-    # The paper's CI is mean ± t_{0.975,2}·SD/√3 (spec-002 §3.4); rebuilding it from the
+    # The paper's CI is mean ± t_{0.975,2}·SD/√3 (seed 002 §4.1); rebuilding it from the
     # printed (rounded) mean and SD lands within that rounding's propagated bound.
     mean, sd, lo, hi = (float(x) for x in numbers(TABLE3[row][1 + col])[:4])
     bound = 0.5e-6 * (1 + t_quantile(3) / math.sqrt(3)) + 0.5e-6
@@ -184,7 +184,7 @@ def test_seed002_printed_cis_are_the_t_interval_of_the_printed_mean_and_sd(row, 
 
 
 def test_t_quantile_is_the_papers_constant():
-    assert abs(t_quantile(3) - 4.302653) < 5e-7  # spec-002 §3.4: t_{0.975,2} = 4.302653
+    assert abs(t_quantile(3) - 4.302653) < 5e-7  # seed 002 §4.1 (df = 2): t_{0.975,2} = 4.302653
     assert abs(t_quantile(2) - 12.706205) < 5e-7
 
 
@@ -207,7 +207,7 @@ def test_seed002_retention_ratios(depth, split, cond, dense, percent):
 
 
 def test_retention_ratio_of_the_printed_means():
-    printed(100 * retention_ratio(-0.000682, -0.001404), "48.6")  # spec-002 §3.4's example
+    printed(100 * retention_ratio(-0.000682, -0.001404), "48.6")  # seed 002 Table 3's 48.6 %
     assert retention_ratio(-0.001, 0.0) is None
     assert retention_ratio(None, -0.001) is None
 
@@ -333,7 +333,7 @@ def test_seed000_gains_over_baseline_and_the_sd_erratum():
     printed(pair.sd_delta, "0.000577")
     # Paper 000 prints "untied − baseline = −0.001826 ± 0.000496": the mean reproduces, the SD
     # does not. Its per-seed Δs (−0.001057, −0.001856, −0.002564) have sample SD 0.000754
-    # (spec-000-003 §5 item 12); we compute the SD the papers define and get 0.000754.
+    # (seed 000 §4.4 item 4 vs Table 3); we compute the SD the papers define and get 0.000754.
     untied = paired_contrast(p000("untied"), p000("baseline"))
     printed(untied.mean_delta, "-0.001826")
     printed(untied.sd_delta, "0.000754")
@@ -477,7 +477,7 @@ def test_sign_conventions(reference, gain):
 @settings(deadline=None)
 @given(seed_values, seed_values, st.dictionaries(st.integers(0, 10_000), finite))
 def test_paired_contrast_ignores_shared_seed_effects(arm_values, ref_values, shift):
-    # The paired design removes anything a seed does to both arms alike (spec-002 §3.3).
+    # The paired design removes anything a seed does to both arms alike (seed 002 §2.2).
     common = set(arm_values) & set(ref_values)
     shifted = [{s: v + shift.get(s, 0.0) for s, v in x.items()} for x in (arm_values, ref_values)]
     a, b = paired_contrast(arm_values, ref_values), paired_contrast(*shifted)

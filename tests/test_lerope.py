@@ -1,4 +1,4 @@
-"""LeRoPE (seed 000 Table 2, spec-000-003 §1.C): baseline equivalence, reversible backward, memory."""
+"""LeRoPE (seed 000 Table 2, §4.2 item 2): baseline equivalence, reversible backward, memory."""
 
 import math
 

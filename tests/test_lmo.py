@@ -1,4 +1,4 @@
-"""Clipped-row LMO of seed 004 (spec-004 §1.3; §2 properties 1-10): muonlab.optim.lmo.
+"""Clipped-row LMO of seed 004 (§2.2 eqs. 4–5; App. E–G properties): muonlab.optim.lmo.
 
 The reference is independent of the implementation: eq. (4)/(13) solved for tau by a bracketing
 root finder (scipy brentq) in float64, row by row; optimality (Prop. 1) is checked against SLSQP
@@ -107,7 +107,7 @@ def test_matches_independent_root_finder(case):
 @settings(max_examples=150, deadline=None)
 @given(cases(), st.sampled_from(["fp64", "fp32"]))
 def test_feasible_energy_support_papr(case, prec):
-    """Feasibility, ||L||^2 = min(d, c^2 k), supp L = supp b, PAPR bounds (spec §2 items 1, 2, 9)."""
+    """Feasibility, ||L||^2 = min(d, c^2 k), supp L = supp b, PAPR bounds (seed 004 Prop. 1, App. E, Prop. 7 (App. F.3))."""
     B, c = case
     L = lmo64(B, c) if prec == "fp64" else lmo32(B, c)
     if prec == "fp32":
@@ -194,14 +194,14 @@ def test_endpoints_exact():
 
 
 def test_continuity_at_endpoints():
-    """The finite-cap solver meets the fast paths at c -> 1+ and c -> sqrt(d)- (spec §2 item 5)."""
+    """The finite-cap solver meets the fast paths at c -> 1+ and c -> sqrt(d)- (seed 004 Prop. 1 endpoints; continuity is our check)."""
     B = torch.from_numpy(make_table("heavy", 30, 64, 2))
     torch.testing.assert_close(clipped_row_lmo(B, 1.0 + 1e-9), torch.sign(B), rtol=0, atol=1e-6)
     torch.testing.assert_close(clipped_row_lmo(B, 8.0 * (1 - 1e-12)), clipped_row_lmo(B, 8.0), rtol=0, atol=1e-8)
 
 
 def test_rotation_example_and_worked_papr():
-    """Spec §2 items 8-9: L_c(e_1) = c e_1 (PAPR d), L_c(1/sqrt(d)) = 1."""
+    """Seed 004 App. G, Prop. 7: L_c(e_1) = c e_1 (PAPR d), L_c(1/sqrt(d)) = 1."""
     e1 = torch.zeros(1, 16)
     e1[0, 0] = 1.0
     u = clipped_row_lmo(e1, 2.0)

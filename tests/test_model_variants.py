@@ -64,7 +64,7 @@ def test_weight_fused_and_lerope_shared_match_to_fp32_rounding():
 
 
 def test_fused_equals_unfused_with_trained_gains():
-    """Seed 000 §1.A: weight-fused == exact unfused in outputs and gradients (the paper: 1.36e-7 / 4.14e-7)."""
+    """Seed 000 §1 item 1.3: weight-fused == exact unfused in outputs and gradients (the paper: 1.36e-7 / 4.14e-7)."""
     base = _live_baseline()
     models = {impl: _variant_like(base, presub_gains=impl) for impl in ("unfused_slice", "unfused_contig",
                                                                          "weight_fused", "gate_scaled")}

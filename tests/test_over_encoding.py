@@ -1,4 +1,4 @@
-"""Seed 002 §1.1 hashed n-gram Over-Encoding tables (spec-002 §1.1, §1.3, §2.6-2.8)."""
+"""Seed 002 hashed n-gram Over-Encoding tables (§2.1 Family A; §3)."""
 
 from collections import Counter
 

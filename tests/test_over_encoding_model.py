@@ -48,7 +48,7 @@ def test_over_encoding_changes_the_forward_once_trained():
 
 
 def test_shared_denominator_cancels_w():
-    """a x0 + b a_w with b = -a leaves a e / s_{w+e}: w cancels up to rounding (spec-002 §1.7)."""
+    """a x0 + b a_w with b = -a leaves a e / s_{w+e}: w cancels up to rounding (seed 002 §2.1 Tier 3)."""
     model = _live(oe_m=101, routing="shden", routing_eps=2.0 ** -23)
     with torch.no_grad():
         for table in model.oe.tables:
@@ -99,7 +99,7 @@ def test_moment_free_group_counts_and_updates_only_visited_rows():
     ("12d_bf16_shared_denom", 84_276_402, 127_573_528),
 ])
 def test_arm_parameter_counts_match_spec_002(arm, d6, d8):
-    """spec-002 §1.12: params = backbone (result.json) + OE tables, at depth 6 and depth 8."""
+    """Seed 002 §3 item 1: params = backbone (result.json) + OE tables, at depth 6 and depth 8."""
     for name, want in (("gpu-d6", d6), ("gpu-d8", d8)):
         cfg = resolve_config(arm, name)
         with torch.device("meta"):

@@ -36,7 +36,7 @@ def test_the_native_product_is_kept_elsewhere(monkeypatch):
     monkeypatch.setattr(polar, "EMULATE_CPU_BF16_MATMUL", False)
     assert polar.matmul_for(x) is torch.matmul  # CPUs with AVX512-BF16 / AMX
     monkeypatch.setattr(polar, "EMULATE_CPU_BF16_MATMUL", True)
-    assert polar.matmul_for(x.float()) is torch.matmul  # fp32 iterations (seed 002 §1.4b) untouched
+    assert polar.matmul_for(x.float()) is torch.matmul  # fp32 iterations (seed 002 §2.1 (Tier 1)) untouched
 
 
 def test_polar_express_with_either_product_agrees(monkeypatch):

@@ -1,4 +1,4 @@
-"""Seed 003 residual-addition variants (muonlab.model.variants.residual_rules, radius_gate), spec-000-003 §1.E, §1.F, §2 item 8.
+"""Seed 003 residual-addition variants (muonlab.model.variants.residual_rules, radius_gate), seed 003 Tables 1–2 and "What the combined evidence supports" item 1.
 
 References are independent of the module: an explicit d x d float64 projector, and a per-position
 loop with a two-pass variance for z."""

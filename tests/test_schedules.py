@@ -1,4 +1,4 @@
-"""Schedules against upstream's formulas and the fixed-step progress of seed 002 §4."""
+"""Schedules against upstream's formulas and the fixed-step progress of seed 002 §2.1."""
 
 import pytest
 
@@ -15,7 +15,7 @@ def test_fixed_step_progress_953():
 def test_lr_multiplier_953_matches_spec():
     sched = Schedule()
     lrm = [sched.lr_multiplier(step_progress(s, 953)) for s in range(953)]
-    assert all(v == 1.0 for v in lrm[:482])  # lrm = 1 for steps <= 481 (spec-002 §1.2)
+    assert all(v == 1.0 for v in lrm[:482])  # lrm = 1 for steps <= 481 (from seed 002 §2.1's p_t)
     assert lrm[952] == pytest.approx(2 / 942)
     assert all(a >= b for a, b in zip(lrm, lrm[1:]))
 
@@ -54,7 +54,7 @@ def test_apply_sets_groups():
 
 
 def test_momentum_cooldown_breakpoints():
-    """Seed 002 §1.4c: beta = min(ramp, 0.85 + 0.10 lrm); the ramp ends (step 300) before the warmdown (482)."""
+    """Seed 002 §2.1 (Tier 1): beta = min(ramp, 0.85 + 0.10 lrm); the ramp ends (step 300) before the warmdown (482)."""
     sched = Schedule(momentum_cooldown=True)
     beta = [sched.muon_momentum(s, sched.lr_multiplier(step_progress(s, 953))) for s in range(953)]
     assert beta[0] == 0.85 and beta[300] == pytest.approx(0.95) and beta[481] == pytest.approx(0.95)

@@ -1,4 +1,4 @@
-"""Every seed-004 arm's optimizer as built, against the paper's values (spec-004 §3 and App. K,
+"""Every seed-004 arm's optimizer as built, against the paper's values (seed 004 §3.1, App. J and App. K,
 typed here from the tables, not read from the arms): the tied table's rule, cap c, scale s, rho
 and lr, the vectors' rule and lr, the auxiliary weight decay, and K.5/K.6's batch, steps, seeds."""
 

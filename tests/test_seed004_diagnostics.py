@@ -144,7 +144,7 @@ def test_overhead_state_is_one_fp32_buffer_per_tensor_plus_adamws_second_moment(
 
 
 def test_overhead_at_the_paper_shapes_beside_table27():
-    """Qwen2.5-0.5B and Llama-3.2-1B: the saving the paper prints follows from the shapes (spec-004 §4's
+    """Qwen2.5-0.5B and Llama-3.2-1B: the saving the paper prints follows from the shapes (our
     check); NanoGPT's printed sizes do not, and the table names the difference."""
     from muonlab.diagnostics.overhead import format_table, measure
 
@@ -152,7 +152,7 @@ def test_overhead_at_the_paper_shapes_beside_table27():
         res = measure(preset, steps=0)
         assert abs(res["state_saved"] - res["paper"]["state_saved"]) < 0.002, preset
     res = measure("nanogpt-124m", steps=0)
-    assert res["arms"]["t1_afmuon"]["state_bytes"] == 4 * 123_587_328  # spec §3: 123,587,328 parameters
+    assert res["arms"]["t1_afmuon"]["state_bytes"] == 4 * 123_587_328  # 123,587,328 parameters, derived from seed 004 App. J.1 shapes
     assert "+1.6 points" in format_table(res)
 
 

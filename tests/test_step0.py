@@ -1,4 +1,4 @@
-"""Step-0 controls (seed 002 §1.8): what each mode does to state and params at steps 0 and 1."""
+"""Step-0 controls (seed 002 §4.5 item 2): what each mode does to state and params at steps 0 and 1."""
 
 import math
 

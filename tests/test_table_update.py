@@ -1,4 +1,4 @@
-"""Moment-free OE table update (muonlab.optim.addons.moment_free), seed 002 §1.3 / §1.11.
+"""Moment-free OE table update (muonlab.optim.addons.moment_free), seed 002 §2.1 (Family A) / §4.3 item 1.
 
 The bf16 result is compared with a float64 transcription of the formula, computed here from a
 Counter of the hashed ids and the gradient that loss/K backward of an nn.Embedding lookup
@@ -53,7 +53,7 @@ def reference(table, grad, micro_ids, lr, floor=1e-30, neumann_beta=None):
     visits = Counter(i for ids in micro_ids for i in ids.flatten().tolist())
     rows = sorted(visits)
     gbar = torch.stack([grad[r].double() / visits[r] for r in rows])
-    if neumann_beta is not None:  # whitening's formula (spec §1.4d), on the visited rows
+    if neumann_beta is not None:  # whitening's formula (seed 002 §2.1 Tier 1), on the visited rows
         U = gbar - gbar.mean(0, keepdim=True)
         C = U.T @ U
         gbar = U - 0.5 * neumann_beta * U @ C / (torch.linalg.matrix_norm(C) + 1e-30)

@@ -1,8 +1,8 @@
 """Tied NanoGPT / NanoGPT-MoE of seed 004 (AF-Muon): muonlab.families.tied (model.py, moe.py).
 
-Shapes from seed 004 App. J.1 / J.6 and spec-004 §3; conventions (RMSNorm eps 1e-6,
+Shapes from seed 004 App. J.1 / J.6; conventions (RMSNorm eps 1e-6,
 interleaved RoPE, ScaledReLU^2 = sqrt(2) ReLU^2, N(0, 0.02) init, top-1 gate p/p,
-Switch-style balance loss) from the released code as described in spec-004 §3 / §5.17.
+Switch-style balance loss) from the released code (not in seed 004; App. J.6 gives only top-1 and coefficient 0.01).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def test_tie_survives_conversion_copy_meta_and_load():
 
 @pytest.mark.parametrize("name", TINY)
 def test_tied_gradient_is_lookup_plus_softmax_path(name):
-    """Seed 004 App. D.1 / spec-004 §2.13: G_E = G_in + G_out, each found by detaching the
+    """Seed 004 App. D.1, Prop. 2: G_E = G_in + G_out, each found by detaching the
     other path; G_in lives on the input-token rows only; 1^T G_out = 0; 1^T G_in != 0."""
     model = _model(name, dtype=torch.float64).train()
     idx, targets = _batch(model)
@@ -230,7 +230,7 @@ def test_aux_in_training_loss_only():
 
 
 def test_router_is_a_2d_linear_learning_only_from_the_balance_loss():
-    """spec-004 §5.17: with top-1 the gate is p/p = 1, so the LM loss gives the router no
+    """Released code (unstated in seed 004 App. J.6): with top-1 the gate is p/p = 1, so the LM loss gives the router no
     gradient; it learns through the 0.01 load-balancing loss."""
     model = _model("tied-tiny-moe").train()
     idx, targets = _batch(model)
@@ -250,7 +250,7 @@ def test_router_is_a_2d_linear_learning_only_from_the_balance_loss():
 
 @pytest.mark.parametrize("name", TINY)
 def test_every_parameter_has_an_af_muon_role(name):
-    """The V2 partition (spec-004 §1.1): the tied table once, nn.Linear weights as
+    """The V2 partition (seed 004 §2.2, Algorithm 1): the tied table once, nn.Linear weights as
     matrices, ndim <= 1 as vectors, nothing else."""
     model = _model(name)
     tied = model.get_input_embeddings().weight
@@ -273,7 +273,7 @@ def test_every_parameter_has_an_af_muon_role(name):
 
 @pytest.mark.parametrize(("name", "count"), [("nanogpt-124m", 123_587_328), ("nanogpt-124m-moe", 293_493_504)])
 def test_nanogpt_parameter_count_on_meta(name, count):
-    """Counts of spec-004 §3 rows 1 and 7 (the released code's check-config), with the
+    """Counts of seed 004 App. J.1 and J.6 models (the released code's check-config), with the
     formula V d + d + L (4 d^2 + 2 d + MLP), MLP = 2 d h or E 2 d h + d E."""
     with torch.device("meta"):
         model = build_tied_model(name)
@@ -310,7 +310,7 @@ def test_presets():
 
 @pytest.mark.parametrize("meta", [False, True])
 def test_init_scheme(meta):
-    """Released-code init (spec-004 §3): N(0, 0.02) for the table and every Linear
+    """Released-code init (not in seed 004): N(0, 0.02) for the table and every Linear
     (router and experts included), RMSNorm gains 1."""
     torch.manual_seed(0)
     if meta:

@@ -1,7 +1,7 @@
 """Small T5-style (3-way tie) and ImageGPT-style tied models of seed 004 (AF-Muon):
 muonlab.families.t5.model and muonlab.families.imagegpt.model.
 
-Shapes and counts from seed 004 App. J.5 / J.7 and spec-004 §3 rows 5 and 8 (54,561,792 /
+Shapes and counts from seed 004 App. J.5 / J.7; exact counts not printed there (54,561,792 /
 104,893,440 and 33,563,648 parameters); the 3-way gradient G = G_enc + G_dec + G_out from
 seed 004 App. I; RGB554, SOS, bits/dim and top-half completion from App. J.7 / Table 23.
 """
@@ -259,7 +259,7 @@ def _train(model, opt, loss_fn, steps):
         opt.zero_grad(set_to_none=True)
         loss = loss_fn()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # spec-004 §1.6
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # seed 004 §3.1
         opt.step()
         losses.append(loss.item())
     return losses
@@ -288,7 +288,7 @@ def test_t5_untied_control_trains_with_adamw():
 # --- ImageGPT: counts, head, SOS -----------------------------------------------------------
 
 def test_imagegpt_parameter_count_on_meta():
-    """Seed 004 App. J.7 / spec-004 §3 row 8: 33,563,648 parameters, V = 16,385."""
+    """Seed 004 App. J.7: V = 16,385; 33,563,648 parameters derived from its shapes."""
     with torch.device("meta"):
         model = build_imagegpt("imagegpt")
     cfg = model.config

@@ -1,4 +1,4 @@
-"""Right-projected Neumann-Gram vocabulary whitening (muonlab.optim.addons.neumann_whitening), seed 002 / spec-002 §1.4d.
+"""Right-projected Neumann-Gram vocabulary whitening (muonlab.optim.addons.neumann_whitening), seed 002 §2.1 (Tier 1).
 
 The fp32 implementation is checked against a plain float64 transcription of the paper's formula
 (tables with zero rows and columns, and all-zero tables: no NaN), against the formula's
@@ -224,7 +224,7 @@ def test_bf16_tables_keep_bf16_state():
 
 
 def test_master32_moments_get_the_fp32_whitened_gradient_unrounded(monkeypatch):
-    """Seed 002 §1.4e: Neumann-Gram runs in fp32 and feeds the fp32 master's moments directly; a bf16
+    """Seed 002 §2.1 (Tier 1), §3 item 3: Neumann-Gram runs in fp32 and feeds the fp32 master's moments directly; a bf16
     rounding in between (the whitened gradient cast back to the bf16 table's dtype) is a different step."""
     seen = []
     real = muon_module.adamw_step

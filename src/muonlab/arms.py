@@ -90,10 +90,10 @@ def default_seeds(arm_names: list[str]) -> list[int]:
     return list(next(iter(seeds)))
 
 
-# Seed 000 (docs/papers.md), spec-000-003 §1.G, §4: seeds 42, 47, 137 for the Table-3
+# Seed 000 (docs/papers.md), §4.1–4.4 (Tables 1–4): seeds 42, 47, 137 for the Table-3
 # families, 47 alone for the single-run ladder (Tables 2, 4A), 42/47 at depth 6. Learning rates
 # are multiples of scalar_lr (0.5): "0.04" = 0.02, exp07's "sub_lr 0.05" = 0.025 and exp03's
-# "qk_lr 0.10" = 0.05 (the spec's reading, §5; the absolute values are the alternative).
+# "qk_lr 0.10" = 0.05 (our reading; seed 000 Table 2 leaves the unit unstated; the absolute values are the alternative).
 _SEED000, _S47 = (42, 47, 137), (47,)
 _GAINS = dict(presub_gains="weight_fused")  # linear gains, lr 0.04 x scalar_lr
 _EXP17 = dict(_GAINS, qk_scale="pair_tied_stopexp")  # "natural_grad_geodesic": gains + pair-tied stop-exp QK
@@ -129,7 +129,7 @@ for _name, _exp, _seeds, _overrides, _what in [
     ("exp40_postpolar_fp32", "exp42/40/45", _SEED000, dict(_EXP17, post_polar_dtype="fp32"), "exp17 + fp32 post-polar"),
     ("exp33_hbieq_fp32_no_metric", "exp33", _S47, dict(prepolar="hbieq", post_polar_dtype="fp32"),
      "homotopy BiEq, fp32 post-polar, no gains or QK scaling"),
-    # depth 6 (the exp05 recipe there, spec §1.A [I]); post-polar dtype of exp54/55 unstated: bf16
+    # depth 6 (the exp05 recipe there, inferred from the run name exp11_exp05_depth6_seed47 in seed 000 Table 1); post-polar dtype of exp54/55 unstated: bf16
     ("exp11_weight_fused_d6", "exp24/exp11", (42, 47), dict(_EXP05, depth=6), "depth 6, the exp05 recipe, weight-fused"),
     ("exp28_unfused_slice_d6", "exp28", _S47, dict(_EXP05, depth=6, presub_gains="unfused_slice"),
      "depth 6, the exp05 recipe, exact unfused gains (slice-view gate input)"),
@@ -141,7 +141,7 @@ for _name, _exp, _seeds, _overrides, _what in [
                  else "forward", seeds=_seeds))
 
 
-# Seed 003 (docs/papers.md), spec-000-003 §1.E-F: backward branch-credit rules at every
+# Seed 003 (docs/papers.md), Tables 1–2: backward branch-credit rules at every
 # residual addition (seeds 46 exploratory, 146 and 246 replications) and forward radius gates
 # (seed 246), the gate arms on the paper's memory-safe path (block checkpointing, 4096-token loss chunks).
 _GATE = dict(checkpoint_blocks=True, loss_chunk_tokens=4096)
@@ -160,18 +160,18 @@ for _name, _seeds, _overrides, _what in [
                  experiment=_name.removeprefix("p003_"), family="seed003", seeds=_seeds))
 
 
-# Seed 002 (docs/papers.md) dense arms, seeds 41, 42, 47 (spec-002 §1.12, §3.3). The
-# fixed-step progress of §1.2 is the preset's; 01_dense_opt follows when Neumann whitening and
+# Seed 002 (docs/papers.md) dense arms, seeds 41, 42, 47 (§2.2, Table 1). The
+# fixed-step progress of seed 002 §2.1 is the preset's; 01_dense_opt follows when Neumann whitening and
 # master32 land.
 _SEED002 = (41, 42, 47)
 register(Arm(name="00_dense_native", description="seed 002 00_dense_native: the baseline under the paper's protocol",
              paper="seed 002", experiment="00_dense_native", family="seed002", seeds=_SEED002))
 register(Arm(name="00_dense_native_lr141",
-             description="seed 002 LR141: every LR x sqrt(2), Muon weight decay x 1/sqrt(2) (spec-002 §1.10)",
+             description="seed 002 LR141: every LR x sqrt(2), Muon weight decay x 1/sqrt(2) (§4.4, Table 7)",
              overrides={"lr_scale": 2 ** 0.5}, paper="seed 002", experiment="00_dense_native_lr141",
              family="seed002", seeds=_SEED002))
 
-# 01_dense_opt: the six OPT sub-components of spec-002 §1.4, all on (the "0-trainable-parameter
+# 01_dense_opt: the six OPT sub-components of seed 002 §2.1 (Family B, Tier 1), all on (the "0-trainable-parameter
 # backward optimizer"): 2-pass homotopy BiEq with tau 25, Polar Express and post-polar in fp32,
 # warmdown momentum cooldown, Neumann-Gram vocabulary whitening (tau 80), fp32 master state for
 # wte and value embeddings, cosine Muon weight decay.
@@ -185,9 +185,9 @@ register(Arm(name="01_dense_opt_lr141", description="seed 002 01_dense_opt with 
              overrides={**_OPT, "lr_scale": 2 ** 0.5}, paper="seed 002", experiment="01_dense_opt_lr141",
              family="seed002", seeds=_SEED002))
 
-# Seed 002 Over-Encoding family (spec-002 §1.12; seeds 41, 42, 47 unless noted). Arms are
+# Seed 002 Over-Encoding family (§2.2, Table 1; seeds 41, 42, 47 unless noted). Arms are
 # preset-agnostic: the paper ran each at depth 6 (gpu-d6) and/or depth 8 (gpu-d8), as each
-# description says. QTAU = pair-tied q-only exp scaling (its optimizer is unstated, spec-002 §5:
+# description says. QTAU = pair-tied q-only exp scaling (its optimizer is unstated in seed 002 §2.1 Tier 2:
 # muonlab's variant group, lr 0.04 x scalar_lr); QMASK freezes layer 0 and planes 0-15.
 _OE = dict(oe_m=150_855)
 _QTAU = dict(qk_scale="pair_tied_exp")
@@ -224,12 +224,12 @@ for _name, _overrides, _what, _seeds in [
     register(Arm(name=_name, description=f"seed 002 {_name}: {_what}", overrides=_overrides, paper="seed 002",
                  experiment=_name, family="seed002", seeds=_seeds))
 for _mode in ("nostep0", "mom_only_nodisp", "disp_only_nomom", "disp_stepcount_nomom", "nostep0_all"):
-    register(Arm(name=f"12do_{_mode}", description=f"seed 002 12do step-0 control {_mode} (spec-002 §1.8; d6)",
+    register(Arm(name=f"12do_{_mode}", description=f"seed 002 12do step-0 control {_mode} (§4.5 item 2; d6)",
                  overrides=dict(_JOINT, routing="sepden", routing_out=True, step0_mode=_mode), paper="seed 002",
                  experiment=f"12do_{_mode}", family="seed002", seeds=_SEED002))
 
 
-# Seed 004 (AF-Muon, docs/papers.md; spec-004 §3): the tied-GPT arms, seeds 43, 44, 45
+# Seed 004 (AF-Muon, docs/papers.md; §3.1, App. J.1): the tied-GPT arms, seeds 43, 44, 45
 # (K.3 and K.8 ran seed 43 only). Run them under a tied preset: `--preset tied-cpu` (CPU) or
 # `nanogpt-124m` (GPU). Table 1: Hybrid Muon / Sign / AF-Muon; K.1 the 2x2 factorial (tied rule x
 # vector rule, zero aux weight decay); K.2 vocabulary; K.3 the tied scale s; K.4 width; K.5 batch;

@@ -1,4 +1,4 @@
-"""Protein sequences for seed 004's protein language model (App. J.9; spec-004 §3 row 9).
+"""Protein sequences for seed 004's protein language model (App. J.8).
 
 The paper trains a Llama on UniRef50 2021_04 tokenized with ProtGPT2's BPE, with no extra EOS
 appended. Here a FASTA file (or a folder of .fasta/.fa/.faa files, sorted) is read record by

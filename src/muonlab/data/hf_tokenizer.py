@@ -1,5 +1,5 @@
 """A local Hugging Face `tokenizer.json` (seed 004 tokenized FineWeb with the SmolLM2, Qwen2.5 and
-Llama-3.2 tokenizers, and UniRef50 with ProtGPT2's BPE; spec-004 §3). Read from a file the user
+Llama-3.2 tokenizers, and UniRef50 with ProtGPT2's BPE; App. J.2–J.4, J.8). Read from a file the user
 has, with the `tokenizers` library (installed with `transformers`, the `hf` extra); nothing is
 downloaded. Documents are joined by the tokenizer's end-of-text token when it has one of the
 usual names (a choice: the paper's caches do not say how documents were separated), else back

@@ -1,6 +1,6 @@
 """RGB554 image tokens and their token files: the ImageGPT setting of seed paper 004 (AF-Muon).
 
-Spec §3 row 8 (paper App. J.7): ImageNet-32 images become 1,024 raster-order colour
+Seed 004 App. J.7: ImageNet-32 images become 1,024 raster-order colour
 tokens, token = (R>>3)*512 + (G>>3)*16 + (B>>4) (5 bits red, 5 green, 4 blue: 16,384
 colours). The model sees [SOS, x1 .. x1023] with SOS = 16,384 (an input-only row, so the
 tied table has 16,385 rows) and predicts x1 .. x1024 against the 16,384 colour rows only.

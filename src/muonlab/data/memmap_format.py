@@ -1,4 +1,4 @@
-"""The token-memmap file format of seed paper 004 (AF-Muon, spec §3 "Data [ref]").
+"""The token-memmap file format of seed paper 004 (AF-Muon, released code; seed 004 §3.1 says only 'token cache').
 
 Seed 004 trains from pre-tokenized caches: one flat little-endian array of token ids per
 split (uint16 when the vocabulary fits, else uint32) next to a `metadata.json`. This module

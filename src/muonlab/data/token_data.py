@@ -1,4 +1,4 @@
-"""Token arrays per split, the data of seed 004's families (spec-004 §3 "Data [ref]").
+"""Token arrays per split, the data of seed 004's families (released code; seed 004 §3.1 says only 'token cache').
 
 The paper trains every setting from pre-tokenized token memmaps (`muonlab.data.memmap_format`):
 train and eval files, non-overlapping blocks shuffled per seed. `TokenData` holds one

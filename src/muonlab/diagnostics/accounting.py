@@ -1,10 +1,10 @@
-"""Per-arm parameter, FLOP and memory accounting of seed paper 002 (spec-002 §2.6-2.8, Table 1b),
+"""Per-arm parameter, FLOP and memory accounting of seed paper 002 (§3, Table 1b),
 derived from the arm's own model and optimizer, with the paper's printed values beside and each
 difference named (issue 16: no constant fitted to a printed number).
 
 Derived on the meta device (no memory, no data, no training), from preset + the arm's overrides:
 - Parameters: backbone = `num_scaling_params()["total"]` (result.json's num_params); the OE tables
-  counted apart (`oe_tables`), as §1.12 / §2.8.
+  counted apart (`oe_tables`), as seed 002 §3 item 1.
 - Step FLOPs: `estimate_flops()` x tokens per step (6 N_matmul + sum_l 12 H D_h min(w_l, T): the
   autoresearch count the paper's percentages divide by).
 - Extra FLOPs per optimizer step: one training step counted op by op (`FlopCounter`) minus the same
@@ -14,7 +14,7 @@ Derived on the meta device (no memory, no data, no training), from preset + the 
 - Components: the arm's overrides are taken away a section at a time (`OTHER` first, then
   `COMPONENTS` in order); a component costs the step before minus the step after its removal, so
   the components sum to the arm's extra exactly. Each is split into forward/backward and optimizer
-  FLOPs (over_encoding's two parts are §3.2's OE "lookup" and "update").
+  FLOPs (over_encoding's two parts are §3 item 2's OE "lookup" and "update").
 - Memory: persistent = parameters + gradients (param dtype) + optimizer state after one step +
   buffers (e.g. OE visit counts), minus the plain model's (Table 1b's "analytical memory");
   activations = bytes of the unique storages autograd saves for backward in one micro-step.
@@ -23,7 +23,7 @@ Counting convention (a TorchDispatchMode over aten ops, `op_flops`): matmul [m,k
 for addmm's add); pointwise arithmetic 1 per output element (lerp 3, addcmul / addcdiv 2);
 reductions 1 per input element (+1 per output for mean; norms 2 per input + 1 per output); softmax 5
 and its backward 4 per element; scatter-adds (embedding backward, index_add) 1 per added element;
-views, copies, casts, gathers, creation, comparisons 0. Integer arithmetic counts (§3.2 prices the OE
+views, copies, casts, gathers, creation, comparisons 0. Integer arithmetic counts (§3 item 2 prices the OE
 hash as "index arithmetic"). An op with no rule is listed (`uncounted_ops`), never priced silently.
 
 Choices (the paper is silent, or the meta device cannot know):
@@ -38,7 +38,7 @@ Choices (the paper is silent, or the meta device cannot know):
   measured peaks are compiled bf16 runs on an RTX 4090, which save less.
 
 Printed values: Table 1b per arm (params, extra GFLOPs and % of step, analytical and measured
-memory) and the §3.2 component figures, at gpu-d6 / gpu-d8 for seed-002 arms, as printed (strings:
+memory) and the §3 item 2 component figures, at gpu-d6 / gpu-d8 for seed-002 arms, as printed (strings:
 their precision decides agreement). A routing component's printed value is implied by Table 1b
 (the arm's total minus its routing-free reference's). Each pair carries the difference (absolute,
 relative) and, where they disagree, why (`REASONS`).
@@ -297,12 +297,12 @@ def _label(name: str, overrides: dict) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------
-# what the paper printed (seed 002 §3.2 and Table 1b), as printed
+# what the paper printed (seed 002 §3 item 2 and Table 1b), as printed
 
 
 PAPER_PRESETS = ("gpu-d6", "gpu-d8")  # seed 002's depth-6 and depth-8 protocols
-PAPER_STEP_TFLOPS = {"gpu-d6": "59.37", "gpu-d8": "125.35"}  # §3.2 item 2 ("of the 59.37 TFLOPs step")
-# §3.2 item 2, per component: (forward/backward part, optimizer part) where the paper prints one; "other"
+PAPER_STEP_TFLOPS = {"gpu-d6": "59.37", "gpu-d8": "125.35"}  # §3 item 2 ("of the 59.37 TFLOPs step")
+# §3 item 2, per component: (forward/backward part, optimizer part) where the paper prints one; "other"
 # (PE32, momentum cooldown, cosine WD, MASTER32, LR141, step-0 modes) is 0: its optimizer total is BiEq + NG
 PAPER_COMPONENTS = {
     "gpu-d6": {"over_encoding": ("1.6106", "0.2896"), "bieq": (None, "0.1695"), "neumann_gram": (None, "24.3820"),
@@ -361,7 +361,7 @@ REASONS = {
                                   "accumulation over the micro-steps, and per token the hash (twice: visit counts "
                                   "and lookup) and the visit counts",
     ("over_encoding", "optimizer"): "priced at {rows} per table; the paper at every row",
-    ("bieq", "optimizer"): "the paper prices ~16 FLOPs per Muon-matrix element (spec-002 §1.4a's reading of its d8 "
+    ("bieq", "optimizer"): "the paper prices ~16 FLOPs per Muon-matrix element (our reading of seed 002 §3 item 2's d8 "
                            "figure); muonlab's HBiEq takes both passes from one squared copy by matrix-vector "
                            "products: 11 per element, plus per-row and per-column work",
     ("neumann_gram", "optimizer"): "the paper's rule 4Vd^2+14Vd+3d^2+3d per table has 14 elementwise FLOPs per "
@@ -370,7 +370,7 @@ REASONS = {
                           "(exp(q_tau), the two RoPE halves' gradient sum)",
     ("table_neumann", "optimizer"): "visited rows are data-dependent: priced at {rows} per table; the paper's "
                                     "figure is this count at {implied} rows per table",
-    ("routing", "total"): "the paper prices 4 FLOPs per routed term and token-channel (spec-002 §1.7's reading "
+    ("routing", "total"): "the paper prices 4 FLOPs per routed term and token-channel (our reading of seed 002 §3 item 2 "
                           "of its totals); counted: 6 per term (forward multiply-add; backward the anchor's "
                           "gradient, its accumulation, and the scalar's product and sum) plus the anchor itself",
     "memory_mib": "the paper adds its components rounded to 0.01 MiB",
@@ -594,7 +594,7 @@ def format_accounting_table(result: dict[str, Any]) -> str:
 
 
 def accounting_arms(args) -> list[str]:
-    """--arms, or every seed-002 arm (spec-002 §1.12)."""
+    """--arms, or every seed-002 arm (seed 002 §2.2, Table 1)."""
     if args.arms is not None:
         names = [name.strip() for name in args.arms.split(",") if name.strip()]
         if not names:
@@ -605,7 +605,7 @@ def accounting_arms(args) -> list[str]:
 
 COMMAND = Command(
     'accounting', "FLOP, parameter and memory accounting per arm, derived from the "
-    "arm's model and optimizer, beside seed 002's printed values (spec-002 §2.6-2.8, Table 1b)",
+    "arm's model and optimizer, beside seed 002's printed values (§3, Table 1b)",
     options=(("--arms", dict(default=None, help="comma-separated arms (default: every seed-002 arm)")),
         ("--preset", dict(default="gpu-d8", help="the protocol the arms are priced at (default gpu-d8)")),
         ("--visited-rows", dict(type=int, default=None, metavar="N",

@@ -1,4 +1,4 @@
-"""AF-Muon tied-table diagnostics from a tied momentum buffer (seed 004 §K.7, spec-004 §3).
+"""AF-Muon tied-table diagnostics from a tied momentum buffer (seed 004 App. K.7, Table 37).
 
 From the tied table's heavy-ball buffer B [V, d] after a run, with the AF direction
 A = L_c(B) (the exact clipped-row LMO at the run's cap c) and the row-RMS direction

@@ -1,11 +1,11 @@
-"""Checkpoint audits of seed paper 002 (spec-002 §2.1-2.3, §2.5; Tables 4, 5a, 8b).
+"""Checkpoint audits of seed paper 002 (§4.2.1–4.2.2, §4.5; Tables 4, 5a, 8b).
 
-- §2.1 stable rank srank(W) = ||W||_F^2 / ||W||_2^2 in [1, min(M, N)], computed in float64 from
+- §4.2.1 stable rank srank(W) = ||W||_F^2 / ||W||_2^2 in [1, min(M, N)], computed in float64 from
   the stored (possibly bf16) weights, with sigma_1^2 the top eigenvalue of the smaller Gram matrix.
-- §2.2 mean-row common-mode energy share M ||w_bar||^2 / ||W||_F^2, w_bar = the mean of the M rows
+- §4.2.1 mean-row common-mode energy share M ||w_bar||^2 / ||W||_F^2, w_bar = the mean of the M rows
   (rows = vocabulary / hash rows; nn.Linear weights are [out, in], so lm_head's rows are tokens).
-- §2.3 the profile of exp(q_tau) in R^{L x H x D_h/2} (Table 5a).
-- §2.5 the terminal residual scalars (Table 8b).
+- §4.2.2 the profile of exp(q_tau) in R^{L x H x D_h/2} (Table 5a).
+- §4.5 the terminal residual scalars (Table 8b).
 
 Choices (the paper leaves these open):
 - A zero matrix has no stable rank or energy share: both are nan, and family means skip nan
@@ -13,7 +13,7 @@ Choices (the paper leaves these open):
 - Table 4 writes srank as "10.50 / 384": each family reports `srank`, its bound `srank_bound`
   = min(M, N) (= d for wte / lm_head, d/4 = the table width for OE tables, as in the paper's
   shapes; a family mean over the audited matrices) and `srank_frac` = mean of srank / bound.
-- OE tables (spec §5 item 18): every row counts (literal formula); `mean_row_energy_nonzero`
+- OE tables (unstated in seed 002 §4.2.1): every row counts (literal formula); `mean_row_energy_nonzero`
   repeats the share over the rows with any nonzero entry (~ the ever-visited rows).
 - Attention family = c_q, c_k, c_v, c_proj of every layer (square when n_kv_head == n_head, as in
   the paper: 4 L matrices); MLP = c_fc, mlp.c_proj (2 L). ve_gate matrices are not audited.
@@ -53,7 +53,7 @@ def stable_rank(w: torch.Tensor) -> float:
 
 
 def mean_row_energy_share(w: torch.Tensor) -> float:
-    """M ||mean row||_2^2 / ||W||_F^2 (spec §2.2) in float64; in [0, 1], nan for a zero matrix."""
+    """M ||mean row||_2^2 / ||W||_F^2 (seed 002 §4.2.1) in float64; in [0, 1], nan for a zero matrix."""
     x = w.detach().double().reshape(w.shape[0], -1)
     fro2 = float(x.square().sum())
     return x.shape[0] * float(x.mean(dim=0).square().sum()) / fro2 if fro2 > 0 else math.nan
@@ -111,7 +111,7 @@ def qtau_profile(model) -> dict[str, Any] | None:
 
 
 def excess_change(mu_oe: float, mu_dense: float) -> float:
-    """Spec §2.3 "excess" change ((mu_12 - 1) - (mu_02 - 1)) / (mu_02 - 1)."""
+    """Seed 002 Table 5a's "excess" change ((mu_12 - 1) - (mu_02 - 1)) / (mu_02 - 1)."""
     return ((mu_oe - 1) - (mu_dense - 1)) / (mu_dense - 1)
 
 

@@ -1,13 +1,13 @@
-"""Seed 000 §4.3's synthetic conditioning benchmark, calibrated to its printed raw condition number.
+"""Seed 000 §4.4 item 2's synthetic conditioning benchmark, calibrated to its printed raw condition number.
 
-Printed (seed 000 §4.3; spec-000-003 §2 item 3) for 4 x 128 x 128 "row-and-column-anisotropic
+Printed (seed 000 §4.4 item 2) for 4 x 128 x 128 "row-and-column-anisotropic
 Gaussian matrices": the condition number kappa_2(G~) after each pre-polar rule, the post-NS5
 orthogonality defect (BiEq only) and the cosine of the post-NS5 output with "the true isotropic
 polar factor" (PRINTED). The paper ran it on CPU (§6, step 1: "standalone CPU ... conditioning
 checks"), so `device` defaults to cpu; cuda runs the same draws (made on a CPU generator), its fp32
 matmuls following torch's float32 matmul precision (TF32 under "high"; untouched here).
 
-Unstated in the paper, fixed here (spec-000-003 §2 item 3 [I]); the choices are arguments:
+Unstated in the paper, fixed here (seed 000 §4.4 item 2 is silent); the choices are arguments:
 - Matrices G = D_r Z D_c, Z i.i.d. N(0, 1) (the isotropic core, float64, seeded).
 - Profile (`profile`): "geometric" (default): log10 of the row scales and of the column scales
   evenly spaced over [-d/2, d/2], d decades on each side. Deterministic, so the core is the only
@@ -56,7 +56,7 @@ from muonlab.optim.addons.zeta import zeta_update, zeta_whiten
 from muonlab.optim.polar import polar_express
 from muonlab.diagnostics import Command
 
-# seed 000 §4.3 (4 x 128 x 128); a missing metric was not printed
+# seed 000 §4.4 item 2 (4 x 128 x 128); a missing metric was not printed
 PRINTED_SHAPE = (4, 128, 128)
 PRINTED = {
     "raw": dict(kappa=12_700.5),
@@ -71,7 +71,7 @@ LABELS = {"raw": "raw (none)", "bieq2": "BiEq 2-pass bilateral", "zeta_ema20": "
 # the printed orders: kappa ascending, cosine descending (raw's cosine was not printed)
 KAPPA_ORDER = ("bieq2", "zeta_ema20", "rowrms1", "turbo_aol", "raw")
 COSINE_ORDER = ("bieq2", "zeta_ema20", "rowrms1", "turbo_aol")
-# Zeta's step-0 cosine with plain Polar Express, printed for a real step-0 gradient (§4.3)
+# Zeta's step-0 cosine with plain Polar Express, printed for a real step-0 gradient (§4.4 item 1)
 PRINTED_ZETA_STEP0_COSINE = 0.649479
 
 
@@ -364,7 +364,7 @@ def format_table(result: dict) -> str:
     s, p = result["setup"], result["primary"]
     cal = p["calibration"]
     b, m, n = s["shape"]
-    lines = [f"seed 000 §4.3 conditioning benchmark: {b}x{m}x{n} (paper: 4x128x128), {s['profile']} row/column "
+    lines = [f"seed 000 §4.4 item 2 conditioning benchmark: {b}x{m}x{n} (paper: 4x128x128), {s['profile']} row/column "
              f"scales, Polar Express {s['polar_steps']} steps in {s['precision']} on {s['device']}",
              f"seed {p['seed']}: {cal['decades']:.6f} decades each side by bisection ({cal['iterations']} steps): "
              f"raw kappa {cal['raw_kappa']:,.3f} (target {s['target_kappa']:,.1f}, rtol {s['calibration_rtol']:g}; "
@@ -403,7 +403,7 @@ def format_table(result: dict) -> str:
 
 
 COMMAND = Command(
-    'conditioning', "seed 000 §4.3 synthetic conditioning benchmark: anisotropy calibrated to the printed raw "
+    'conditioning', "seed 000 §4.4 item 2 synthetic conditioning benchmark: anisotropy calibrated to the printed raw "
     "kappa 12,700.5, then kappa, defect and cosine per conditioner, printed vs measured",
     options=(("--seed", dict(type=int, default=0, help="first seed of the Gaussian cores (default 0)")),
         ("--seeds", dict(type=int, default=32, help="seeds measured, each calibrated: the sampling "

@@ -1,4 +1,4 @@
-"""Equivalence checks of seed 000's forward variants (spec-000-003 §2 items 2 and 9).
+"""Equivalence checks of seed 000's forward variants (§1 item 1.3, §3.2, §4.2 item 2).
 
 - Pre-sublayer gains: weight-fused vs exact unfused (and unfused-contig), fp32, random gains
   (1 + 0.3 N(0,1)) and live branch outputs: relative L2 difference of the logits and the

@@ -1,4 +1,4 @@
-"""FP64 residual-scale gauge identity audit (seed 003, "residual-scale gauge"; spec-000-003 §2 item 7),
+"""FP64 residual-scale gauge identity audit (seed 003, "residual-scale gauge"; "Residual-scale identity and its limits"),
 run on the production residual addition (muonlab.model.variants.residual_rules.residual_add, the
 function and autograd rule the GPT's blocks call) on a toy and on a small real GPT.
 
@@ -24,7 +24,7 @@ What the paper checks (seed 003, gauge section) and the rows that check it here:
                                              <g, g + aK> = |g|^2; -g zero work; surrogate nonzero work;
                                              g + aK and the surrogate descend, -g ascends)
 The paper reports "89 checks pass, max identity error 8.88e-16" and covariance error 3.68e-16 but
-enumerates neither the 89 checks nor its toy sizes, eps grid or probe step (spec-000-003 §5 item 22),
+enumerates neither the 89 checks nor its toy sizes, eps grid or probe step (unstated in seed 003 "Residual-scale identity and its limits"),
 so the list above is its every named claim and our count is our own:
   toy: 3 sum(depths) (1 + len(eps_values)) + 3 len(depths) + 2 + 8   (73 at depths 1..3, eps 1e-6, 1e-3)
   GPT: 3 L + 5                                                         (11 on cpu-tiny, L = 2)
@@ -62,7 +62,7 @@ branch-identity and branch-covariance rows fail near 1e-7 and the table names th
 Derivation (finite eps): push the ideal gauge tangent v(node) = node through the linearised graph.
 It is exact except at each norm, where d/ds N(e^s u) = eps/(ms(u)+eps) N(u), not 0 (against the
 cotangent g_n of N's output: C), and, under the branch rule (the adjoint of dy = du + P_y df), at
-each addition, where dy = y - y<y,f>/||y||^2 (giving -E). So the spec's formula and signs hold with
+each addition, where dy = y - y<y,f>/||y||^2 (giving -E). So seed 003's formula and signs hold with
 the cotangents of the backward actually run (E = 0 for autograd); jvp confirms it independently.
 
 Choices (unstated in seed 003): toy batch 2 x 6 tokens, width 8, 2-head causal softmax attention

@@ -1,9 +1,9 @@
-"""Checkpoint geometry of attention and scalars (seed 000 Figure 2, spec-000-003 §2 item 5).
+"""Checkpoint geometry of attention and scalars (seed 000 Figure 2, §4.4 item 1).
 
 Per layer, for W_Q and W_K (c_q, c_k weights, [out, in]): the effective spectral rank
 exp(H(p)), p = sigma / sum(sigma) (Roy & Vetterli), and the row-norm dispersion, the
 coefficient of variation std/mean of the rows' L2 norms (both definitions unstated in the
-paper: the spec's reading). Also the final scalar vectors (x0_lambdas, resid_lambdas) and,
+paper: our reading). Also the final scalar vectors (x0_lambdas, resid_lambdas) and,
 when the run has them, per-layer summaries of its variant parameters (pre-sublayer gains,
 QK scales as their forward multiplier, LeRoPE log-frequencies, radius-gate a and b).
 """

@@ -10,7 +10,7 @@ on one setting (a preset of any seed-004 family).
   each (the preset's micro-batches of random tokens: forward, backward, clipping, the optimizer), with
   `torch.cuda.max_memory_allocated` after resetting the peak on CUDA (not measured elsewhere).
 The paper's Table 27 is beside the four settings it has; its NanoGPT and SmolLM2 state sizes do not
-follow from one fp32 buffer per tensor (spec-004 §4): both numbers are shown, and the difference.
+follow from one fp32 buffer per tensor (seed 004 App. J.9 gives no formula): both numbers are shown, and the difference.
 """
 
 from __future__ import annotations

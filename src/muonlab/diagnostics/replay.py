@@ -1,4 +1,4 @@
-"""Actual-state Muon replay (seed 003, "Actual-state Muon replay"; spec-000-003 §2 item 6).
+"""Actual-state Muon replay (seed 003, "Actual-state Muon replay"; "Reproducibility": replay_radial_updates.py).
 
 From a checkpoint that holds the real optimizer moments, the same captured micro-batches are run
 through the ordinary and the branch-tangent backward (gradients accumulated as training does:
@@ -11,7 +11,7 @@ exactly 0 on CPU) and the direction contrast with both moments / momentum only /
 moment only reset to zero. Guards (ReplayInvariantError): every forward loss is bitwise equal
 across conditions, and weights, buffers and optimizer state are bitwise unchanged afterwards.
 
-Choices (unstated in seed 003; the spec's [I]s included):
+Choices (unstated in seed 003):
   * direction = the update the optimizer's own `muon_step` subtracts, called on clones with a
     ZERO parameter stack: with wd = 0 it writes exactly -(lr_t * g), so no part of the step is
     re-implemented and any pre-polar / precision option of the group is honoured;

@@ -1,4 +1,4 @@
-"""Step-0 precision/epsilon audit of seed paper 002 (spec-002 §2.4, mechanism §1.7-1.8, numbers §4.3),
+"""Step-0 precision/epsilon audit of seed paper 002 (§4.5 item 2; routing in §2.1 Tier 3),
 on the real model: the initialisation and step-0 micro-batches of a preset, arm and seed (or a run
 directory), built and stepped by the training code itself (step0_trajectory.first_steps).
 
@@ -17,7 +17,7 @@ What is computed:
 - float64: a CPU float64 copy of the initial model (bf16 tables cast exactly; logits, soft cap
   and loss in float64; shden's anchor too, keeping its own routing_eps) on the same micro-batches,
   with every `muonlab.model.gpt.norm` call at eps in `eps_values` (`norm_eps`; gpt.py unchanged),
-  and §2.4's reduced loss CE(softcap(lm_head(N_eps(alpha x0)))) differentiated by autograd on alpha
+  and seed 002 §4.5 item 2's reduced loss CE(softcap(lm_head(N_eps(alpha x0)))) differentiated by autograd on alpha
   as an independent route;
 - dtheta0 = -lr wd p0 - lr g / (|g| + eps): AdamW's first update at t = 1 for the float64 and the
   measured gradient, at each family's own lr.
@@ -27,7 +27,7 @@ rounding floor, the largest eps = 0 gradient; shden's anchor only at its own rou
 dL/dalpha is linear in eps (rtol 1e-2: the eps in (alpha^2 q + eps)^(3/2), amplified where the
 per-token terms cancel); the optimizer's actual displacement equals dtheta0 of the measured
 gradient (8 ulp).
-Paper (§4.3, d6 ClimbMix, compiled bf16 on a GPU, seeds 41/42/47) is printed beside the measured
+Paper (seed 002 §4.5 item 2, d6 ClimbMix, compiled bf16 on a GPU, seeds 41/42/47) is printed beside the measured
 values; they compare in value only under that protocol (`protocol_matches`).
 
 Choices: the float64 analysis always runs on CPU (independent of the device; FA3 has no float64);
@@ -55,7 +55,7 @@ from muonlab.diagnostics import Command, STEP0_RUN_OPTIONS
 
 FAMILIES = ALL_FAMILIES
 EPS_VALUES = (0.0, 2.0**-23, 1e-6)
-# spec-002 §4.3: per seed, float64 dL/dalpha at eps 0 / 2^-23 / 1e-6, compiled bf16 grads, bf16/true ratio
+# seed 002 §4.5 item 2: per seed, float64 dL/dalpha at eps 0 / 2^-23 / 1e-6, compiled bf16 grads, bf16/true ratio
 PAPER_STEP0 = {
     41: {"dL_dalpha": {"0": -5.665e-21, "2^-23": 3.384e-12, "1e-06": 2.839e-11},
          "x0_wte_lambdas": 1.758e-06, "out_lambdas": 1.620e-06, "ratio": 5.2e5},
@@ -111,7 +111,7 @@ def family_grads(model, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> tup
 
 
 def reduced_dl_dalpha(m64, batches: list[tuple[torch.Tensor, torch.Tensor]], alpha0: float) -> float:
-    """§2.4's reduced loss L(alpha) = mean CE(softcap(lm_head(N(alpha x0)))), d/dalpha at alpha0 (current norm)."""
+    """Seed 002 §4.5 item 2's reduced loss L(alpha) = mean CE(softcap(lm_head(N(alpha x0)))), d/dalpha at alpha0 (current norm)."""
     alpha = torch.tensor(alpha0, dtype=torch.float64, requires_grad=True)
     loss = 0.0
     for idx, targets in batches:
@@ -199,7 +199,7 @@ def run_step0_audit(run: str | Path | None = None, preset: str | None = None, ar
 def _anchored_at_x0(result: dict[str, Any], eps: float) -> list[tuple[str, int]]:
     """The scalars whose gradient is dL/dalpha at step 0: x0_lambdas, out_lambdas[0], and those on the
     routing anchor a_w (wte_lambdas, out_lambdas[1]) where a_w = x0 there: sepden's norm(w) (e = 0), or
-    shden's w / s_w(routing_eps) when routing_eps is the norm's eps (§1.7: 1e-6 is not 2^-23)."""
+    shden's w / s_w(routing_eps) when routing_eps is the norm's eps (seed 002 §4.5 item 1: 1e-6 is not 2^-23)."""
     fams, c = result["families"], result["config"]
     a_w = c["routing"] == "sepden" or (c["routing"] == "shden" and c["routing_eps"] == eps)
     picked = [("x0_lambdas", i) for i in range(len(fams["x0_lambdas"]["measured"]))]
@@ -257,7 +257,7 @@ def format_step0_table(result: dict[str, Any]) -> str:
     """A text table: one row per scalar (family[i]); lr, float64 per eps, measured, ratio, step-0 jump."""
     labels, c = result["eps_labels"], result["config"]
     ref = "2^-23" if "2^-23" in labels else labels[-1]
-    head = [f"step-0 precision/epsilon audit (seed 002 §2.4): {c['preset_or_run']} arm {c['arm']} seed {c['seed']}, "
+    head = [f"step-0 precision/epsilon audit (seed 002 §4.5 item 2): {c['preset_or_run']} arm {c['arm']} seed {c['seed']}, "
             f"{c['device']} {c['precision']} compile={c['compile']}; depth {c['depth']} width {c['width']} vocab "
             f"{c['vocab']}, step 0 = {result['micro_batches']} micro-batches, {result['tokens']:,} tokens "
             f"({c['data_source']}), step0_mode {c['step0_mode']}",
@@ -284,7 +284,7 @@ def format_step0_table(result: dict[str, Any]) -> str:
         fams = result["families"]
         meas = {k: fams[n]["measured"][0] for k, n in (("x0_wte_lambdas", "x0_lambdas"), ("out_lambdas", "out_lambdas"))
                 if n in fams}
-        lines.append(f"paper (spec-002 §4.3, seed {c['seed']}) vs measured, {where}:")
+        lines.append(f"paper (seed 002 §4.5 item 2, seed {c['seed']}) vs measured, {where}:")
         for lab in labels:
             if lab in paper["dL_dalpha"]:
                 lines.append(f"  float64 dL/dalpha eps={lab}: paper {paper['dL_dalpha'][lab]:+.3e}, "
@@ -301,7 +301,7 @@ def format_step0_table(result: dict[str, Any]) -> str:
 
 
 COMMAND = Command(
-    'step0', "seed 002 §2.4 step-0 precision and epsilon audit of a run's real initialisation and step-0 batch",
+    'step0', "seed 002 §4.5 item 2 step-0 precision and epsilon audit of a run's real initialisation and step-0 batch",
     options=STEP0_RUN_OPTIONS,
     run=lambda a: run_step0_audit(**cli_args(a)),
     format=format_step0_table)

@@ -1,4 +1,4 @@
-"""Seed 002's steps 0..11 trajectory audit of the six step-0 modes (spec-002 §1.8, §2.4), and the
+"""Seed 002's steps 0..11 trajectory audit of the six step-0 modes (§4.5 item 2), and the
 harness both step-0 diagnostics (this and `step0_audit`) use: a run's first optimizer steps taken
 exactly as `muonlab train` takes them.
 
@@ -23,12 +23,12 @@ Checks (`mode_checks`), each with a "passed" flag:
 - replay: every step, mode and family, AdamW's update recomputed in float64 from the state before
   it, the gradient seen, lr, betas, eps and weight decay equals the recorded state['step'],
   exp_avg, exp_avg_sq and displacement (no gradient: nothing changes);
-- step-0 semantics of spec-002 §1.8 / muonlab.optim.step0 on the controlled families (the
+- step-0 semantics of seed 002 §4.5 item 2 / muonlab.optim.step0 on the controlled families (the
   others: the control leaves them as the optimizer left them), and step 1's t;
 - disp_stepcount_nomom's step-1 multiplier sqrt(1 + b2) / (1 + b1) (0.7125 at betas 0.96, 0.95)
   and disp_only_nomom's 1.0000, where |g1| >= 1e4 eps (else eps, not the counter, sets it);
 - every mode shares step 0's loss and gradients bitwise (the controls act after backprop).
-Paper (d6, ClimbMix, compiled bf16 on GPU; §4.3): step-11 losses of 12do_full, dcnt, nostep0_all
+Paper (d6, ClimbMix, compiled bf16 on GPU; seed 002 §4.5 item 2): step-11 losses of 12do_full, dcnt, nostep0_all
 and "dcnt tracks 12do_full within 4e-4 over steps 1..11" are printed beside the measured values;
 they compare in value only under that protocol.
 
@@ -53,9 +53,9 @@ from muonlab.optim.step0 import ALL_FAMILIES, STEP0_MODES, Step0Control, family_
 from muonlab.diagnostics import Command, STEP0_RUN_OPTIONS
 
 DEFAULT_PRESET, DEFAULT_ARM = "cpu-tiny", "12do_oe_decoupled_x0_out"  # seed 002's 12do, on the CPU preset
-DEFAULT_STEPS = 12  # steps 0..11 (spec-002 §2.4)
+DEFAULT_STEPS = 12  # steps 0..11 (seed 002 §4.5)
 SHORT = {"resid_lambdas": "resid", "x0_lambdas": "x0", "wte_lambdas": "wte", "out_lambdas": "out"}
-# spec-002 §4.3 (seed 002 §4.5.2): step-11 training loss per seed, d6 ClimbMix, compiled bf16
+# seed 002 §4.5 item 2: step-11 training loss per seed, d6 ClimbMix, compiled bf16
 PAPER_STEP11_LOSS = {"none": {41: 5.4021, 42: 5.2774, 47: 5.4080},
                      "disp_stepcount_nomom": {41: 5.4020, 42: 5.2772, 47: 5.4080},
                      "nostep0_all": {41: 5.3296, 42: 5.3246, 47: 5.3194}}
@@ -337,7 +337,7 @@ def _replay(records: list[dict]) -> tuple[bool, str]:
 
 
 def _step0_semantics(mode: str, records: list[dict], controlled: tuple[str, ...]) -> list[tuple[str, bool, str]]:
-    """spec-002 §1.8 at step 0 (after the control) and step 1's t, per family."""
+    """seed 002 §4.5 item 2 at step 0 (after the control) and step 1's t, per family."""
     r0, r1 = records[0]["families"], records[1]["families"]
     rows = []
     for name, f in r0.items():
@@ -420,7 +420,7 @@ def mode_checks(modes: dict[str, dict]) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------------------------------------- audit
 
 def paper_comparison(modes: dict[str, dict], seed: int, protocol_matches: bool) -> dict[str, Any]:
-    """spec-002 §4.3's trajectory numbers for this seed beside the measured ones."""
+    """seed 002 §4.5 item 2's trajectory numbers for this seed beside the measured ones."""
     rows = []
     for mode, per_seed in PAPER_STEP11_LOSS.items():
         steps = modes.get(mode, {}).get("steps", [])
@@ -437,7 +437,7 @@ def paper_comparison(modes: dict[str, dict], seed: int, protocol_matches: bool) 
 
 
 def protocol_matches(d: dict[str, Any]) -> bool:
-    """The printed numbers' setting: depth 6, ClimbMix, compiled bf16 on CUDA, a paper seed (§4.3)."""
+    """The printed numbers' setting: depth 6, ClimbMix, compiled bf16 on CUDA, a paper seed (seed 002 §4.5 item 2)."""
     return (d["depth"] == 6 and d["data_source"] == "climbmix" and d["precision"] == "bf16"
             and d["device"].startswith("cuda") and bool(d["compile"]) and d["seed"] in (41, 42, 47))
 
@@ -480,7 +480,7 @@ def format_trajectory_table(result: dict[str, Any]) -> str:
     fams = result["families"]
     focus = next((n for n in ("wte_lambdas", "out_lambdas", "x0_lambdas") if n in fams), fams[0])
     k = SHORT[focus]
-    lines = [f"step-0 trajectory audit (seed 002 §2.4): {c['preset_or_run']} arm {c['arm']} seed {c['seed']}, "
+    lines = [f"step-0 trajectory audit (seed 002 §4.5 item 2): {c['preset_or_run']} arm {c['arm']} seed {c['seed']}, "
              f"{c['device']} {c['precision']}, depth {c['depth']} width {c['width']}, {c['accum']} micro-batches of "
              f"{c['micro_batch']} x {c['sequence_len']}; steps 0..{result['steps'] - 1}",
              f"per step: the logged loss; {k}[0] value after the step, its gradient, state['step'] (t), exp_avg (m), "
@@ -500,7 +500,7 @@ def format_trajectory_table(result: dict[str, Any]) -> str:
     widths = [max(len(r[j]) for r in rows) for j in range(len(head))]
     lines += ["  ".join(v.ljust(w) if j == 0 else v.rjust(w) for j, (v, w) in enumerate(zip(r, widths))) for r in rows]
     p = result["paper"]
-    lines.append(f"paper (spec-002 §4.3, seed {c['seed']}) vs measured: {p['note']}")
+    lines.append(f"paper (seed 002 §4.5 item 2, seed {c['seed']}) vs measured: {p['note']}")
     for row in p["rows"]:
         bound = " (bound)" if row.get("paper_is_bound") else ""
         lines.append(f"  {row['quantity']}: paper {_fmt(row['paper'], '.4f') if row['paper'] is not None else 'n/a'}"
@@ -512,7 +512,7 @@ def format_trajectory_table(result: dict[str, Any]) -> str:
 
 
 COMMAND = Command(
-    'step0-trajectory', "seed 002 §2.4 steps 0..11 trajectories of the six step-0 modes "
+    'step0-trajectory', "seed 002 §4.5 item 2 steps 0..11 trajectories of the six step-0 modes "
     "(values, gradients, state['step'], exp_avg, exp_avg_sq) with their semantics checked",
     options=STEP0_RUN_OPTIONS + (
         ("--steps", dict(type=int, default=12, help="optimizer steps recorded (default 12: 0..11)")),

@@ -1,5 +1,5 @@
 """Saved-tensor storage audit of the pre-sublayer gain implementations (seed 000 §3.1, §4.1 Table 1;
-spec-000-003 §1.A "Memory claims" and §2 item 1), with the peak-memory profile on CUDA.
+§1 item 1, §6 step 2), with the peak-memory profile on CUDA.
 
 Seed 000 deduplicates the tensors saved for backward by `untyped_storage().data_ptr()` and counts
 unique storages of a full (B, T, d) activation (`nbytes = B*T*d*itemsize`) and of a compact (B, T, 32)

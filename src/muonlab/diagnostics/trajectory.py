@@ -1,4 +1,4 @@
-"""Early-step trajectory of a run (seed 000 Table 4B, spec-000-003 §2 item 4).
+"""Early-step trajectory of a run (seed 000 Table 4B, §4.4).
 
 Training records, at the steps of `trajectory_steps` (default 0, 10, 20, 40, 80), the raw
 last-micro-batch train loss and the full `x0_lambdas` / `resid_lambdas` vectors after that

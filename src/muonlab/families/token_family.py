@@ -1,6 +1,6 @@
 """What seed 004's token-file families share (muonlab.families.{hf,t5,imagegpt}, and the tied GPT
 on `--source memmap`): their data as token memmaps per split, a seeded block loader, and the
-loss-based evaluation (validation loss and perplexity, spec-004 §3 "Metric").
+loss-based evaluation (validation loss and perplexity, seed 004 Table 1).
 
 Data (`token_data(cfg, log)`), by `data.source`:
   memmap              the user's token files as they are (`muonlab.data.token_data.memmap_folder`)

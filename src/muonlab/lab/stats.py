@@ -2,7 +2,7 @@
 95% t-intervals and two-sided p-values, difference-of-differences, retention ratios, a
 preregistered decision, and seed 003's single-seed threshold decision.
 
-Protocol (spec-002 §3.4, spec-000-003 §3 "Statistics", seed 003 "Experimental protocol"):
+Protocol (seed 002 §4.1, §5 item 1, seed 000 §4.4 item 4, seed 003 "Experimental protocol"):
 - per arm: mean ± *sample* SD (ddof = 1) over seeds;
 - per seed, paired Δ = arm − reference (negative = lower BPB = better), then mean ± SD of the
   Δs and the descriptive 95% t-interval mean ± t_{0.975, n−1}·SD/√n (t_{0.975,2} = 4.302653);
@@ -39,7 +39,7 @@ IMPROVES, WORSE, INCONCLUSIVE, NOT_ESTIMABLE = "improves", "worse", "inconclusiv
 
 RULE_KINDS = {
     # Default: both papers' conditions at once. Seed 002 calls a contrast "significant" only if
-    # its 2-df CI excludes 0 (spec-002 §3.4); seed 003 preregisters a practical separation of
+    # its 2-df CI excludes 0 (seed 002 §4.1, §5 item 1); seed 003 preregisters a practical separation of
     # 0.0005 BPB that the mean effect must reach ("a decision threshold, not a confidence
     # interval"; its state gate at -0.000453 "misses the 0.0005 rule").
     "ci+threshold": "improves if the CI upper bound < 0 and mean Δ ≤ −θ; worse if the CI lower "
@@ -64,7 +64,7 @@ def t_quantile(n: int, level: float = CI_LEVEL) -> float:
 
 
 def t_interval(mean: float, sd: float, n: int, level: float = CI_LEVEL) -> tuple[float, float]:
-    """mean ± t_{(1+level)/2, n−1}·sd/√n (spec-002 §3.4)."""
+    """mean ± t_{(1+level)/2, n−1}·sd/√n (seed 002 §4.1)."""
     half = t_quantile(n, level) * sd / math.sqrt(n)
     return (mean - half, mean + half)
 
@@ -173,7 +173,7 @@ class ArmSummary:
 
 
 def summarize_arm(arm: str, values: Mapping[int, float]) -> ArmSummary:
-    """Mean ± sample SD (n−1) of one arm's per-seed values (spec-002 §3.4)."""
+    """Mean ± sample SD (n−1) of one arm's per-seed values (seed 002 Table 2)."""
     checked = _check_values(values, f"arm {arm!r}")
     array = np.array(list(checked.values()), dtype=np.float64)
     mean = float(array.mean()) if array.size else None
@@ -229,7 +229,7 @@ class Contrast:
 
 def contrast_from_deltas(deltas: Mapping[int, float], name: str = "contrast",
                          rule: DecisionRule | None = None, level: float = CI_LEVEL) -> Contrast:
-    """Summarise per-seed paired differences (spec-002 §3.4): mean, SD, t-CI, p, k/n, decision."""
+    """Summarise per-seed paired differences (seed 002 §4.1, Table 3): mean, SD, t-CI, p, k/n, decision."""
     rule = rule or DecisionRule()
     checked = _check_values(deltas, name)
     seeds, values = tuple(checked), tuple(checked.values())
@@ -249,7 +249,7 @@ def contrast_from_deltas(deltas: Mapping[int, float], name: str = "contrast",
 
 
 def paired_deltas(arm: Mapping[int, float], reference: Mapping[int, float]) -> dict[int, float]:
-    """Δ = arm − reference for every seed both have (the paired design of spec-002 §3.3)."""
+    """Δ = arm − reference for every seed both have (the paired design of seed 002 §2.2)."""
     common = sorted(set(arm) & set(reference))
     return {seed: float(arm[seed]) - float(reference[seed]) for seed in common}
 
@@ -264,7 +264,7 @@ def difference_of_differences(a: Mapping[int, float], b: Mapping[int, float],
                               c: Mapping[int, float], d: Mapping[int, float],
                               name: str = "(a - b) - (c - d)",
                               rule: DecisionRule | None = None) -> Contrast:
-    """Per seed (a − b) − (c − d) over seeds present in all four arms (spec-002 §3.4).
+    """Per seed (a − b) − (c − d) over seeds present in all four arms (seed 002 §4.1, Table 3 rows 9–11).
 
     E.g. DoD(OE×Opt) = (11 − 10) − (01 − 00): a = 11, b = 10, c = 01, d = 00.
     """
@@ -289,7 +289,7 @@ def retention_ratio(conditional: Contrast | float | None, reference: Contrast | 
 @dataclass(frozen=True)
 class Retention:
     """Descriptive retention ratio mean(a − b) / mean(c − d) over the seeds all four arms share,
-    e.g. Opt|OE (11 − 10) keeps 48.6 % of Opt|Dense (01 − 00) (seed 002 Table 3, spec-002 §3.4).
+    e.g. Opt|OE (11 − 10) keeps 48.6 % of Opt|Dense (01 − 00) (seed 002 Table 3, §4.1 item 2).
 
     Both means carry sampling error, so there is no interval. The ratio exists from one shared
     seed on (seed 002 quotes single-seed ones: "s47 recovers 70.5 % of its QK regression").

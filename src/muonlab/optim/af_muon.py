@@ -1,11 +1,11 @@
-"""AF-Muon: AdamW-free Muon for tied-embedding models (seed paper 004; spec-004 §1, §3).
+"""AF-Muon: AdamW-free Muon for tied-embedding models (seed paper 004; §2, §3.1).
 
-Every unique parameter gets one role (§1.1). "matrix": Muon with the quintic Newton–Schulz of
-§1.2 (muonlab.optim.polar.newton_schulz, beside upstream's Polar Express). "tied": the one table that is both input embedding and output head; heavy-ball momentum
-on the merged gradient and the row-wise clipped-row LMO (§1.3, `muonlab.optim.lmo`), with
+Every unique parameter gets one role (§2.2, Algorithm 1). "matrix": Muon with the quintic Newton–Schulz of
+§2.2 (muonlab.optim.polar.newton_schulz, beside upstream's Polar Express). "tied": the one table that is both input embedding and output head; heavy-ball momentum
+on the merged gradient and the row-wise clipped-row LMO (§2.2 eqs. 4–5, `muonlab.optim.lmo`), with
 lr_tie = lr * rho * s / d (eq. 6; rho = rho_out/rho_hid). "vector" (ndim <= 1): heavy-ball
-momentum and b / max(RMS(b), eps) (§1.4). One fp32 buffer per tensor, no second moment, no bias
-correction, no decay outside "matrix". Baselines (§1.7) are presets of `build_optimizer`.
+momentum and b / max(RMS(b), eps) (§2.2). One fp32 buffer per tensor, no second moment, no bias
+correction, no decay outside "matrix". Baselines (§3.1) are presets of `build_optimizer`.
 
 Choices (ours, where the spec leaves room):
 - A fourth role "adamw" (torch.optim.AdamW's single-tensor arithmetic, state exp_avg/exp_avg_sq/
@@ -55,7 +55,7 @@ def shape_factor(p: Tensor) -> float:
 
 
 class AFMuon(torch.optim.Optimizer):
-    """AF-Muon (seed 004 §1). Param groups need a "role" in ROLES; see the module docstring."""
+    """AF-Muon (seed 004 §2). Param groups need a "role" in ROLES; see the module docstring."""
 
     def __init__(self, params: Iterable[Any], *, lr: float = 0.02, momentum: float = 0.95,
                  weight_decay: float = 0.0, ns_steps: int = 5, cap: float = 3.0, scale: float = 0.5,
@@ -175,7 +175,7 @@ def find_tied(model: nn.Module, tied: str | Tensor | None = None) -> tuple[str, 
 
 def partition_by_role(model: nn.Module, *, tied: str | Tensor | None = None,
                       matrices: str = "linear") -> dict[str, Named]:
-    """Roles of every unique trainable parameter (spec §1.1); ValueError names any tensor without one."""
+    """Roles of every unique trainable parameter (seed 004 §2.2, Algorithm 1); ValueError names any tensor without one."""
     if matrices not in ("linear", "all"):
         raise ValueError(f"matrices must be 'linear' or 'all', got {matrices!r}")
     tied_name, table = find_tied(model, tied)
@@ -226,7 +226,7 @@ _RULES = {"afmuon": ("lmo", "rms"), "sign": ("lmo", "rms"), "hybrid": ("adamw", 
 
 
 def build_optimizer(model: nn.Module, preset: str = "afmuon", **overrides: Any) -> torch.optim.Optimizer:
-    """An optimizer for `model` (spec §1.7, §3). Overrides: keys of _BUILD (lr = Muon/tied base LR,
+    """An optimizer for `model` (seed 004 §3.1, Apps. J–K). Overrides: keys of _BUILD (lr = Muon/tied base LR,
     vector_lr, weight_decay = matrix decay, cap, scale, rho, aux_* = the AdamW groups, tied, matrices);
     for "adamw": lr, weight_decay, eps, aux_betas. The optimizer gets `.roles` (role -> names)."""
     if preset not in PRESETS:
@@ -262,7 +262,7 @@ def _matrix_group(o: dict) -> dict:
 
 
 def _aux_group(o: dict) -> dict:
-    """Hybrid's AdamW group (spec §1.7): betas (0.9, 0.95), eps 1e-10, bias-corrected."""
+    """Hybrid's AdamW group (released code; seed 004 §3.1 gives only wd 0.01): betas (0.9, 0.95), eps 1e-10, bias-corrected."""
     return dict(role="adamw", lr=o["aux_lr"], betas=o["aux_betas"], eps=o["aux_eps"], weight_decay=o["aux_weight_decay"])
 
 
@@ -323,7 +323,7 @@ SOURCES = ("lookup", "softmax", "both")
 
 
 class GradientSources:
-    """Split the tied table's gradient into its lookup and softmax sources (spec §1.7, K.8).
+    """Split the tied table's gradient into its lookup and softmax sources (seed 004 App. K.8).
 
     While the context is open, every `F.embedding` call that reads the tied table (what nn.Embedding
     modules run, so 3-way ties' encoder and decoder lookups too) registers a hook on its raw lookup

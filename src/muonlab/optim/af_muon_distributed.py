@@ -3,7 +3,7 @@
 Like DistMuonAdamW, the optimizer owns the communication (no DDP in the loop), and each rank updates
 only its share of the parameters, keeping the state of that share (ZeRO-1):
   - "matrix" tensors are owned whole, in contiguous chunks of ceil(N / W) of each group's list, so each
-    rank orthogonalises whole matrices (seed 004 §1.2's Newton–Schulz never sees a fraction);
+    rank orthogonalises whole matrices (seed 004 §2.2's Newton–Schulz never sees a fraction);
   - the tied table, and any other 2-D tensor of a row-wise or element-wise rule (Hybrid's AdamW tables),
     is row-sharded: rank r owns rows [r c, (r + 1) c), c = ceil(V / W); the clipped-row LMO (eq. 4-5),
     heavy-ball momentum and AdamW act per row or element, so a shard's update is the whole's rows;
@@ -15,7 +15,7 @@ A step with W > 1 ranks (each holds the mean gradient of its own micro-batches):
      tensor with a gradient on some rank is stepped; a rank without one contributes zeros);
   1. one all_reduce (sum) of every stepped gradient, flattened into one buffer, divided by W on arrival,
      written back to `.grad` (from here `.grad` is the global mean gradient, on every rank);
-  2. gradient clipping (`max_grad_norm`, seed 004 §1.6) on that mean gradient with the single-process
+  2. gradient clipping (`max_grad_norm`, seed 004 §3.1) on that mean gradient with the single-process
      call (`clip_grad_norm_` over `clip_params`, the model's parameter order), so the norm is the one a
      single process computes;
   3. each rank updates its share (AFMuon._update: the single-process arithmetic);

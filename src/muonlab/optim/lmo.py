@@ -1,4 +1,4 @@
-"""Finite-cap clipped-row LMO of the tied table (seed 004, AF-Muon; spec-004 §1.3, §2).
+"""Finite-cap clipped-row LMO of the tied table (seed 004, AF-Muon; §2.2 eqs. 4–5, Apps. E–G).
 
 Norm ||U||_tie,c = max(max_i ||u_i||_2 / sqrt(d), max_ij |U_ij| / c), c >= 1; its unit ball is a
 product over rows, so the LMO acts row by row. For a row b with support S = {j: b_j != 0},
@@ -6,7 +6,7 @@ k = |S|, eq. (4)/(13): choose tau >= 0 with sum_j min(c^2, tau^2 b_j^2) = min(d,
 eq. (5)/(14): L_c(b)_j = sign(b_j) min(c, tau |b_j|), zero off the support (L_c(0) = 0).
 Prop. 1 / Thm 4: L_c(b) maximises <b, u> over ||u||_2 <= sqrt(d), ||u||_inf <= c.
 
-Cases (spec §1.3): c == 1 -> sign(b) exactly (sparse rows included); c >= sqrt(d) or c = inf ->
+Cases (seed 004 Prop. 1, App. E): c == 1 -> sign(b) exactly (sparse rows included); c >= sqrt(d) or c = inf ->
 row-RMS sqrt(d) b / ||b||; c^2 k <= d (support-limited) -> c sign(b) exactly; otherwise
 radius-limited, tau unique, output clamp(tau b, -c, c) with ||L||_2^2 = d.
 
@@ -22,7 +22,7 @@ step, heavy tails 2-5. Each step is 6 fused passes over the rows still moving (m
 threshold, sum, amin); m is recovered exactly as the integer (f - t T) / c^2 of two row sums.
 Rows not settled after `_NEWTON_STEPS` steps, rows whose uncapped energy vanishes (candidates for
 support-limited), zero rows and rows whose squares leave fp range (sum b^2 outside
-[tiny^0.8, max^0.8]) take the sort-based closed form of spec §1.3 steps 1-7 in fp64 (rows
+[tiny^0.8, max^0.8]) take the sort-based closed form of seed 004 App. F.2 in fp64 (rows
 divided by their max first), which is exact too; Newton only avoids its sort on the bulk
 (a full sort costs ~20x a row-RMS pass on CPU).
 
@@ -55,7 +55,7 @@ _VERIFY = 1.0 - 1e-6  # margin of the "no uncapped entry reaches the cap" root t
 
 
 def _rows_exact(X: torch.Tensor, c: float) -> torch.Tensor:
-    """L_c of a few rows in fp64 by the sort-based closed form (spec §1.3 steps 1-7, App. F.2)."""
+    """L_c of a few rows in fp64 by the sort-based closed form (seed 004 App. F.2)."""
     X = X.double()
     n, d = X.shape
     amax = X.abs().amax(1, keepdim=True)

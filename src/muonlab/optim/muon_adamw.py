@@ -156,7 +156,7 @@ class MuonAdamW(torch.optim.Optimizer):
         """One AdamW step of `share` (a param or this rank's rows of it) with `grad`, state["step"]
         already advanced; through the state precision's tensor when the state has one. `grad` is
         cast once, here: to the state precision's dtype (an fp32 state gets a transform's fp32
-        output unrounded, seed 002 §1.4e) or else to share's dtype."""
+        output unrounded, seed 002 §2.1 (Tier 1), §3 item 3) or else to share's dtype."""
         precision = extensions.adamw_precision_of(state)
         self._fill_adamw(group, state["step"])
         target = share if precision is None else precision.target(state)

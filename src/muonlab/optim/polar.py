@@ -1,5 +1,5 @@
 """The polar iterations, each as its paper uses it: Polar Express (Amsel et al. 2025), upstream
-MuonAdamW's, and the quintic Newton–Schulz of AF-Muon (seed 004 §1.2, Keller Jordan's Muon
+MuonAdamW's, and the quintic Newton–Schulz of AF-Muon (seed 004 §2.2, Keller Jordan's Muon
 coefficients). Their coefficient schedules stand side by side below.
 
 Polar Express:
@@ -15,7 +15,7 @@ operands rounded to bf16: exact products, fp32 accumulation, one rounding, as a 
 in a different summation order (about 1 element in 10^4 then differs by one bf16 ulp).
 
 Options (muonlab's polar stage, off by default; the default call is bitwise upstream on CUDA):
-  - `dtype`: the iteration dtype (addons/polar_precision.py: fp32, seed 002 §1.4b). On CUDA,
+  - `dtype`: the iteration dtype (addons/polar_precision.py: fp32, seed 002 §2.1 (Tier 1)). On CUDA,
     fp32 matmuls follow torch's float32 matmul precision (TF32 under "high").
   - `normalize`: a registered normalisation replacing the Frobenius one (register_normalization;
     addons/turbo_aol.py registers "aol"). A normalisation returns the scaled X and, when it

@@ -99,10 +99,10 @@ def conditioner(group: dict) -> tuple[extensions.PrePolar | None, bool]:
 # ---------------------------------------------------------------- the run-config section
 @dataclasses.dataclass
 class PrepolarSettingsBase(Section):
-    """Seed 000 §3.3, seed 002 §1.4a: a conditioner of the Nesterov tensor before Polar Express.
+    """Seed 000 §3.3, seed 002 §2.1 (Tier 1): a conditioner of the Nesterov tensor before Polar Express.
     The concrete class adds every registered conditioner's options (new_settings)."""
 
-    METHOD: ClassVar[MethodInfo] = MethodInfo('prepolar', 'seed 000 §3.3; seed 002 §1.4a', __name__,
+    METHOD: ClassVar[MethodInfo] = MethodInfo('prepolar', 'seed 000 §3.3; seed 002 §2.1 (Tier 1)', __name__,
                                               ('tests/test_prepolar.py', 'tests/test_prepolar_arms.py'), 'kind', None)
     OWNERS: ClassVar[dict[str, tuple[str, ...]]] = {}  # option -> the conditioners that declare it
 

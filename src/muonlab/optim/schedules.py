@@ -1,7 +1,7 @@
 """Training schedules of upstream autoresearch, plus the fixed-step progress of seed paper 002.
 
 Progress p in [0, 1] drives the LR multiplier and the weight-decay decay. Upstream measures
-it in training seconds over a time budget; for fixed-step runs seed 002 (§4, spec §1.2) uses
+it in training seconds over a time budget; for fixed-step runs seed 002 (§2.1) uses
 p_t = min(max(step - 11, 0) / (N - 11), 1), skipping the 11 untimed warm-up steps.
 """
 
@@ -30,12 +30,12 @@ def time_progress(training_seconds: float, time_budget: float) -> float:
 class Schedule:
     """LR multiplier (warmup, flat, linear warmdown), Muon momentum warmup, linear WD decay.
 
-    Seed 002 options (spec-002 §1.4c, §1.4f, §1.10), all off by default:
+    Seed 002 options (§2.1 Tier 1, §4.4), all off by default:
     - `momentum_cooldown`: in the warmdown the Nesterov momentum anneals back,
       beta = min(ramp(step), start + (end - start) * lrm), i.e. 0.95 -> 0.85 as lrm -> 0, computed
-      from the unscaled lrm (§1.4c's min() form; equal to ramp-then-cooldown when the ramp ends first).
+      from the unscaled lrm (the min() form, unstated in seed 002 §2.1; equal to ramp-then-cooldown when the ramp ends first).
     - `wd_schedule="cosine"`: wd = wd0 * (1 + cos(pi p)) / 2 instead of wd0 * (1 - p). The paper
-      gives no formula; this is the spec's recommendation (§1.4f), endpoints equal to linear.
+      gives no formula; this is our choice (seed 002 §2.1 names only "cosine weight decay"), endpoints equal to linear.
     - `lr_scale` k: every group's LR x k and the Muon weight decay x 1/k (seed 002 `lr141`, k = sqrt 2),
       momentum unchanged.
     """

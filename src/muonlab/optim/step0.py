@@ -1,4 +1,4 @@
-"""Step-0 controls on the scalar families (seed 002 §1.8 `S0`; paper 002 §4.5.2, Table 8a).
+"""Step-0 controls on the scalar families (seed 002 §4.5 item 2 `S0`; paper 002 §4.5.2, Table 8a).
 
 At optimizer step 0 the true gradient on the routing scalars is ~0 (RMSNorm scale invariance),
 but bf16 rounding leaves ~1e-7..1e-6, which AdamW (t=1, eps 1e-10) turns into a ±lr jump while

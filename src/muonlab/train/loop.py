@@ -3,7 +3,7 @@
 Per optimizer step: grad-accumulated micro-steps (each loss divided by the number of
 micro-steps), the schedules applied to every group, one optimizer step, a fast-fail check on
 the loss. The first `untimed_steps` steps (compilation, warm-up) are excluded from timing
-and, for fixed-step runs, from progress (seed 002 §4). The loop's whole state is a
+and, for fixed-step runs, from progress (seed 002 §2.1). The loop's whole state is a
 `LoopState`, so a run can be checkpointed after any step and resumed bit for bit.
 """
 

@@ -1,4 +1,4 @@
-"""The ImageGPT loader of seed paper 004 (AF-Muon, spec §3 row 8, paper App. J.7).
+"""The ImageGPT loader of seed paper 004 (AF-Muon, App. J.7).
 
 One image = one block of tokens_per_image RGB554 tokens with no extra target token,
 shuffled per seed with drop_last exactly as `MemmapBlockLoader` (the reference's DataLoader

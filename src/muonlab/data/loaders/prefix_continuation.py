@@ -1,4 +1,4 @@
-"""The prefix-to-continuation loader of seed paper 004's small T5 (AF-Muon, spec §3 row 5).
+"""The prefix-to-continuation loader of seed paper 004's small T5 (AF-Muon, App. J.5).
 
 Contiguous 512-token windows of a token memmap: the first 256 are the encoder input
 (source), the next 256 the decoder target, and the decoder input is [BOS = 0, target[:-1]].
@@ -27,7 +27,7 @@ def split_prefix_continuation(
 
 
 class PrefixContinuationLoader(BlockLoaderView):
-    """Seed 004 small-T5 batches (spec §3 row 5): (src, tgt_in, tgt), int64 [B, 256] each.
+    """Seed 004 small-T5 batches (App. J.5): (src, tgt_in, tgt), int64 [B, 256] each.
 
     Windows of src_len + tgt_len contiguous tokens tile the file (window i starts at
     i*(src_len + tgt_len)); the first src_len are the encoder input, the next tgt_len the

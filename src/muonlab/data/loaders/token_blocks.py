@@ -1,5 +1,5 @@
 """Block loaders over a token memmap: the NanoGPT / MoE loader of seed paper 004 (AF-Muon,
-spec §3 "Data [ref]", rows 1 and 7), and the view the other seed-004 loaders build on.
+App. J.1, J.6; block loader details from the released code), and the view the other seed-004 loaders build on.
 
 Block i is tokens[i*L : i*L + L + 1] with L = 1024, so the inputs x = block[:-1] of
 consecutive blocks do not overlap and tile the file; the one extra target token is the first

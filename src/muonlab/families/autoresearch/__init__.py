@@ -62,8 +62,8 @@ def build_optimizer(model, cfg, compile_step: bool, distributed: bool = False):
     muon = o.prepolar.group_options(first_t=o.homotopy_first_t)
     polar = dict(polar_dtype=o.polar.dtype, post_polar_dtype=o.polar.post_dtype)
     muon.update({k: v for k, v in polar.items() if v != POLAR_DEFAULTS[k]})
-    # Neumann-Gram vocabulary whitening on wte, lm_head and value embeddings (seed 002 §1.4d);
-    # fp32 master weights and moments for wte and value embeddings (seed 002 §1.4e)
+    # Neumann-Gram vocabulary whitening on wte, lm_head and value embeddings (seed 002 §2.1 (Tier 1));
+    # fp32 master weights and moments for wte and value embeddings (seed 002 §2.1 (Tier 1), §3 item 3)
     table = {} if o.whiten.kind is None else dict(whiten=o.whiten.kind, whiten_tau=o.whiten.tau,
                                                   whiten_terms=o.whiten.terms, whiten_mean_addback=o.whiten.mean_addback,
                                                   whiten_first_t=o.homotopy_first_t)
@@ -90,7 +90,7 @@ def schedule(cfg):
 
 
 class _CountVisits:
-    """Seed 002 §1.3: each micro-step's table visits, counted outside the (compiled) forward."""
+    """Seed 002 §2.1 (Family A): each micro-step's table visits, counted outside the (compiled) forward."""
 
     def __init__(self, tables):
         self.tables = tables

@@ -98,7 +98,7 @@ class AutoresearchModelConfig(Section):
                                  f"{', '.join(extra) or 'none'}; built-in variants have their own flags)")
 
 
-STEP0_HELP = "seed 002 §1.8 step-0 controls on the routing scalars (none: off)"
+STEP0_HELP = "seed 002 §4.5 item 2 step-0 controls on the routing scalars (none: off)"
 
 
 @dataclass
@@ -115,15 +115,15 @@ class MuonAdamWConfig(Section):
     muon_momentum_start: float = setting(0.85, "Muon momentum at step 0")
     muon_momentum_end: float = setting(0.95, "Muon momentum after the warm-up")
     muon_momentum_warmup_steps: int = setting(300, "steps of the Muon momentum warm-up")
-    muon_momentum_cooldown: bool = setting(False, "seed 002 §1.4c: momentum 0.95 -> 0.85 over the warmdown")
-    muon_wd_schedule: Literal["linear", "cosine"] = setting("linear", "Muon weight-decay decay (cosine: seed 002 §1.4f)")
+    muon_momentum_cooldown: bool = setting(False, "seed 002 §2.1 (Tier 1): momentum 0.95 -> 0.85 over the warmdown")
+    muon_wd_schedule: Literal["linear", "cosine"] = setting("linear", "Muon weight-decay decay (cosine: seed 002 §2.1 (Tier 1))")
     lr_scale: float = setting(1.0, "seed 002 lr141: every LR x k, Muon weight decay x 1/k")
     matrix_optimizer: Literal["muon", "adamw"] = setting("muon", "adamw: the adamw_only control (every block "
                                                          "matrix on AdamW)")
     adamw_matrix_lr: float = setting(0.003, "adamw_only: the block matrices' AdamW lr")
     adamw_matrix_weight_decay: float = setting(0.0, "adamw_only: the block matrices' decoupled weight decay")
     embedding_state: Literal["native", "master32"] = setting(
-        "native", "wte/value-embedding state: native (upstream bf16) or master32 (fp32 master + moments, seed 002 §1.4e)")
+        "native", "wte/value-embedding state: native (upstream bf16) or master32 (fp32 master + moments, seed 002 §2.1 (Tier 1), §3 item 3)")
     step0_mode: str = setting("none", STEP0_HELP)
     homotopy_first_t: int = setting(1, "t of the first update in every homotopy ramp (hbieq alpha_t, whiten and "
                                        "table_whiten beta_t): 1 = seed 000's stated counter, 0 = a_0 = 0")
@@ -132,15 +132,15 @@ class MuonAdamWConfig(Section):
 
     # methods that are one setting of this section: (field, off value) -> what it is
     FIELD_METHODS: ClassVar[dict[str, MethodInfo]] = {
-        "embedding_state": MethodInfo("master32", "seed 002 §1.4e, §1.9", "muonlab.optim.addons.master32",
+        "embedding_state": MethodInfo("master32", "seed 002 §2.1 (Tier 1), §4.3 item 2", "muonlab.optim.addons.master32",
                                       ("tests/test_embedding_state.py",), "embedding_state", "native"),
-        "muon_momentum_cooldown": MethodInfo("momentum_cooldown", "seed 002 §1.4c", "muonlab.optim.schedules",
+        "muon_momentum_cooldown": MethodInfo("momentum_cooldown", "seed 002 §2.1 (Tier 1)", "muonlab.optim.schedules",
                                              ("tests/test_schedules.py",), "muon_momentum_cooldown", False),
-        "muon_wd_schedule": MethodInfo("cosine_muon_wd", "seed 002 §1.4f", "muonlab.optim.schedules",
+        "muon_wd_schedule": MethodInfo("cosine_muon_wd", "seed 002 §2.1 (Tier 1)", "muonlab.optim.schedules",
                                        ("tests/test_schedules.py",), "muon_wd_schedule", "linear"),
-        "lr_scale": MethodInfo("lr_scale", "seed 002 §1.10 (lr141)", "muonlab.optim.schedules",
+        "lr_scale": MethodInfo("lr_scale", "seed 002 §4.4 (lr141)", "muonlab.optim.schedules",
                                ("tests/test_schedules.py",), "lr_scale", 1.0),
-        "step0_mode": MethodInfo("step0_controls", "seed 002 §1.8", "muonlab.optim.step0",
+        "step0_mode": MethodInfo("step0_controls", "seed 002 §4.5 item 2", "muonlab.optim.step0",
                                  ("tests/test_step0.py",), "step0_mode", "none"),
         "matrix_optimizer": MethodInfo("adamw_only_control", "muonlab control (every block matrix on AdamW)",
                                        "muonlab.model.gpt", ("tests/test_lab_sweep.py",), "matrix_optimizer", "muon"),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-_PROTOCOL = {  # seed papers' protocol (spec-002 §3.1): T 2048, vocab 8192, 64 x 4 = 524,288 tokens/step
+_PROTOCOL = {  # seed papers' protocol (seed 002 §2.2; seed 000 §4): T 2048, vocab 8192, 64 x 4 = 524,288 tokens/step
     "train.sequence_len": 2048, "train.device_batch_size": 64, "train.total_batch_size": 2**19,
     "train.num_steps": 953, "train.eval_tokens": 40 * 2**19, "schedule.warmup_ratio": 0.0,
     "record.checkpoint_every": 200, "data.source": "climbmix", "data.vocab_size": 8192,

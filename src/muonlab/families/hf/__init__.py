@@ -75,7 +75,7 @@ PRESETS = {
     "protein-cpu": {**_COMMON, **_CPU, "model.preset": "tiny-llama", "train.sequence_len": 64,
                     "train.device_batch_size": 8, "train.total_batch_size": 8 * 64, "train.eval_tokens": 64 * 32,
                     "data.source": "synthetic_protein", "data.synthetic_bytes": 300_000},
-    # seed 004 spec §3 rows 2-4 and 9 (the paper's FineWeb caches: --source memmap --path DIR, tokenized with
+    # seed 004 App. J.2–J.4, J.8 (the paper's FineWeb caches: --source memmap --path DIR, tokenized with
     # the model's own tokenizer; UniRef50 FASTA with --tokenizer-json of ProtGPT2 for the protein)
     "smollm2-135m": _paper("smollm2-135m", 32, 16, 1024, 4768, 250, 5 * 2**20),
     "qwen2.5-0.5b": _paper("qwen2.5-0.5b", 8, 64, 1024, 1907, 250, 5 * 2**20),

@@ -1,7 +1,7 @@
 """Hugging Face model families of seed 004, built from their public configuration numbers.
 
-Random initialisation with tied input/output embeddings, as the paper trained them (spec-004 §3
-settings 2-4 and 9); nothing is downloaded: the numbers below are the public `config.json`
+Random initialisation with tied input/output embeddings, as the paper trained them (seed 004 App. J.2–J.4
+and J.8); nothing is downloaded: the numbers below are the public `config.json`
 values the spec quotes. Needs the optional `transformers` dependency (`pip install muonlab[hf]`).
 
     SmolLM2-135M   Llama, d 576, 30 layers, 9 heads / 3 KV, MLP 1536, vocab 49,152: 134,515,008 params

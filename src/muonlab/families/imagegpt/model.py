@@ -1,13 +1,13 @@
 """Tied ImageGPT-style model on RGB554 colour tokens, seed 004 (AF-Muon) App. J.7.
 
-Seed 004 App. J.7 and spec-004 §3 row 8: "8 transformer layers, 8 attention heads, head
+Seed 004 App. J.7: "8 transformer layers, 8 attention heads, head
 dimension 64, hidden size 512, and MLP hidden size 2048"; images are "sequences of 1024 discrete
 color tokens" from "a deterministic RGB554 tokenizer, which maps each ... RGB pixel to one of
 2^14 = 16,384 color tokens"; "one start-of-sequence token, giving a total vocabulary size of
 16,385"; the input prepends the start token and shifts the image right, "while the output
 predicts only the 16,384 color tokens", so the start-token row gets lookup gradient only.
 
-The network is `muonlab.families.tied.model.TiedGPT` (the spec-004 §3 "shared model conventions": pre-norm
+The network is `muonlab.families.tied.model.TiedGPT` (the released code's "shared model conventions": pre-norm
 RMSNorm with gains, eps 1e-6; fused bias-free QKV; RoPE base 10,000 on interleaved pairs; causal
 SDPA; ScaledReLU^2 = sqrt(2) ReLU^2 MLP; final RMSNorm; head weight = embedding weight; N(0, 0.02)
 init, gains 1) reused by subclassing; only the head differs: logits = h E[:16384]^T
@@ -15,10 +15,10 @@ init, gains 1) reused by subclassing; only the head differs: logits = h E[:16384
 tie). 33,563,648 parameters at seed 004's size (16,385 x 512 table + 8 blocks + final norm;
 `muonlab.families.tied.model.expected_num_parameters` gives it, the SOS row included, the table once).
 
-RGB554 (spec-004 §3 row 8): token = (R >> 3) * 512 + (G >> 3) * 16 + (B >> 4), raster order
+RGB554 (seed 004 App. J.7; bit layout from the released code): token = (R >> 3) * 512 + (G >> 3) * 16 + (B >> 4), raster order
 (row by row, left to right). `rgb554_decode` maps a token to the centre of its colour bin
 (R, G: 8 k + 4; B: 16 k + 8) by default, or to the bin's lower edge (`mode="lower"`); either
-re-encodes to the same token. Metrics (seed 004 App. J.7 / Table 23, spec-004 §3 row 8):
+re-encodes to the same token. Metrics (seed 004 App. J.7 / Table 23, Table 20):
 bits/dim = loss / (3 ln 2) (three channels per token), bits/token = loss / ln 2; the top-half
 completion score conditions on the first 512 tokens and averages the NLL of the last 512.
 """
@@ -203,7 +203,7 @@ IMAGEGPT_PRESETS: dict[str, ImageGPTConfig] = {
     "imagegpt-tiny": ImageGPTConfig(n_layer=2, n_head=2, n_embd=32, image_size=8, sequence_len=64),
     # the CPU presets' shape: width 128 keeps eq. 6's tied lr (0.6 / d) near the paper's scale
     "imagegpt-cpu": ImageGPTConfig(n_layer=2, n_head=2, n_embd=128, image_size=8, sequence_len=64),
-    # seed 004 App. J.7 (spec-004 §3 row 8): 33,563,648 parameters
+    # seed 004 App. J.7 (derived from its shapes; not printed): 33,563,648 parameters
     "imagegpt": ImageGPTConfig(),
 }
 

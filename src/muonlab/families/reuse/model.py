@@ -12,11 +12,11 @@ cross-token mixing", 52.6M parameters. Architecture:
     RMSNorms (`muonlab.families.tied.model.RMSNorm`, eps 1e-6, learnable gain) and the SAME bias-free
     `up` (d -> ff) and `down` (ff -> d) Parameters at every depth;
   - logits = lm_head(norm(x_L)), an untied bias-free head (V x d);
-  - init: N(0, init_std) for every Linear and Embedding, gains 1 (spec-004 §3 conventions).
+  - init: N(0, init_std) for every Linear and Embedding, gains 1 (the released code's conventions).
 
 Choices where the paper is silent (ours):
   - activation: ScaledReLU^2 = sqrt(2) ReLU(x)^2 (`muonlab.families.tied.model.scaled_relu_sq`), the
-    seed's shared MLP convention (spec-004 §3, "for all arms");
+    seed's shared MLP convention (the released code's; not in seed 004 App. K.9);
   - positional table length `sequence_len` = 256. The paper gives no context length; its
     52.6M rounds from 52,431,360 + 512 T, which holds for 232 <= T <= 427, and 256 is the
     only power of two there: 52,562,432 parameters (`shared_mlp_expected_num_parameters`).

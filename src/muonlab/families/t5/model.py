@@ -1,36 +1,36 @@
 """Small T5-style encoder-decoder with a 3-way tied vocabulary table, seed 004 (AF-Muon).
 
-Seed 004 App. J.5 ("Small T5-style diagnostic") and spec-004 §3 row 5: "4 encoder layers,
+Seed 004 App. J.5 ("Small T5-style diagnostic"): "4 encoder layers,
 4 decoder layers, hidden size 512, feed-forward size 2048, 8 attention heads, and a
 49,152-token vocabulary", "fully shared setting, E_enc = E_dec = W_out^T", prefix-to-continuation
 objective with source length 256 and target length 256.
 
-Architecture (the seed-004 / spec-004 §3 row-5 list; details the paper leaves open follow the
-released small-T5 runner as summarised in spec-004 §1.1 / §3, read for its facts, no code copied):
+Architecture (the seed-004 App. J.5 list; details the paper leaves open follow the
+released small-T5 runner (not described in the paper), read for its facts, no code copied):
   - one table `wte` E in R^{V x d} used three ways (seed 004 App. I, eq. for N_alias^T5): encoder
     lookup, decoder lookup and output head. It is one stored Parameter, so autograd merges
     G_enc + G_dec + G_out on it (App. I, "Combined lookup gradients"); the head is a
     `muonlab.families.tied.model.TiedLMHead` that owns no Parameter, so `state_dict` holds the table once;
   - lookups scaled by sqrt(d), plus fixed sinusoidal positions (sin on even, cos on odd
-    channels, base 10,000), each stack counting positions from 0 (spec-004 §3 row 5);
+    channels, base 10,000), each stack counting positions from 0 (released runner; unstated in seed 004 App. J.5);
   - pre-norm blocks with `muonlab.families.tied.model.RMSNorm` (learnable gain, eps 1e-6):
     encoder = self-attention + FF (2 norms), decoder = causal self-attention + cross-attention
     to the encoder output + FF (3 norms); a final RMSNorm closes each stack, and the decoder
     cross-attends to the final-normed encoder output. With these 2 + 3 per-layer norms and the
     2 final norms the count is exactly the paper's 54,561,792 (see `t5_expected_num_parameters`);
-  - attention = `nn.MultiheadAttention(d, 8, bias=True, batch_first=True)` (spec-004 §1.1: its
+  - attention = `nn.MultiheadAttention(d, 8, bias=True, batch_first=True)` (released runner, cf. seed 004 §2.2: its
     `in_proj_weight` and `out_proj.weight` are AF-Muon matrices, its biases vectors);
   - FF = Linear(d, 2048, no bias) -> GELU (exact erf form) -> Linear(2048, d, no bias);
   - logits = h E^T over the full vocabulary (no d^-1/2 head rescaling), dropout 0;
   - init: table(s) N(0, 0.02); Linear and MultiheadAttention keep PyTorch's default init
     (Kaiming-uniform Linear, Xavier-uniform in_proj, zero attention biases); gains 1 (the
-    released runner; the N(0, 0.02)-everywhere convention of spec-004 §3 is stated for the
+    released runner; the N(0, 0.02)-everywhere convention of the released code is stated for the
     NanoGPT / MoE / ImageGPT models only).
-Untied control (`tied=False`, seed 004 Fig. 10 / Table 15, spec-004 §1.7): separate encoder
+Untied control (`tied=False`, seed 004 Fig. 10 / Table 15, App. J.5): separate encoder
 table, decoder table and bias-free head, all N(0, 0.02): 104,893,440 parameters. AF-Muon's
 partition rejects it (it has no tied table); the paper trains it with Hybrid AdamW.
 
-Data (seed 004 App. J.5, spec-004 §3 row 5): contiguous 512-token windows; source = the first
+Data (seed 004 App. J.5; windows and BOS from the released runner): contiguous 512-token windows; source = the first
 256 tokens, target = the next 256, decoder input = [BOS = 0, target[:-1]]
 (`prefix_to_continuation`); 16 examples x 256 target tokens per update; AF-Muon with
 rho_out/rho_hid = 1 (seed 004 Table 14): `build_optimizer(model, "afmuon", rho=1.0)`.
@@ -65,11 +65,11 @@ class T5Config:
     ff_hidden: int = 2048
     source_len: int = 256  # seed 004 App. J.5: encoder input length 256
     target_len: int = 256  # ... and decoder target length 256
-    bos_id: int = 0  # decoder start token (released runner: BOS = 0; spec-004 §3 row 5)
+    bos_id: int = 0  # decoder start token (released runner: BOS = 0; unstated in seed 004 App. J.5)
     tied: bool = True  # False: the untied control of seed 004 Fig. 10 (104.9M parameters)
     norm_eps: float = 1e-6
     init_std: float = 0.02  # the vocabulary table(s) only; see the module docstring
-    pos_base: float = 10000.0  # sinusoid base (fixed positions, spec-004 §3 row 5)
+    pos_base: float = 10000.0  # sinusoid base (fixed positions, released runner; unstated in seed 004 App. J.5)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "n_encoder_layers", "n_decoder_layers", "n_embd", "n_head",
@@ -110,7 +110,7 @@ def t5_expected_num_parameters(cfg: T5Config) -> int:
 def sinusoidal_positions(n_positions: int, dim: int, base: float = 10000.0,
                          device: torch.device | str | None = None) -> torch.Tensor:
     """Fixed positions, fp32 [n_positions, dim]: PE[t, 2i] = sin(t w_i), PE[t, 2i+1] = cos(t w_i),
-    w_i = base^(-2i/dim) (the fixed sinusoidal table named in spec-004 §3 row 5)."""
+    w_i = base^(-2i/dim) (the fixed sinusoidal table of the released runner; unstated in seed 004 App. J.5)."""
     freq = base ** (-torch.arange(0, dim, 2, dtype=torch.float32, device=device) / dim)
     angles = torch.outer(torch.arange(n_positions, dtype=torch.float32, device=device), freq)
     return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)
@@ -326,7 +326,7 @@ T5_PRESETS: dict[str, T5Config] = {
                         ff_hidden=256, source_len=16, target_len=16),
     "t5-tiny-untied": T5Config(vocab_size=512, n_encoder_layers=2, n_decoder_layers=2, n_embd=64,
                                n_head=4, ff_hidden=256, source_len=16, target_len=16, tied=False),
-    # seed 004 App. J.5 (spec-004 §3 row 5): 54,561,792 parameters; untied control 104,893,440
+    # seed 004 App. J.5 (54.6M and 104.9M; exact counts not printed): 54,561,792 parameters; untied control 104,893,440
     "t5-small": T5Config(),
     "t5-small-untied": T5Config(tied=False),
 }

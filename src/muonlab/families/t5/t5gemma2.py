@@ -7,7 +7,7 @@ Nothing is downloaded: the configuration numbers below are the public ones of th
 270M text stacks, d 640, 18 layers, 4 query / 1 KV heads of 256, MLP 2048, sliding window 512 on five
 layers of six; a SigLIP so400m vision tower without its pooling head). They reproduce the paper's
 786,029,296 parameters exactly at a 262,144-row table (`PAPER_NUM_PARAMETERS`): the README's
-262,144 x 640 tied table, not the 262,208 rows the paper text names (spec-004 §5 item 9).
+262,144 x 640 tied table, not the 262,208 rows the paper text names (seed 004 App. J.5; Table 16 says 262k).
 
 Choices where the paper is silent:
 - The vision tower and its projector are built (the paper's parameter count includes them) but frozen:
@@ -30,7 +30,7 @@ from torch import nn
 from muonlab.families.tied.model import lm_loss
 from muonlab.families.token_family import describe_counts
 
-PAPER_NUM_PARAMETERS = 786_029_296  # seed 004 spec §3 row 6, at a 262,144-row table
+PAPER_NUM_PARAMETERS = 786_029_296  # afmoun README, not printed in seed 004, at a 262,144-row table
 PAPER_VOCAB = 262_144
 
 # (text stack shared by encoder and decoder, vision tower); encoder and decoder are the same shape

@@ -73,7 +73,7 @@ def _describe(cfg) -> str:
 
 
 PRESETS = {
-    # Seed 004 NanoGPT protocol (spec-004 §3 setting 1): tied NanoGPT-124M, T 1024, 16 x 32
+    # Seed 004 NanoGPT protocol (App. J.1): tied NanoGPT-124M, T 1024, 16 x 32
     # accumulation = 524,288 tokens per step, 5,100 steps, constant LR, gradient clip 1.0. The paper's
     # FineWeb/SmolLM2-tokenizer cache is replaced by ClimbMix with a 50,304-token BPE (stated, not matched).
     "nanogpt-124m": {"family": "tied", "model.preset": "nanogpt-124m", "optim.kind": "afmuon",

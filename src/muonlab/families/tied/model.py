@@ -1,7 +1,7 @@
-"""Tied-token NanoGPT (and its MoE variant) of seed 004, AF-Muon (spec-004 §3).
+"""Tied-token NanoGPT (and its MoE variant) of seed 004, AF-Muon (App. J.1, J.6).
 
 Architecture (seed 004 App. J.1 / J.6 for the shapes; the "shared model conventions" of
-the released code, spec-004 §3, for the rest):
+the released code, not in the paper, for the rest):
   - token table `wte` E in R^{V x d} that IS the LM-head weight (E_in = W_out^T): one
     stored Parameter, so autograd merges the sparse lookup and the dense softmax
     gradients on it (seed 004 §2.2 "Tied table (aliased)", App. D.1). The head owns no
@@ -19,7 +19,7 @@ the released code, spec-004 §3, for the rest):
 
 Shapes: NanoGPT has "12 layers, 6 attention heads, head dimension 128, hidden size 768,
 MLP hidden size 3072, and a 50,304-token vocabulary" (App. J.1): 123,587,328 parameters
-with the table counted once; the MoE variant has 293,493,504 (spec-004 §3 rows 1, 7).
+with the table counted once; the MoE variant has 293,493,504 (derived from App. J.1, J.6 shapes; not printed).
 """
 
 from __future__ import annotations

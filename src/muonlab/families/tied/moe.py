@@ -1,12 +1,12 @@
 """Top-k routed mixture of experts for the tied NanoGPT-MoE of seed 004 (AF-Muon).
 
-Seed 004, App. J.6 (spec-004 §3 row 7): "we replace each dense MLP with a top-1 router
+Seed 004, App. J.6: "we replace each dense MLP with a top-1 router
 over four expert MLPs. Each expert uses the same hidden expansion as the dense NanoGPT
 MLP", with "router auxiliary load-balancing coefficient 0.01" and "router z-loss
 coefficient zero". The matrix partition puts "attention, expert, and router matrices"
 on Muon in every arm, so the router and every expert are `nn.Linear` modules here.
 
-Routing, as the released code does it (spec-004 §3 row 7 and §5 item 17):
+Routing, as the released code does it (seed 004 App. J.6 gives only top-1 and the 0.01 load-balancing coefficient):
   - router probabilities p = softmax(W_r x) in fp32 (or fp64 for an fp64 model), W_r = `nn.Linear(d, E, bias=False)`;
   - each token goes to its top-k experts; the selected probabilities are renormalised to
     sum to 1, so with top-1 the gate is p/p = 1 and **the LM loss sends no gradient to the

@@ -3,7 +3,7 @@
 The two protocols must differ in KEY and agree on every other setting both record (their
 shared settings, muonlab.lab.report.grouping); the contrast A − B is paired over seeds within
 each, and the two are paired with each other by seed, as seed 002 pairs its arms by seed
-(spec-002 §3.3): per seed (A − B)[KEY=v1] − (A − B)[KEY=v2], summarised like any contrast.
+(seed 002 §2.2): per seed (A − B)[KEY=v1] − (A − B)[KEY=v2], summarised like any contrast.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A report never pools runs of two protocols (docs/design.md). The ledger's lines 
 (`--where`, muonlab.lab.report.selection), grouped by protocol (exact ids, or ids derived for
 older lines: muonlab.lab.report.grouping), and each protocol becomes its own study with its own
 per-arm statistics, contrasts and decisions (muonlab.lab.report.study; the statistics are
-muonlab.lab.stats': spec-002 §3.4, spec-000-003 §3; the default threshold is seed 003's
+muonlab.lab.stats': seed 002 §4.1, seed 000 §4.4 item 4; the default threshold is seed 003's
 preregistered 0.0005 BPB). `--protocol ID` keeps one study; `--across KEY` compares one
 contrast between two of them (muonlab.lab.report.across).
 

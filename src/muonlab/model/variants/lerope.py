@@ -1,6 +1,6 @@
 """LeRoPE: learnable RoPE log-frequencies with a reversible custom autograd.
 
-Seed paper 000 §4.2 / Table 2 comparators (spec-000-003 §1.C). Each rotary frequency
+Seed paper 000 §4.2 / Table 2 comparators (§4.2 item 2). Each rotary frequency
 theta_c = base^(-2c/D) becomes theta_c * exp(tau_c):
 
 - shared  (`rope=lerope_shared64`, exp31): tau [D/2], one vector for every layer and head,
@@ -178,7 +178,7 @@ class LeRoPEConfig:
             raise ValueError(f"rope_lr_mult must be >= 0, got {self.lr_mult}")
 
 
-@register_variant("lerope", LeRoPEConfig, paper="seed 000", section="§4.2, Table 2 (spec-000-003 §1.C)",
+@register_variant("lerope", LeRoPEConfig, paper="seed 000", section="§4.2, Table 2 (§4.2 item 2)",
                   switch=("rope", "standard"), keys={"rope": "kind", "rope_lr_mult": "lr_mult"},
                   lenient=("rope_lr_mult",), tests=("tests/test_lerope.py", "tests/test_model_variants.py"))
 class LeRoPE(ModelVariant):

@@ -1,4 +1,4 @@
-"""Seed 003's memory-safe paths (spec-000-003 §1.F "Memory-safe implementation"): non-reentrant
+"""Seed 003's memory-safe paths ("Forward radius and branch controls"): non-reentrant
 per-block activation checkpointing at the block-execution point, and the loss in chunks of
 `chunk_tokens` tokens (lm_head + softcap + CE per chunk, recomputed in backward) at the loss
 point. Same numbers: the chunked mean sums in another order (fp32 rounding). No parameters.
@@ -24,7 +24,7 @@ class CheckpointBlocksConfig:
 
 
 @register_variant("checkpoint_blocks", CheckpointBlocksConfig, paper="seed 003",
-                  section="memory-safe implementation (spec-000-003 §1.F)", switch=("checkpoint_blocks", False),
+                  section="memory-safe implementation (Forward radius and branch controls)", switch=("checkpoint_blocks", False),
                   keys={"checkpoint_blocks": None}, tests=("tests/test_model_variants.py",))
 class CheckpointBlocks(ModelVariant):
     def run_block(self, block, x, ve, cos_sin, window):
@@ -43,7 +43,7 @@ class ChunkedLossConfig:
 
 
 @register_variant("chunked_loss", ChunkedLossConfig, paper="seed 003",
-                  section="memory-safe implementation (spec-000-003 §1.F)", switch=("loss_chunk_tokens", 0),
+                  section="memory-safe implementation (Forward radius and branch controls)", switch=("loss_chunk_tokens", 0),
                   keys={"loss_chunk_tokens": "chunk_tokens"}, tests=("tests/test_model_variants.py",))
 class ChunkedLoss(ModelVariant):
     def _token_losses(self, x, targets):

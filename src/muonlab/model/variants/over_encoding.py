@@ -1,7 +1,7 @@
 """Hashed n-gram Over-Encoding (OE) input tables.
 
-Seed paper 002 §Family A "Moment-Free Hashed N-Gram Input Tables (Over-Encoding)", spec-002 §1.1
-(hash, tables, FLOPs, memory), §1.3 step 1 (visit counts), §2.6-2.8 (accounting).
+Seed paper 002 §2.1 Family A "Moment-Free Hashed N-Gram Input Tables (Over-Encoding)"
+(hash, tables, visit counts), §3 (FLOPs, memory, accounting).
 
 k(n-1) zero-initialised bf16 tables E_j of m + 2j rows and width d / (k(n-1)); table j serves
 n-gram order i = 2 + j // k. With the sentinel V padding only the row start,
@@ -29,7 +29,7 @@ The variant (`over_encoding`) puts it at the token-embedding point: x0 = norm(wt
 Submodule `oe` (state-dict keys `oe.tables.j.weight`): zero-initialised without RNG, counted apart
 from the backbone (`oe_tables`, `total_with_oe`, as seed 002's result.json), left out of the 6N
 FLOPs; its tables form one moment-free group (kind "oe_mfree", lr embedding_lr x (d/768)^-1/2,
-no weight decay, §1.3; table-Neumann options §1.11) wired to the visit counts.
+no weight decay, seed 002 §2.1; table-Neumann options §4.3) wired to the visit counts.
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ class OverEncodingConfig:
     m: int = DEFAULT_M  # base table rows (the paper: 150,855)
     n: int = 3  # max n-gram order
     k: int = 2  # tables per order
-    table_whiten: str | None = None  # None | neumann: table-Neumann on the moment-free update (§1.11)
+    table_whiten: str | None = None  # None | neumann: table-Neumann on the moment-free update (seed 002 §4.3)
     table_whiten_tau: float = 80.0
     table_whiten_first_t: int = 1  # t of the first update (muonlab.optim.homotopy's convention)
 
@@ -165,7 +165,7 @@ class OverEncodingConfig:
 
 
 @register_variant("over_encoding", OverEncodingConfig, paper="seed 002",
-                  section="§Family A Over-Encoding (spec-002 §1.1, §1.3, §1.11)", switch=("oe_m", 0),
+                  section="§Family A Over-Encoding (§2.1; table-Neumann §4.3)", switch=("oe_m", 0),
                   keys={"oe_m": "m", "oe_n": "n", "oe_k": "k", "table_whiten": "table_whiten",
                         "table_whiten_tau": "table_whiten_tau", "table_whiten_first_t": "table_whiten_first_t"},
                   lenient=("table_whiten_tau", "table_whiten_first_t"),
@@ -208,9 +208,9 @@ class OverEncodingVariant(ModelVariant):
 # run-config settings of this method: its flags, their help, which options act when
 @dataclass
 class OverEncodingSettings(Section):
-    """Seed 002 §1.1-1.3: hashed n-gram Over-Encoding tables with their moment-free update."""
+    """Seed 002 §2.1 (Family A): hashed n-gram Over-Encoding tables with their moment-free update."""
 
-    METHOD: ClassVar[MethodInfo] = MethodInfo('over_encoding', 'seed 002 §1.1-1.3', __name__, ('tests/test_over_encoding.py', 'tests/test_over_encoding_model.py', 'tests/test_table_update.py'), 'm', 0)
+    METHOD: ClassVar[MethodInfo] = MethodInfo('over_encoding', 'seed 002 §2.1 (Family A)', __name__, ('tests/test_over_encoding.py', 'tests/test_over_encoding_model.py', 'tests/test_table_update.py'), 'm', 0)
 
     m: int = setting(0, "table size (0: off; the paper 150855)", flag="oe-m")
     n: int = setting(3, "largest n-gram order", flag="oe-n")

@@ -1,4 +1,4 @@
-"""Pre-sublayer channel gains (seed 000 §3.1, spec-000-003 §1.A) at the sublayer-input point.
+"""Pre-sublayer channel gains (seed 000 §3.1, Tables 1–2) at the sublayer-input point.
 
 Per layer a_attn, a_mlp in R^d scale the pre-norm output x_hat = norm(x) on the inputs of W_Q,
 W_K, W_V and of W_fc; the ResFormer value-embedding gate keeps reading the UNSCALED
@@ -8,9 +8,9 @@ x_hat[..., :32]. Implementations (`impl`), the first three exact (equal up to fp
   - "unfused_contig": the same, the gate reads x_hat[..., :32].contiguous() (a compact copy);
   - "weight_fused":   q = F.linear(x_hat, W_Q * a[None, :]) etc. (scales W's input columns);
   - "gate_scaled":    NOT equivalent: the gate reads the scaled slice (x_hat * a)[..., :32].
-    The paper does not describe it (spec §1.A [I]); this is one of the two readings it offers.
+    The paper does not describe it (seed 000 names it only in Table 1); this is one of two plausible readings.
 Parameterisation (`param`): "linear" (a used directly, init 1) or "stopexp" (a = stop_exp(beta),
-init beta = 0); the paper does not state which the stop-exp arms used for their gains (spec §5):
+init beta = 0); the paper does not state which the stop-exp arms used for their gains (seed 000 Table 2 gives only their lr 0.04):
 "linear" is the default.
 
 Parameters: `presub_gains` [L, 2, d] (2 L d scalars: 8,192 at depth 8), own AdamW group with
@@ -58,7 +58,7 @@ class PresubGainsConfig:
             raise ValueError(f"presub_lr_mult must be >= 0, got {self.lr_mult}")
 
 
-@register_variant("presub_gains", PresubGainsConfig, paper="seed 000", section="§3.1 (spec-000-003 §1.A)",
+@register_variant("presub_gains", PresubGainsConfig, paper="seed 000", section="§3.1 (Tables 1–2)",
                   switch=("presub_gains", "none"),
                   keys={"presub_gains": "impl", "presub_param": "param", "presub_lr_mult": "lr_mult"},
                   lenient=("presub_lr_mult",),

@@ -1,11 +1,11 @@
-"""Post-QK-norm scaling (seed 000 §3.2, spec-000-003 §1.B) at the post-QK-norm point, with
-seed 002's freeze mask QMASK (spec-002 §1.5).
+"""Post-QK-norm scaling (seed 000 §3.2, Tables 2–3) at the post-QK-norm point, with
+seed 002's freeze mask QMASK (§4.2.2, Table 5b).
 
 After q, k = norm(q), norm(k), before attention, on the half-split RoPE layout where plane
 c = channels (c, c + D/2):
   - "pair_tied_linear":  s [L, H, D/2], init 1; q, k <- q * [s, s], k * [s, s] (both: metric s^2);
   - "pair_tied_stopexp": tau [L, H, D/2], init 0; q <- q * [m, m], m = stop_exp(tau) (q only);
-  - "pair_tied_exp":     as above with a plain exp (seed 002's q_tau, spec-002 §1.5);
+  - "pair_tied_exp":     as above with a plain exp (seed 002's q_tau, §2.1 Tier 2);
   - "untied_stopexp":    tau [L, H, D], q <- q * stop_exp(tau) (nGPT-like, planes not tied);
   - "head_temp":         tau [L, H], q <- q * exp(tau) per head (exp not stopped: unstated).
 Proposition 1 (seed 000): pair tying is necessary and sufficient for unit-shift invariance
@@ -130,7 +130,7 @@ class QKScaleConfig:
 
 
 @register_variant("qk_scale", QKScaleConfig, paper="seed 000",
-                  section="§3.2 (spec-000-003 §1.B; QMASK spec-002 §1.5)",
+                  section="§3.2 (Tables 2–3; QMASK seed 002 §4.2.2, Table 5b)",
                   switch=("qk_scale", "none"),
                   keys={"qk_scale": "kind", "qk_freeze_layers": "freeze_layers", "qk_freeze_planes": "freeze_planes",
                         "qk_lr_mult": "lr_mult"},
@@ -163,9 +163,9 @@ class QKScale(ModelVariant):
 # run-config settings of this method: its flags, their help, which options act when
 @dataclass
 class QKScaleSettings(Section):
-    """Seed 000 §3.2, seed 002 §1.5-1.6: post-QK-norm scaling, plane c = channels c and c + 64."""
+    """Seed 000 §3.2, seed 002 §2.1 (Tier 2), §4.2.2: post-QK-norm scaling, plane c = channels c and c + 64."""
 
-    METHOD: ClassVar[MethodInfo] = MethodInfo('qk_scale', 'seed 000 §3.2; seed 002 §1.5-1.6 (q_tau, QMASK)', __name__, ('tests/test_model_variants.py',), 'kind', 'none')
+    METHOD: ClassVar[MethodInfo] = MethodInfo('qk_scale', 'seed 000 §3.2; seed 002 §2.1 (Tier 2), §4.2.2 (q_tau, QMASK)', __name__, ('tests/test_model_variants.py',), 'kind', 'none')
 
     kind: Literal["none", "pair_tied_linear", "pair_tied_stopexp", "pair_tied_exp", "untied_stopexp", "head_temp"] = \
         setting("none", "scaling rule", flag="qk-scale")

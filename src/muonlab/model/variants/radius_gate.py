@@ -1,4 +1,4 @@
-"""Forward radius gates (seed 003 "Forward radius and branch controls", spec-000-003 §1.F) at
+"""Forward radius gates (seed 003 "Forward radius and branch controls", Table 2) at
 the residual point of every block (u: incoming stream [B, T, d], f: branch output).
 
 `radius_gate_scale`: y = u + g_t f with g_t = exp(a + b z_t(v)),
@@ -72,7 +72,7 @@ class RadiusGateConfig:
 
 
 @register_variant("radius_gate", RadiusGateConfig, paper="seed 003",
-                  section="Forward radius and branch controls (spec-000-003 §1.F)",
+                  section="Forward radius and branch controls (Table 2)",
                   switch=("radius_gate", "none"), keys={"radius_gate": "kind", "gate_lr_mult": "lr_mult",
                                                                 "gate_detach_stats": "detach_stats"},
                   lenient=("gate_lr_mult", "gate_detach_stats"), tests=("tests/test_residual.py", "tests/test_model_variants.py"))

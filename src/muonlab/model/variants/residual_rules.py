@@ -1,5 +1,5 @@
-"""Branch-credit backward rules (seed 003 "Backward branch-credit intervention", spec-000-003
-§1.E) at the residual point of every block (u: incoming stream [B, T, d], f: branch output).
+"""Branch-credit backward rules (seed 003 "Backward branch-credit intervention", Table
+1) at the residual point of every block (u: incoming stream [B, T, d], f: branch output).
 No parameters.
 
 `residual_add`: the forward is always bit-identical
@@ -113,7 +113,7 @@ class ResidualRuleConfig:
 
 
 @register_variant("residual_rule", ResidualRuleConfig, paper="seed 003",
-                  section="Backward branch-credit intervention (spec-000-003 §1.E)",
+                  section="Backward branch-credit intervention (Table 1)",
                   switch=("residual_rule", "ordinary"), keys={"residual_rule": "rule"},
                   tests=("tests/test_residual.py", "tests/test_model_variants.py", "tests/test_diagnostics_replay.py"))
 class ResidualRule(ModelVariant):

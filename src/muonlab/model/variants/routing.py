@@ -1,4 +1,4 @@
-"""Decoupled residual routing (seed 002, spec-002 §1.7) at the token-embedding point.
+"""Decoupled residual routing (seed 002, §2.1 Tier 3) at the token-embedding point.
 
 Before block i the stream gets wte_lambdas[i] * a_w, with the token-embedding anchor a_w:
 "sepden" norm(w) (its own denominator); "shden" w / s_{w+e}(eps), the fused anchor's
@@ -34,7 +34,7 @@ class RoutingConfig:
             raise ValueError(f"routing must be one of none, {', '.join(KINDS)}, got {self.kind!r}")
 
 
-@register_variant("routing", RoutingConfig, paper="seed 002", section="decoupled x0 routing (spec-002 §1.7)",
+@register_variant("routing", RoutingConfig, paper="seed 002", section="decoupled x0 routing (§2.1 Tier 3)",
                   switch=("routing", "none"), keys={"routing": "kind", "routing_out": "out", "routing_eps": "eps"},
                   tests=("tests/test_over_encoding_model.py", "tests/test_step0.py",
                          "tests/test_diagnostics_step0_audit.py"))
@@ -78,9 +78,9 @@ class Routing(ModelVariant):
 # run-config settings of this method: its flags, their help, which options act when
 @dataclass
 class RoutingSettings(Section):
-    """Seed 002 §1.7: decoupled residual routing of the token embedding."""
+    """Seed 002 §2.1 (Tier 3): decoupled residual routing of the token embedding."""
 
-    METHOD: ClassVar[MethodInfo] = MethodInfo('routing', 'seed 002 §1.7', __name__, ('tests/test_over_encoding_model.py',), 'kind', 'none')
+    METHOD: ClassVar[MethodInfo] = MethodInfo('routing', 'seed 002 §2.1 (Tier 3)', __name__, ('tests/test_over_encoding_model.py',), 'kind', 'none')
 
     kind: Literal["none", "sepden", "shden"] = setting("none", "separate or shared denominator anchor", flag="routing")
     out: bool = setting(False, "also out_lambdas before the final norm", flag="routing-out")

@@ -1,15 +1,15 @@
-"""HBiEq: homotopy bilateral RMS equilibration before Polar Express (seed 000 §3.3; seed 002 §1.4a).
+"""HBiEq: homotopy bilateral RMS equilibration before Polar Express (seed 000 §3.3; seed 002 §2.1 (Tier 1)).
 
 Seed 000 §3.3 (credited there to [20]), per matrix of the stacked fp32 Nesterov tensor G:
     for k in 1..passes:  G <- G / ((1-a_t) r_bar + a_t r + eps),  then the same for columns,
     r_i = sqrt(mean_j G_ij^2 + eps), r_bar = mean_i r_i  (c, c_bar likewise over rows),
     a_t = min(t / tau, 1)^2, eps = 1e-10, statistics recomputed after each half-step.
 
-Options (muon group keys): `prepolar_tau` (80: seed 000; 25: seed 002 §1.4a, whose "exponent"
+Options (muon group keys): `prepolar_tau` (80: seed 000; 25: seed 002 §2.1 (Tier 1), whose "exponent"
 form is only the spec's guess: seed 000's explicit equation is used for both papers; tau = 0
 means a_t = 1, the undamped BiEq of exp56/50/57), `prepolar_passes` (2), `prepolar_sides`
 ("both"; "row" with passes=1 is the 1-pass one-sided row-RMS control exp51), `prepolar_eps`
-(1e-10), `prepolar_first_t` (1). Step index (unstated for BiEq, spec-000-003 §5.6): the one
+(1e-10), `prepolar_first_t` (1). Step index (unstated for BiEq, seed 000 §3.3 gives only a_t = min(t/80, 1)^2): the one
 convention of muonlab.optim.homotopy, t = the group's completed updates + `prepolar_first_t`, so
 t = 1 at the first update (a_1 = 1/tau^2: 1.6e-4 at tau 80, 1.6e-3 at tau 25, still almost the
 baseline's step: the Step-0 stability seed 000 Table 4B credits the homotopy with);
@@ -78,6 +78,6 @@ class HBiEq(PrePolar):
         return hbieq(G, inputs["alpha_t"], passes=self.passes, sides=self.sides, eps=self.eps)
 
 
-register_prepolar("hbieq", HBiEq, paper="seed 000 §3.3 (also seed 002 §1.4a)",
+register_prepolar("hbieq", HBiEq, paper="seed 000 §3.3 (also seed 002 §2.1 (Tier 1))",
                   tests=("tests/test_prepolar.py", "tests/test_prepolar_arms.py"),
                   summary="homotopy bilateral RMS equilibration of the Nesterov tensor")

@@ -1,4 +1,4 @@
-"""master32: fp32 master weights and moments for low-precision AdamW params (seed 002 §1.4e).
+"""master32: fp32 master weights and moments for low-precision AdamW params (seed 002 §2.1 (Tier 1), §3 item 3).
 
 An adamw group with `master32=True` keeps, for each param whose dtype is not fp32, an fp32
 copy `master` in its state, fp32 moments made like it, runs the AdamW update on the master
@@ -28,5 +28,5 @@ MASTER32 = register_adamw_state("master32", AdamWPrecision(
     target=lambda state: state["master"],
     grad=lambda grad: grad.float(),
     write_back=lambda share, state: share.copy_(state["master"]),
-), paper="seed 002 §1.4e", tests=("tests/test_embedding_state.py", "tests/test_step0.py"),
+), paper="seed 002 §2.1 (Tier 1), §3 item 3", tests=("tests/test_embedding_state.py", "tests/test_step0.py"),
     summary="fp32 master copy and moments of the bf16 embedding tables")

@@ -1,6 +1,6 @@
 """Moment-free, count-normalised, table-RMS-normalised update of the Over-Encoding tables.
 
-Seed 002 §1.3 (`MFREE`, `oe_mfree_step`; spec-002 §1.3), for one table E [rows, w] with its dense
+Seed 002 §2.1, Family A (`MFREE`, `oe_mfree_step`), for one table E [rows, w] with its dense
 bf16 gradient g (the batch-mean loss, accumulated as loss/K over the step's K micro-steps) and
 its fp32 visit counts n (summed over the same micro-steps):
 
@@ -14,7 +14,7 @@ No moments, no weight decay; the state is the counts alone (`state_bytes`). lr =
 the global schedule multiplier (the caller passes the current value; `oe_learning_rate` gives
 the initial one, 0.6 (d/768)^-1/2).
 
-Optional table-Neumann (seed 002 §1.11, `TNEU`): the §1.4d right-projected Neumann-Gram of
+Optional table-Neumann (seed 002 §4.3 item 1, `TNEU`): the §2.1 (Tier 1) right-projected Neumann-Gram of
 whitening.py (called, not re-implemented) applied to the [|V|, w] matrix of visited gbar rows,
 before the RMS normalisation (spec-assumed order: NG, then RMS, then the update).
 
@@ -52,7 +52,7 @@ from typing import ClassVar, Literal
 from muonlab.errors import UsageError
 from muonlab.settings import METHOD_OFF, MethodInfo, Section, setting
 
-OE_TABLE_ROWS = (150855, 150857, 150859, 150861)  # spec-002 §1.1, m + 2j for m = 150,855
+OE_TABLE_ROWS = (150855, 150857, 150859, 150861)  # seed 002 §2.1, m + 2j for m = 150,855
 
 
 def oe_learning_rate(n_embd: int, embedding_lr: float = 0.6) -> float:
@@ -93,7 +93,7 @@ def moment_free_step(table: torch.Tensor, grad: torch.Tensor | None, counts: tor
     return stats
 
 
-# seed 002 §1.3: no weight decay, no moments; table-Neumann (§1.11) off
+# seed 002 §2.1 (Family A): no weight decay, no moments; table-Neumann (§4.3 item 1) off
 OE_MFREE_DEFAULTS = dict(lr=0.0, weight_decay=0.0, table_whiten=None, table_whiten_tau=80.0, table_whiten_first_t=1)
 
 
@@ -132,7 +132,7 @@ class MomentFreeKind(GroupKind):
                          neumann_beta=table_neumann_beta(group, optimizer.state, p))
 
 
-register_group_kind("oe_mfree", MomentFreeKind(), paper="seed 002 §1.3 (table-Neumann §1.11)",
+register_group_kind("oe_mfree", MomentFreeKind(), paper="seed 002 §2.1 (Family A) (table-Neumann §4.3 item 1)",
                     tests=("tests/test_table_update.py", "tests/test_over_encoding_model.py"),
                     summary="moment-free, count-normalised update of the Over-Encoding tables")
 
@@ -140,9 +140,9 @@ register_group_kind("oe_mfree", MomentFreeKind(), paper="seed 002 §1.3 (table-N
 # run-config settings of this method: its flags, their help, which options act when
 @dataclass
 class TableWhitenSettings(Section):
-    """Seed 002 §1.11: Neumann-Gram whitening of the Over-Encoding tables' visited rows."""
+    """Seed 002 §4.3 item 1: Neumann-Gram whitening of the Over-Encoding tables' visited rows."""
 
-    METHOD: ClassVar[MethodInfo] = MethodInfo('table_neumann', 'seed 002 §1.11', __name__, ('tests/test_table_update.py',), 'kind', None)
+    METHOD: ClassVar[MethodInfo] = MethodInfo('table_neumann', 'seed 002 §4.3 item 1', __name__, ('tests/test_table_update.py',), 'kind', None)
 
     kind: Literal[None, "neumann"] = setting(None, "none | neumann", flag="table-whiten")
     tau: float = setting(80.0, "homotopy horizon", flag="table-whiten-tau")

@@ -2,7 +2,7 @@
 
     second_momentum_buffer.lerp_(mean(G^2, red_dim), 1 - beta2);  G <- G * buf^(-1/2)
 
-before Polar Express "instead of after". Chosen (unstated, spec-000-003 §5.8): NorMuon's buffer
+before Polar Express "instead of after". Chosen (unstated in seed 000 §3.3): NorMuon's buffer
 is reused (0 extra bytes), the post-polar NorMuon step is removed, rsqrt of clamp_min(1e-10) as
 NorMuon, and no bias correction (1 - beta2^t is one scalar per matrix, which Polar Express's
 Frobenius normalisation removes exactly). Acts on whole groups only.

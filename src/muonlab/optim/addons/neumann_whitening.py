@@ -1,4 +1,4 @@
-"""Right-projected Neumann-Gram vocabulary whitening of AdamW table gradients (seed 002 §1.4d).
+"""Right-projected Neumann-Gram vocabulary whitening of AdamW table gradients (seed 002 §2.1 (Tier 1)).
 
 Seed 002 (Family B, "Right-Projected Neumann-Gram Vocabulary Whitening (tau_Neu = 80)"; credited
 there to its ref [11]): inside fused AdamW, on the 2-D token/value tables (wte, lm_head, every
@@ -14,7 +14,7 @@ C / (||C||_F + 1e-30). C_hat is PSD with ||C_hat||_2 <= 1, so the right factor's
 in [1 - beta_t/2, 1] (it shrinks the dominant, common-mode directions of the table's update most).
 Computed in fp32 (the paper: "executing Neumann-Gram in FP32 on the fly inside adamw_step_fused").
 
-Choices where the paper is silent (spec-002 §1.4d lists them as unspecified), all options:
+Choices where the paper is silent (seed 002 §2.1 gives only the U_w formula), all options:
 - where: the whitened tensor replaces the gradient *before* the moment updates
   (grad <- U_w [+ 1 g_bar^T]; then the unchanged `adamw_step`). p.grad itself is not modified.
 - mean add-back (`whiten_mean_addback`, default False = the paper's formula read literally: the
@@ -28,7 +28,7 @@ Choices where the paper is silent (spec-002 §1.4d lists them as unspecified), a
   (I + beta C_hat)^{-1/2} = sum_k binom(-1/2, k) (beta C_hat)^k, converging to the exact inverse
   square root as K grows (conditionally at beta ||C_hat||_2 = 1). An extension, not in the paper.
 - dtype: the result stays fp32; the AdamW step casts it once, to fp32 moments under master32 (seed
-  002 §1.4e: "executing Neumann-Gram in FP32 on the fly", its FP32 output fed to the FP32 states,
+  002 §4.3 item 2: "executing Neumann-Gram in FP32 on the fly", its FP32 output fed to the FP32 states,
   never rounded to bf16 in between) or to the table's dtype without master32 (bf16 moments).
 - rows = dim 0: wte / value_embeds (nn.Embedding [V, d]) and lm_head (nn.Linear weight [V, d])
   all have the vocabulary along dim 0. Every param of a whitened group must be 2-D.
@@ -126,16 +126,16 @@ register_adamw_transform("neumann", AdamWTransform(
     key="whiten", options={k: v for k, v in WHITEN_DEFAULTS.items() if k != "whiten"},
     apply=lambda grad, step, group: _whitened(grad, step, options(group)),
     validate=validate_group, whole_tensor=True),
-    paper="seed 002 §1.4d", tests=("tests/test_whitening.py", "tests/test_prepolar_arms.py"),
+    paper="seed 002 §2.1 (Tier 1)", tests=("tests/test_whitening.py", "tests/test_prepolar_arms.py"),
     summary="right-projected Neumann-Gram whitening of the vocabulary tables' AdamW gradients")
 
 
 # run-config settings of this method: its flags, their help, which options act when
 @dataclass
 class WhitenSettings(Section):
-    """Seed 002 §1.4d: right-projected Neumann-Gram whitening of wte, lm_head and value-embedding updates."""
+    """Seed 002 §2.1 (Tier 1): right-projected Neumann-Gram whitening of wte, lm_head and value-embedding updates."""
 
-    METHOD: ClassVar[MethodInfo] = MethodInfo('neumann_whitening', 'seed 002 §1.4d', __name__, ('tests/test_whitening.py',), 'kind', None)
+    METHOD: ClassVar[MethodInfo] = MethodInfo('neumann_whitening', 'seed 002 §2.1 (Tier 1)', __name__, ('tests/test_whitening.py',), 'kind', None)
 
     kind: Literal[None, "neumann"] = setting(None, "none | neumann", flag="whiten")
     tau: float = setting(80.0, "homotopy horizon of beta_t", flag="whiten-tau")

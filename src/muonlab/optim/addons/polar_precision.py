@@ -1,9 +1,9 @@
-"""Polar and post-polar precision of the Muon step (seed 002 §1.4b "NS5 in FP32"; spec-000-003 §0).
+"""Polar and post-polar precision of the Muon step (seed 002 §2.1 (Tier 1) "NS5 in FP32"; seed 000 §3.3).
 
 Muon group keys: `polar_dtype` "bf16" (upstream) or "fp32" (the Polar Express iteration in
 fp32); `post_polar_dtype` None (default: whatever Polar Express returns, i.e. the polar dtype),
 "bf16" or "fp32" (`g = X.float()`: NorMuon, lr, wd, mask and update in fp32, which also drops
-the bf16 rounding of beta2 0.95 -> 0.94921875 and of lr; spec-000-003 §0).
+the bf16 rounding of beta2 0.95 -> 0.94921875 and of lr; upstream train.py's casts, unstated in seed 000).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def configure(o: dict, stages):
 
 
 register_muon_stage("polar_precision", MuonStageAddon(OPTIONS, configure, validate),
-                    paper="seed 002 §1.4b (NS5 in FP32); seed 000 exp40 (post-polar fp32)",
+                    paper="seed 002 §2.1 (Tier 1) (NS5 in FP32); seed 000 exp40 (post-polar fp32)",
                     tests=("tests/test_prepolar.py", "tests/test_prepolar_arms.py"),
                     summary="Polar Express and the post-polar update in bf16 or fp32")
 
@@ -43,9 +43,9 @@ register_muon_stage("polar_precision", MuonStageAddon(OPTIONS, configure, valida
 # run-config settings of this method: its flags, their help, which options act when
 @dataclass
 class PolarSettings(Section):
-    """Seed 002 §1.4b, seed 000: the precision of Polar Express and of its output."""
+    """Seed 002 §2.1 (Tier 1), seed 000: the precision of Polar Express and of its output."""
 
-    METHOD: ClassVar[MethodInfo] = MethodInfo('polar_precision', 'seed 002 §1.4b; seed 000 (post-polar fp32)', __name__, ('tests/test_prepolar.py', 'tests/test_extensions.py'), None, None)
+    METHOD: ClassVar[MethodInfo] = MethodInfo('polar_precision', 'seed 002 §2.1 (Tier 1); seed 000 (post-polar fp32)', __name__, ('tests/test_prepolar.py', 'tests/test_extensions.py'), None, None)
 
     dtype: Literal["bf16", "fp32"] = setting("bf16", "Polar Express dtype (fp32: seed 002's NS5 in FP32)",
                                              flag="polar-dtype")
