@@ -381,7 +381,7 @@ def test_the_compile_check_covers_every_method_arm_group_and_model_family():
     assert cases[0].arm == "baseline" and len({(c.arm, c.preset) for c in cases}) == len(cases)
     covered = {key for c in cases for key in c.covers}
     assert {f"method:{e['name']}" for e in method_catalog() if e["arms"]} <= covered
-    assert {f"group:{a.family}" for a in ARMS.values()} <= covered
+    assert {f"group:{a.group}" for a in ARMS.values()} <= covered
     from muonlab.families import FAMILIES
 
     assert {f"model:{family}" for family in FAMILIES} <= covered  # hf and imagegpt by their baselines

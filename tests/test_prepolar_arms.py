@@ -12,7 +12,7 @@ from muonlab.errors import UsageError
 from muonlab.config import flag_of
 from muonlab.train.build import build_model, build_optimizer
 
-PREPOLAR_ARMS = sorted(name for name, arm in ARMS.items() if arm.family == "prepolar")
+PREPOLAR_ARMS = sorted(name for name, arm in ARMS.items() if arm.group == "prepolar")
 
 
 SEED000_ARMS = sorted(name for name, arm in ARMS.items() if arm.paper == "seed 000")

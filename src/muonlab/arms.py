@@ -23,7 +23,7 @@ class Arm:
     overrides: dict[str, Any] = field(default_factory=dict)
     paper: str | None = None  # e.g. "seed 002" (docs/papers.md)
     experiment: str | None = None  # the paper's id for the run, e.g. "arm 01"
-    family: str = "baseline"
+    group: str = "baseline"  # the paper's label for the arm's set (prepolar, seed002, ...), not a model family
     seeds: tuple[int, ...] = ()  # the paper's seeds: the sweep's default when --seeds is omitted
     # the model families whose presets the arm runs under when it sets none itself (seed 004's Table-1
     # arms act on every tied family); its overrides are checked against each at registration
@@ -37,16 +37,22 @@ ARMS: dict[str, Arm] = {}
 
 
 def register(arm: Arm) -> Arm:
-    """Register an arm, its overrides stored as dotted keys; fails at import time, not mid-sweep,
-    if an override names no setting or a setting that does not act."""
+    """Register an arm, its overrides stored as dotted keys (an override that names no setting
+    fails here). Whether each acts is checked when the arm is resolved (resolve_config) and, for
+    every registered arm, by tests/test_arms.py (check_arm): importing the registry builds no config."""
     if arm.name in ARMS:
         raise ValueError(f"arm {arm.name!r} is already registered")
     arm = Arm(**{**arm.to_dict(), "overrides": canonical_overrides(arm.overrides)})
+    ARMS[arm.name] = arm
+    return arm
+
+
+def check_arm(arm: Arm) -> None:
+    """Resolve the arm's overrides under each model family it runs in (that family's first preset;
+    the defaults when it names none): UsageError if one does not act or cannot hold."""
     for family in arm.model_families or (None,):  # under the family's first preset: its data are the family's
         preset = {"family": family, **next(iter(get_family(family).presets.values()), {})} if family else None
         build_config(([("preset", preset)] if preset else []) + [("arm", arm.overrides)])
-    ARMS[arm.name] = arm
-    return arm
 
 
 def get_arm(name: str) -> Arm:
@@ -78,7 +84,7 @@ register(Arm(
     name="adamw_only",
     description="control: every block matrix on AdamW (lr adamw_matrix_lr=3e-3, no weight decay) instead of Muon",
     overrides={"matrix_optimizer": "adamw"},
-    family="control",
+    group="control",
 ))
 
 
@@ -137,7 +143,7 @@ for _name, _exp, _seeds, _overrides, _what in [
      "depth 6, the exp05 recipe + homotopy BiEq"),
 ]:
     register(Arm(name=_name, description=f"seed 000 {_exp}: {_what}", overrides=_overrides, paper="seed 000",
-                 experiment=_exp, family="prepolar" if "prepolar" in _overrides or "post_polar_dtype" in _overrides
+                 experiment=_exp, group="prepolar" if "prepolar" in _overrides or "post_polar_dtype" in _overrides
                  else "forward", seeds=_seeds))
 
 
@@ -157,7 +163,7 @@ for _name, _seeds, _overrides, _what in [
     ("p003_neutral_gate", (246,), dict(_GATE, radius_gate="neutral"), "the gate code with its scalars frozen at 0"),
 ]:
     register(Arm(name=_name, description=f"seed 003: {_what}", overrides=_overrides, paper="seed 003",
-                 experiment=_name.removeprefix("p003_"), family="seed003", seeds=_seeds))
+                 experiment=_name.removeprefix("p003_"), group="seed003", seeds=_seeds))
 
 
 # Seed 002 (docs/papers.md) dense arms, seeds 41, 42, 47 (§2.2, Table 1). The
@@ -165,11 +171,11 @@ for _name, _seeds, _overrides, _what in [
 # master32 land.
 _SEED002 = (41, 42, 47)
 register(Arm(name="00_dense_native", description="seed 002 00_dense_native: the baseline under the paper's protocol",
-             paper="seed 002", experiment="00_dense_native", family="seed002", seeds=_SEED002))
+             paper="seed 002", experiment="00_dense_native", group="seed002", seeds=_SEED002))
 register(Arm(name="00_dense_native_lr141",
              description="seed 002 LR141: every LR x sqrt(2), Muon weight decay x 1/sqrt(2) (§4.4, Table 7)",
              overrides={"lr_scale": 2 ** 0.5}, paper="seed 002", experiment="00_dense_native_lr141",
-             family="seed002", seeds=_SEED002))
+             group="seed002", seeds=_SEED002))
 
 # 01_dense_opt: the six OPT sub-components of seed 002 §2.1 (Family B, Tier 1), all on (the "0-trainable-parameter
 # backward optimizer"): 2-pass homotopy BiEq with tau 25, Polar Express and post-polar in fp32,
@@ -180,10 +186,10 @@ _OPT = dict(prepolar="hbieq", prepolar_tau=25.0, polar_dtype="fp32", post_polar_
             muon_wd_schedule="cosine")
 register(Arm(name="01_dense_opt", description="seed 002 01_dense_opt: BiEq(tau 25) + PE32 + momentum cooldown + "
              "Neumann whitening + master32 + cosine WD", overrides=_OPT, paper="seed 002",
-             experiment="01_dense_opt", family="seed002", seeds=_SEED002))
+             experiment="01_dense_opt", group="seed002", seeds=_SEED002))
 register(Arm(name="01_dense_opt_lr141", description="seed 002 01_dense_opt with LR x sqrt(2), Muon WD x 1/sqrt(2)",
              overrides={**_OPT, "lr_scale": 2 ** 0.5}, paper="seed 002", experiment="01_dense_opt_lr141",
-             family="seed002", seeds=_SEED002))
+             group="seed002", seeds=_SEED002))
 
 # Seed 002 Over-Encoding family (§2.2, Table 1; seeds 41, 42, 47 unless noted). Arms are
 # preset-agnostic: the paper ran each at depth 6 (gpu-d6) and/or depth 8 (gpu-d8), as each
@@ -222,11 +228,11 @@ for _name, _overrides, _what, _seeds in [
      "12 + shared-denominator routing (eps 1e-6), no out_lambdas, without MASTER32 (d8)", _SEED002),
 ]:
     register(Arm(name=_name, description=f"seed 002 {_name}: {_what}", overrides=_overrides, paper="seed 002",
-                 experiment=_name, family="seed002", seeds=_seeds))
+                 experiment=_name, group="seed002", seeds=_seeds))
 for _mode in ("nostep0", "mom_only_nodisp", "disp_only_nomom", "disp_stepcount_nomom", "nostep0_all"):
     register(Arm(name=f"12do_{_mode}", description=f"seed 002 12do step-0 control {_mode} (§4.5 item 2; d6)",
                  overrides=dict(_JOINT, routing="sepden", routing_out=True, step0_mode=_mode), paper="seed 002",
-                 experiment=f"12do_{_mode}", family="seed002", seeds=_SEED002))
+                 experiment=f"12do_{_mode}", group="seed002", seeds=_SEED002))
 
 
 # Seed 004 (AF-Muon, docs/papers.md; §3.1, App. J.1): the tied-GPT arms, seeds 43, 44, 45
@@ -290,4 +296,4 @@ _TABLE1_FAMILIES = ("tied", "t5", "imagegpt", "hf")
 for _name, _overrides, _what, _seeds in _AF_ARMS:
     _families = () if "model_family" in _overrides else ("t5",) if _name.startswith("t15") else _TABLE1_FAMILIES
     register(Arm(name=_name, description=f"seed 004 {_name}: {_what}", overrides=_overrides, paper="seed 004",
-                 experiment=_name, family="seed004", seeds=_seeds, model_families=_families))
+                 experiment=_name, group="seed004", seeds=_seeds, model_families=_families))

@@ -119,7 +119,7 @@ def cmd_arms(args) -> int:
     lines = []
     for arm in payload.values():
         origin = " / ".join(x for x in (arm["paper"], arm["experiment"]) if x) or "-"
-        lines.append(f"{arm['name']:<20} [{arm['family']}] {arm['description']}")
+        lines.append(f"{arm['name']:<20} [{arm['group']}] {arm['description']}")
         lines.append(f"{'':<20} reproduces: {origin}; overrides: {json.dumps(arm['overrides']) if arm['overrides'] else 'none'}")
     _emit(args, payload, "\n".join(lines))
     return 0

@@ -47,11 +47,11 @@ class ArmCase:
 
 def _keys_by_arm() -> dict[str, set[str]]:
     """arm -> the keys it covers: `method:<name>` for every registered method it switches on,
-    `group:<arm group>` (muonlab.arms.Arm.family) and `model:<model family>`."""
+    `group:<arm group>` (muonlab.arms.Arm.group) and `model:<model family>`."""
     from muonlab.arms import ARMS  # noqa: PLC0415
     from muonlab.lab.methods import method_catalog  # noqa: PLC0415
 
-    keys = {name: {f"group:{arm.family}", f"model:{arm_model_family(arm)}"} for name, arm in ARMS.items()}
+    keys = {name: {f"group:{arm.group}", f"model:{arm_model_family(arm)}"} for name, arm in ARMS.items()}
     for entry in method_catalog():
         for name in entry["arms"]:
             keys[name].add(f"method:{entry['name']}")
