@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from muonlab.arms import ARMS, get_arm, resolve_config
 from muonlab.cli import main
@@ -34,15 +35,16 @@ def test_registry_and_cli(capsys):
 
 
 def test_adamw_only_puts_matrices_on_adamw():
-    from muonlab.model import GPT, GPTConfig
+    from muonlab.device import Runtime
+    from muonlab.train.build import build_model, build_optimizer
 
-    model = GPT(GPTConfig(sequence_len=8, vocab_size=16, n_layer=2, n_head=1, n_kv_head=1, n_embd=32))
-    model.init_weights()
-    opt = model.setup_optimizer(matrix_adamw=dict(lr=0.001))
+    cfg = resolve_config("adamw_only", "cpu-tiny", {"optim.adamw_matrix_lr": 0.001})
+    model = build_model(cfg, 300, Runtime(torch.device("cpu"), "fp32"))
+    opt = build_optimizer(model, cfg, compile_step=False)
     assert all(g["kind"] == "adamw" for g in opt.param_groups)
-    matrix = {id(p) for p in model.transformer.h.parameters()}
-    (group,) = [g for g in opt.param_groups if {id(p) for p in g["params"]} == matrix]
-    assert group["lr"] == 0.001
+    matrix = [id(p) for p in model.transformer.h.parameters()]
+    (group,) = [g for g in opt.param_groups if [id(p) for p in g["params"]] == matrix]  # in module order
+    assert group["lr"] == group["initial_lr"] == 0.001 and group["weight_decay"] == 0.0
 
 
 def test_parse_seeds():

@@ -264,52 +264,47 @@ class GPT(nn.Module):
         counts = self.num_scaling_params()
         return {k: v for variant in self.variants for k, v in variant.summary_counts(counts).items()}
 
-    def setup_optimizer(self, unembedding_lr=0.004, embedding_lr=0.2, matrix_lr=0.02,
-                        weight_decay=0.0, adam_betas=(0.8, 0.95), scalar_lr=0.5,
-                        optimizer_cls=None, group_options=None, matrix_adamw=None, **optimizer_kwargs):
-        """MuonAdamW with upstream's groups; AdamW LRs scaled by (d/768)^-1/2 (tuned at d=768).
-
-        muonlab additions: each variant adds its own groups (after x0_lambdas, in registry
-        order) and wires its optimizer state (`attach`). `group_options` adds keys to the
-        "lm_head", "wte", "value_embeds" and "muon" groups (the optimizer add-ons' keys, see
-        muonlab.optim.extensions); empty keeps upstream's groups.
-        `matrix_adamw` (muonlab's adamw_only control: dict(lr=..., weight_decay=...)) puts every
-        block matrix on one AdamW group (not d-scaled) instead of Muon.
-        """
-        from muonlab.optim import MuonAdamW
-
-        opts = {k: dict(v) for k, v in (group_options or {}).items()}
-        unknown = set(opts) - {"lm_head", "wte", "value_embeds", "muon"}
-        if unknown:
-            raise ValueError(f"group_options: unknown groups {sorted(unknown)}")
-        matrix_params = list(self.transformer.h.parameters())
+    def param_groups(self, unembedding_lr=0.004, embedding_lr=0.2, matrix_lr=0.02, weight_decay=0.0,
+                     adam_betas=(0.8, 0.95), scalar_lr=0.5) -> list[tuple[str, dict]]:
+        """Upstream's optimizer groups, each with its name, in upstream's order: "lm_head", "wte",
+        "value_embeds", "resid_lambdas", "x0_lambdas" (AdamW, LRs scaled by (d/768)^-1/2, tuned at
+        d=768), then each variant's own groups (named by the variant, in registry order), then one
+        "muon" group per block-matrix shape (same-shape matrices are stacked in one step). A
+        family adds its methods' keys to the groups it names (muonlab.families.autoresearch)."""
         lrs = extensions.LRs(unembedding_lr, embedding_lr, matrix_lr, scalar_lr, tuple(adam_betas),
                              (self.config.n_embd / 768) ** -0.5)
-        param_groups = [
-            lrs.adamw(list(self.lm_head.parameters()), unembedding_lr * lrs.dim_scale, **opts.get("lm_head", {})),
-            lrs.adamw(list(self.transformer.wte.parameters()), embedding_lr * lrs.dim_scale, **opts.get("wte", {})),
-            lrs.adamw(list(self.value_embeds.parameters()), embedding_lr * lrs.dim_scale,
-                      **opts.get("value_embeds", {})),
-            lrs.adamw([self.resid_lambdas], scalar_lr * 0.01),
-            lrs.adamw([self.x0_lambdas], scalar_lr, betas=(0.96, 0.95)),
+        named = [
+            ("lm_head", lrs.adamw(list(self.lm_head.parameters()), unembedding_lr * lrs.dim_scale)),
+            ("wte", lrs.adamw(list(self.transformer.wte.parameters()), embedding_lr * lrs.dim_scale)),
+            ("value_embeds", lrs.adamw(list(self.value_embeds.parameters()), embedding_lr * lrs.dim_scale)),
+            ("resid_lambdas", lrs.adamw([self.resid_lambdas], scalar_lr * 0.01)),
+            ("x0_lambdas", lrs.adamw([self.x0_lambdas], scalar_lr, betas=(0.96, 0.95))),
         ]
         for variant in self.variants:
-            param_groups += variant.param_groups(lrs)
-        if matrix_adamw is not None:
-            param_groups.append(lrs.adamw(matrix_params, **matrix_adamw))
-        else:  # one Muon group per matrix shape, so same-shape matrices are stacked in one step
-            for shape in sorted({p.shape for p in matrix_params}):
-                param_groups.append(dict(
-                    kind="muon", params=[p for p in matrix_params if p.shape == shape], lr=matrix_lr,
-                    momentum=0.95, ns_steps=5, beta2=0.95, weight_decay=weight_decay, **opts.get("muon", {}),
-                ))
-        if sum(len(g["params"]) for g in param_groups) != len(list(self.parameters())):
-            raise RuntimeError("setup_optimizer: some parameters belong to no optimizer group")
-        if opts.get("muon", {}).get("prepolar_scope", "all") not in ("all", "square_only", "rect_only"):
-            names = {id(p): n for n, p in self.named_parameters()}
-            for group in param_groups:  # a name scope needs names; torch wants them on every group
-                group["param_names"] = [names[id(p)] for p in group["params"]]
-        optimizer = (optimizer_cls or MuonAdamW)(param_groups, **optimizer_kwargs)
+            named += [(variant.name, group) for group in variant.param_groups(lrs)]
+        matrix_params = self.block_matrices()
+        for shape in sorted({p.shape for p in matrix_params}):
+            named.append(("muon", dict(kind="muon", params=[p for p in matrix_params if p.shape == shape],
+                                       lr=matrix_lr, momentum=0.95, ns_steps=5, beta2=0.95, weight_decay=weight_decay)))
+        if sum(len(g["params"]) for _, g in named) != len(list(self.parameters())):
+            raise RuntimeError("param_groups: some parameters belong to no optimizer group")
+        return named
+
+    def block_matrices(self) -> list[nn.Parameter]:
+        """The transformer blocks' parameters (the Muon matrices), in module order."""
+        return list(self.transformer.h.parameters())
+
+    def setup_optimizer(self, unembedding_lr=0.004, embedding_lr=0.2, matrix_lr=0.02,
+                        weight_decay=0.0, adam_betas=(0.8, 0.95), scalar_lr=0.5, **optimizer_kwargs):
+        """MuonAdamW over upstream's groups (param_groups), as upstream's setup_optimizer."""
+        from muonlab.optim import MuonAdamW
+
+        groups = self.param_groups(unembedding_lr, embedding_lr, matrix_lr, weight_decay, adam_betas, scalar_lr)
+        return self.attach_optimizer(MuonAdamW([group for _, group in groups], **optimizer_kwargs))
+
+    def attach_optimizer(self, optimizer):
+        """Wire each variant's optimizer-side state (`attach`, e.g. visit counts) and record every
+        group's `initial_lr` (the schedule scales from it); returns the optimizer."""
         for variant in self.variants:
             variant.attach(optimizer)
         for group in optimizer.param_groups:

@@ -53,29 +53,38 @@ def build_model(cfg, vocab_size: int, runtime):
 
 
 def build_optimizer(model, cfg, compile_step: bool, distributed: bool = False):
-    """MuonAdamW, or with several processes DistMuonAdamW (it averages gradients itself)."""
+    """MuonAdamW (or with several processes DistMuonAdamW, which averages gradients itself) over the
+    model's named groups, the methods that are on adding their keys to the groups they act on."""
     from muonlab.optim import DistMuonAdamW, MuonAdamW  # noqa: PLC0415
     from muonlab.optim.addons.polar_precision import OPTIONS as POLAR_DEFAULTS  # noqa: PLC0415
+    from muonlab.optim.prepolar import SCOPES  # noqa: PLC0415
 
     o = cfg.optim
     # only the add-ons that are on go on the groups, so baseline groups stay exactly upstream's
     muon = o.prepolar.group_options(first_t=o.homotopy_first_t)
     polar = dict(polar_dtype=o.polar.dtype, post_polar_dtype=o.polar.post_dtype)
     muon.update({k: v for k, v in polar.items() if v != POLAR_DEFAULTS[k]})
-    # Neumann-Gram vocabulary whitening on wte, lm_head and value embeddings (seed 002 §2.1 (Tier 1));
-    # fp32 master weights and moments for wte and value embeddings (seed 002 §2.1 (Tier 1), §3 item 3)
+    # Neumann-Gram vocabulary whitening on wte, lm_head and value embeddings (seed 002 §2.1 Tier 1);
+    # fp32 master weights and moments for wte and value embeddings (seed 002 §2.1 Tier 1, §3 item 3)
     table = {} if o.whiten.kind is None else dict(whiten=o.whiten.kind, whiten_tau=o.whiten.tau,
                                                   whiten_terms=o.whiten.terms, whiten_mean_addback=o.whiten.mean_addback,
                                                   whiten_first_t=o.homotopy_first_t)
     embed = dict(table, master32=True) if o.embedding_state == "master32" else table
-    matrix_adamw = None if o.matrix_optimizer == "muon" else dict(lr=o.adamw_matrix_lr,
-                                                                   weight_decay=o.adamw_matrix_weight_decay)
-    return model.setup_optimizer(
-        unembedding_lr=o.unembedding_lr, embedding_lr=o.embedding_lr, matrix_lr=o.matrix_lr,
-        weight_decay=o.weight_decay, adam_betas=(o.adam_beta1, o.adam_beta2), scalar_lr=o.scalar_lr,
-        optimizer_cls=DistMuonAdamW if distributed else MuonAdamW,
-        group_options=dict(lm_head=table, wte=embed, value_embeds=embed, muon=muon), matrix_adamw=matrix_adamw,
-        compile=compile_step)
+    extra = dict(lm_head=table, wte=embed, value_embeds=embed, muon=muon)
+    named = model.param_groups(unembedding_lr=o.unembedding_lr, embedding_lr=o.embedding_lr, matrix_lr=o.matrix_lr,
+                               weight_decay=o.weight_decay, adam_betas=(o.adam_beta1, o.adam_beta2),
+                               scalar_lr=o.scalar_lr)
+    on_muon = o.matrix_optimizer == "muon"
+    groups = [dict(group, **extra.get(name, {})) for name, group in named if on_muon or name != "muon"]
+    if not on_muon:  # the adamw_only control: every block matrix in one AdamW group (not d-scaled)
+        groups.append(dict(kind="adamw", params=model.block_matrices(), betas=(o.adam_beta1, o.adam_beta2),
+                           eps=1e-10, weight_decay=o.adamw_matrix_weight_decay, lr=o.adamw_matrix_lr))
+    if muon.get("prepolar_scope", "all") not in SCOPES:  # a name scope reads names; torch wants them on every group
+        names = {id(p): n for n, p in model.named_parameters()}
+        for group in groups:
+            group["param_names"] = [names[id(p)] for p in group["params"]]
+    optimizer_cls = DistMuonAdamW if distributed else MuonAdamW
+    return model.attach_optimizer(optimizer_cls(groups, compile=compile_step))
 
 
 def schedule(cfg):
