@@ -138,6 +138,15 @@ class PrepolarSettingsBase(Section):
             values["first_t"] = first_t
         return cls(**values)
 
+    def needs_param_names(self) -> bool:
+        """A name scope (a regular expression) reads each matrix's name: the groups carry `param_names`."""
+        return self.kind is not None and self.scope not in SCOPES
+
+    def param_group_keys(self, optim) -> dict[str, dict]:
+        """The muon groups' pre-polar keys (muonlab.families.autoresearch adds them)."""
+        keys = self.group_options(first_t=optim.homotopy_first_t)
+        return {"muon": keys} if keys else {}
+
     def group_options(self, first_t: int | None = None) -> dict[str, Any]:
         """A muon group's pre-polar keys: none when off; the defaults are left out, so a group
         holds exactly what earlier releases recorded in checkpoints."""

@@ -8,6 +8,7 @@ from muonlab.errors import UsageError
 from muonlab.families import Family, register_family
 from muonlab.families.autoresearch.config import AutoresearchModelConfig, MuonAdamWConfig
 from muonlab.families.autoresearch.presets import PRESETS
+from muonlab.settings import sections
 
 
 def gpt_config(cfg, vocab_size: int):
@@ -56,21 +57,16 @@ def build_optimizer(model, cfg, compile_step: bool, distributed: bool = False):
     """MuonAdamW (or with several processes DistMuonAdamW, which averages gradients itself) over the
     model's named groups, the methods that are on adding their keys to the groups they act on."""
     from muonlab.optim import DistMuonAdamW, MuonAdamW  # noqa: PLC0415
-    from muonlab.optim.addons.polar_precision import OPTIONS as POLAR_DEFAULTS  # noqa: PLC0415
-    from muonlab.optim.prepolar import SCOPES  # noqa: PLC0415
 
     o = cfg.optim
-    # only the add-ons that are on go on the groups, so baseline groups stay exactly upstream's
-    muon = o.prepolar.group_options(first_t=o.homotopy_first_t)
-    polar = dict(polar_dtype=o.polar.dtype, post_polar_dtype=o.polar.post_dtype)
-    muon.update({k: v for k, v in polar.items() if v != POLAR_DEFAULTS[k]})
-    # Neumann-Gram vocabulary whitening on wte, lm_head and value embeddings (seed 002 §2.1 Tier 1);
-    # fp32 master weights and moments for wte and value embeddings (seed 002 §2.1 Tier 1, §3 item 3)
-    table = {} if o.whiten.kind is None else dict(whiten=o.whiten.kind, whiten_tau=o.whiten.tau,
-                                                  whiten_terms=o.whiten.terms, whiten_mean_addback=o.whiten.mean_addback,
-                                                  whiten_first_t=o.homotopy_first_t)
-    embed = dict(table, master32=True) if o.embedding_state == "master32" else table
-    extra = dict(lm_head=table, wte=embed, value_embeds=embed, muon=muon)
+    # each method section of the optimizer config names the groups it acts on and their keys
+    # (param_group_keys); a method that is off adds none, so baseline groups stay exactly upstream's
+    extra: dict[str, dict] = {}
+    for _, section in sections(o):
+        rule = getattr(section, "param_group_keys", None)
+        for name, keys in (rule(o) if rule else {}).items():
+            extra.setdefault(name, {}).update(keys)
+    with_names = any(getattr(section, "needs_param_names", lambda: False)() for _, section in sections(o))
     named = model.param_groups(unembedding_lr=o.unembedding_lr, embedding_lr=o.embedding_lr, matrix_lr=o.matrix_lr,
                                weight_decay=o.weight_decay, adam_betas=(o.adam_beta1, o.adam_beta2),
                                scalar_lr=o.scalar_lr)
@@ -79,7 +75,7 @@ def build_optimizer(model, cfg, compile_step: bool, distributed: bool = False):
     if not on_muon:  # the adamw_only control: every block matrix in one AdamW group (not d-scaled)
         groups.append(dict(kind="adamw", params=model.block_matrices(), betas=(o.adam_beta1, o.adam_beta2),
                            eps=1e-10, weight_decay=o.adamw_matrix_weight_decay, lr=o.adamw_matrix_lr))
-    if muon.get("prepolar_scope", "all") not in SCOPES:  # a name scope reads names; torch wants them on every group
+    if with_names:  # a method reads the parameters' names; torch then wants them on every group
         names = {id(p): n for n, p in model.named_parameters()}
         for group in groups:
             group["param_names"] = [names[id(p)] for p in group["params"]]

@@ -148,6 +148,10 @@ class MuonAdamWConfig(Section):
     whiten: WhitenSettings = setting(factory=WhitenSettings)
     table_whiten: TableWhitenSettings = setting(factory=TableWhitenSettings)
 
+    def param_group_keys(self, optim) -> dict[str, dict]:
+        """fp32 master weights and moments for wte and value embeddings (seed 002 §2.1 Tier 1, §3 item 3)."""
+        return {"wte": {"master32": True}, "value_embeds": {"master32": True}} if self.embedding_state == "master32" else {}
+
     def inactive(self) -> dict[str, str]:
         ramps = self.prepolar.follows_homotopy() or self.whiten.kind is not None or self.table_whiten.kind is not None
         out = {} if ramps else {"homotopy_first_t": "no homotopy ramp is on (a prepolar ramp, whiten, table_whiten)"}

@@ -146,6 +146,14 @@ class WhitenSettings(Section):
     def inactive(self) -> dict[str, str]:
         return {"tau": METHOD_OFF, "terms": METHOD_OFF, "mean_addback": METHOD_OFF} if self.kind is None else {}
 
+    def param_group_keys(self, optim) -> dict[str, dict]:
+        """The vocabulary tables' AdamW groups' keys (the homotopy's first t is the optimizer's)."""
+        if self.kind is None:
+            return {}
+        keys = dict(whiten=self.kind, whiten_tau=self.tau, whiten_terms=self.terms, whiten_mean_addback=self.mean_addback,
+                    whiten_first_t=optim.homotopy_first_t)
+        return {"lm_head": keys, "wte": dict(keys), "value_embeds": dict(keys)}
+
     def validate(self) -> None:
         if self.terms < 1 or self.tau < 0:
             raise UsageError("need whiten_terms >= 1 and whiten_tau >= 0")

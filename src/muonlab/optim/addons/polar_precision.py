@@ -51,3 +51,8 @@ class PolarSettings(Section):
                                              flag="polar-dtype")
     post_dtype: Literal[None, "bf16", "fp32"] = setting(None, "dtype after Polar Express (fp32: g = X.float()); "
                                                         "none keeps Polar Express's", flag="post-polar-dtype")
+
+    def param_group_keys(self, optim) -> dict[str, dict]:
+        """The muon groups' keys that differ from upstream's (none at the defaults)."""
+        keys = {k: v for k, v in dict(polar_dtype=self.dtype, post_polar_dtype=self.post_dtype).items() if v != OPTIONS[k]}
+        return {"muon": keys} if keys else {}
