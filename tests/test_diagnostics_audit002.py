@@ -8,14 +8,9 @@ import pytest
 import torch
 
 from muonlab.diagnostics import audit002 as A
-from muonlab.model import GPT, gpt_config
+from muonlab.model import GPT
 from muonlab.model.variants.over_encoding import OverEncoding
-
-
-def small(**kw):
-    base = dict(sequence_len=32, vocab_size=64, n_layer=4, n_head=2, n_kv_head=2, n_embd=64,
-                window_pattern="SSSL", attn_backend="sdpa")
-    return gpt_config(**{**base, **kw})
+from support.models import small
 
 
 def model_of(**kw):
@@ -112,7 +107,7 @@ def test_qtau_profile_known_band_and_layer_means():
 
 
 def test_qtau_profile_applies_freeze_mask():
-    model = model_of(qk_scale="pair_tied_exp", qk_freeze_layers=(0,), qk_freeze_planes=4)
+    model = model_of(qk_scale="pair_tied_exp", qk_freeze_layers="0", qk_freeze_planes=4)
     _hand_set_qtau(model)
     p = A.qtau_profile(model)
     assert p["layer0"] == pytest.approx(1.0)  # layer 0 frozen at scale 1 whatever its raw values

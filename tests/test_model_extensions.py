@@ -8,7 +8,8 @@ import pytest
 import torch
 from support.models import live_baseline as _live_baseline, small
 
-from muonlab.model import GPT, REGISTRY, GPTConfig, ModelVariant, describe, register_variant, variants_from_keys
+from muonlab.errors import UsageError
+from muonlab.model import GPT, REGISTRY, GPTConfig, ModelVariant, describe, register_variant
 from muonlab.model.extensions import HOOKS, ExtensionPoints
 
 IDX = torch.randint(0, 64, (2, 32), generator=torch.Generator().manual_seed(5))
@@ -40,7 +41,6 @@ class BranchScale(ModelVariant):
 @pytest.fixture
 def plugin():
     register_variant("test_branch_scale", BranchScaleConfig, paper="(test)", section="-",
-                     switch=("test_branch_scale", False), keys={"test_branch_scale": None, "test_bs_lr": "lr_mult"},
                      tests=("tests/test_extensions.py",))(BranchScale)
     yield BranchScaleConfig
     del REGISTRY["test_branch_scale"]
@@ -77,14 +77,13 @@ def test_a_plugin_variant_is_the_baseline_at_init_and_trains_in_its_own_group(pl
     assert counts["branch_beta"] == 8 and counts["total"] == sum(p.numel() for p in model.parameters())
 
 
-def test_flat_keys_reach_a_plugin_and_shared_hooks_are_refused(plugin):
-    assert variants_from_keys(test_branch_scale=True, test_bs_lr=0.3) == (plugin(lr_mult=0.3),)
-    assert variants_from_keys(test_branch_scale=False) == ()
-    with pytest.raises(ValueError, match="test_bs_lr need test_branch_scale"):
-        variants_from_keys(test_bs_lr=0.3)
-    assert any(row["name"] == "test_branch_scale" for row in describe())
+def test_a_plugin_is_switched_on_by_name_and_shared_hooks_are_refused(plugin):
+    on = small(variant="test_branch_scale")  # --variant test_branch_scale: the plug-in with its config's defaults
+    assert on.variants == (plugin(),) and small().variants == ()
+    row = next(row for row in describe() if row["name"] == "test_branch_scale")
+    assert row["config"] == ["lr_mult"]
     with pytest.raises(ValueError, match="both attach to 'branch'"):  # radius gates use the same hook
-        GPT(small(test_branch_scale=True, radius_gate="state"))
+        GPT(small(variant="test_branch_scale", radius_gate="state"))
     with pytest.raises(ValueError, match="given twice"):
         GPTConfig(variants=(plugin(), plugin()))
 
@@ -95,8 +94,8 @@ def test_unregistered_configs_and_unknown_keys_raise():
         pass
     with pytest.raises(ValueError, match="not the config of a registered"):
         GPTConfig(variants=(Stray(),))
-    with pytest.raises(ValueError, match="unknown model variant settings"):
-        variants_from_keys(qk_scael="pair_tied_exp")
+    with pytest.raises(UsageError, match="unknown setting 'qk_scael'"):
+        small(qk_scael="pair_tied_exp")
 
 
 def test_the_baseline_wires_no_hook():
@@ -111,7 +110,7 @@ def test_every_builtin_variant_is_described_and_its_files_exist():
     assert {"presub_gains", "qk_scale", "lerope", "residual_rule", "radius_gate", "over_encoding", "routing",
             "checkpoint_blocks", "chunked_loss"} <= set(rows)
     for name, row in rows.items():
-        assert row["paper"].startswith("seed 00") and row["section"] and row["keys"], name
+        assert row["paper"].startswith("seed 00") and row["section"] and isinstance(row["config"], list), name
         assert row["module"].startswith("muonlab.model.variants."), name
         for test in row["tests"]:
             assert (ROOT / test).is_file(), (name, test)

@@ -1,15 +1,21 @@
 """Shared test support: small GPTs whose branches are live, for the model-variant tests."""
 
+import dataclasses
+
 import torch
 
-from muonlab.model import GPT, gpt_config
+from muonlab.families.autoresearch import gpt_config_with
+from muonlab.model import GPT, GPTConfig
 
 
 def small(**kw):
-    """A 4-layer, 64-wide GPT config on SDPA (window pattern SSSL), with `kw` on top."""
+    """A 4-layer, 64-wide GPT config on SDPA (window pattern SSSL), with `kw` on top: GPTConfig fields,
+    and run-config settings by flag name (`qk_scale="pair_tied_exp"`) for the variants."""
+    upstream = {f.name for f in dataclasses.fields(GPTConfig)}
     base = dict(sequence_len=32, vocab_size=64, n_layer=4, n_head=2, n_kv_head=2, n_embd=64,
                 window_pattern="SSSL", attn_backend="sdpa")
-    return gpt_config(**{**base, **kw})
+    base.update((k, v) for k, v in kw.items() if k in upstream)
+    return gpt_config_with({k: v for k, v in kw.items() if k not in upstream}, **base)
 
 
 def live_baseline(seed=0, **kw):

@@ -23,7 +23,8 @@ import math
 
 import torch
 
-from muonlab.model import GPT, gpt_config
+from muonlab.families.autoresearch import gpt_config_with
+from muonlab.model import GPT
 from muonlab.model.variants.lerope import lerope_grad_agreement
 from muonlab.model.variants.qk_scale import qk_multiplier
 from muonlab.diagnostics import Command
@@ -39,8 +40,8 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def _gains_model(impl: str, n_layer: int, n_embd: int, head_dim: int, seq_len: int, seed: int) -> GPT:
     torch.manual_seed(seed)
-    cfg = gpt_config(sequence_len=seq_len, vocab_size=256, n_layer=n_layer, n_head=n_embd // head_dim,
-                     n_kv_head=n_embd // head_dim, n_embd=n_embd, attn_backend="sdpa", presub_gains=impl)
+    cfg = gpt_config_with(dict(presub_gains=impl), sequence_len=seq_len, vocab_size=256, n_layer=n_layer,
+                          n_head=n_embd // head_dim, n_kv_head=n_embd // head_dim, n_embd=n_embd, attn_backend="sdpa")
     model = GPT(cfg)
     model.init_weights()
     model.float()

@@ -92,7 +92,8 @@ import torch
 
 from muonlab.device import detect_device, resolve_precision
 from muonlab.errors import UsageError
-from muonlab.model import GPT, GPTConfig, find_variant, gpt_config
+from muonlab.families.autoresearch import gpt_config_with
+from muonlab.model import GPT, GPTConfig, find_variant
 from muonlab.model.gpt import has_ve
 from muonlab.model.variants.presub_gains import PRESUB_GAINS
 from muonlab.diagnostics import Command
@@ -326,8 +327,8 @@ def predicted_slice_delta(config: GPTConfig, batch: int, seq_len: int, itemsize:
 
 def audit_config(n_layer: int = 4, n_embd: int = 128, n_head: int = 4, seq_len: int = 48,
                  vocab_size: int = 64, impl: str = "none") -> GPTConfig:
-    return gpt_config(sequence_len=seq_len, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head,
-                      n_kv_head=n_head, n_embd=n_embd, attn_backend="sdpa", presub_gains=impl)
+    return gpt_config_with(dict(presub_gains=impl), sequence_len=seq_len, vocab_size=vocab_size, n_layer=n_layer,
+                           n_head=n_head, n_kv_head=n_head, n_embd=n_embd, attn_backend="sdpa")
 
 
 @dataclass(frozen=True)

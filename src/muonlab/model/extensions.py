@@ -130,35 +130,29 @@ class VariantInfo:
     variant: type
     paper: str
     section: str
-    switch: tuple[str, Any]  # (flat config key, its "off" value); the key maps to the first field
-    keys: dict[str, str | None]  # flat config key -> config field (None: the switch alone)
     tests: tuple[str, ...]
     module: str
-    lenient: tuple[str, ...] = ()  # flat keys that may be set while the variant is off
 
     def describe(self) -> dict[str, Any]:
-        return dict(name=self.name, paper=self.paper, section=self.section, keys=list(self.keys),
-                    module=self.module, tests=list(self.tests))
+        return dict(name=self.name, paper=self.paper, section=self.section,
+                    config=[f.name for f in fields(self.config)], module=self.module, tests=list(self.tests))
 
 
 REGISTRY: dict[str, VariantInfo] = {}
 
 
-def register_variant(name: str, config: type, *, paper: str, section: str, switch: tuple[str, Any] | None = None,
-                     keys: dict[str, str | None] | None = None, tests: tuple[str, ...] = (), lenient: tuple[str, ...] = ()):
-    """Class decorator: register a ModelVariant subclass under `name` with its config class.
-
-    `switch` and `keys` map flat settings (TrainConfig's) onto the config: the variant is on
-    when the switch key differs from its off value (see `variants_from_keys`).
-    """
+def register_variant(name: str, config: type, *, paper: str, section: str, tests: tuple[str, ...] = ()):
+    """Class decorator: register a ModelVariant subclass under `name` with its config class (a frozen
+    dataclass; `GPTConfig.variants` holds the configs of the variants that are on). A built-in
+    variant's run-config section makes its config (`variant_configs`, beside it); a plug-in's is
+    switched on with its defaults (`--variant NAME`)."""
     def deco(cls: type) -> type:
         if name in REGISTRY and REGISTRY[name].variant is not cls:
             raise ValueError(f"model variant {name!r} is already registered ({REGISTRY[name].module})")
         if not (dataclasses.is_dataclass(config) and config.__dataclass_params__.frozen):
             raise TypeError(f"{name}: the config must be a frozen dataclass")
         cls.name = name
-        REGISTRY[name] = VariantInfo(name, config, cls, paper, section, switch or ("", None), dict(keys or {}),
-                                     tuple(tests), cls.__module__, tuple(lenient))
+        REGISTRY[name] = VariantInfo(name, config, cls, paper, section, tuple(tests), cls.__module__)
         return cls
     return deco
 
@@ -185,9 +179,8 @@ def check_variants(config: Any) -> None:
 
 def build_variants(config: Any) -> list[ModelVariant]:
     """One variant object per config in `config.variants` (GPTConfig has checked them)."""
-    order = list(REGISTRY)  # registry order, whatever the config's: it fixes the optimizer groups' order
-    chosen = sorted(config.variants, key=lambda cfg: order.index(info_for(cfg).name))
-    return [info_for(cfg).variant(cfg, config) for cfg in chosen]
+    # registry order, whatever the config's: it fixes the optimizer groups' order
+    return [info_for(cfg).variant(cfg, config) for cfg in in_registry_order(config.variants)]
 
 
 def wire(variants: list[ModelVariant]) -> ExtensionPoints:
@@ -205,28 +198,10 @@ def wire(variants: list[ModelVariant]) -> ExtensionPoints:
     return points
 
 
-def variants_from_keys(**flat: Any) -> tuple:
-    """Variant configs from flat settings (`qk_scale="pair_tied_stopexp"`, `oe_m=101`, ...),
-    in registry order; a variant's other keys set while it is off raise ValueError."""
-    known = {k for info in REGISTRY.values() for k in info.keys}
-    unknown = set(flat) - known
-    if unknown:
-        raise ValueError(f"unknown model variant settings: {', '.join(sorted(unknown))}")
-    out = []
-    for info in REGISTRY.values():
-        given = {k: v for k, v in flat.items() if k in info.keys}
-        if not given:
-            continue
-        key, off = info.switch
-        if given.get(key, off) == off:
-            defaults = {f.name: f.default for f in fields(info.config)}
-            stray = [k for k, v in given.items()
-                     if k != key and k not in info.lenient and v != defaults[info.keys[k]]]
-            if stray:
-                raise ValueError(f"{', '.join(stray)} need {key}")
-            continue
-        out.append(info.config(**{info.keys[k]: v for k, v in given.items() if info.keys[k] is not None}))
-    return tuple(out)
+def in_registry_order(configs) -> tuple:
+    """Variant configs sorted as the registry lists their variants (the order the model builds them in)."""
+    order = list(REGISTRY)
+    return tuple(sorted(configs, key=lambda cfg: order.index(info_for(cfg).name)))
 
 
 def find_variant(model: torch.nn.Module, name: str) -> ModelVariant | None:

@@ -15,9 +15,7 @@ fixed at build time, so the baseline runs upstream's ops (the fused loss aside) 
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn as nn
@@ -61,15 +59,6 @@ class GPTConfig:
     @property
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
-
-
-def gpt_config(**kw: Any):
-    """GPTConfig from upstream fields plus flat variant settings, e.g.
-    gpt_config(n_layer=4, qk_scale="pair_tied_stopexp"): a convenience for tests and scripts."""
-    upstream = {f.name for f in dataclasses.fields(GPTConfig)}
-    base = {k: v for k, v in kw.items() if k in upstream}
-    extra = extensions.variants_from_keys(**{k: v for k, v in kw.items() if k not in upstream})
-    return GPTConfig(**{**base, "variants": tuple(base.get("variants", ())) + extra})
 
 
 def norm(x: torch.Tensor) -> torch.Tensor:

@@ -13,28 +13,55 @@ from muonlab.settings import sections
 
 def gpt_config(cfg, vocab_size: int):
     """The GPTConfig of a run: upstream's fields and the variants that are on."""
-    from muonlab.model import REGISTRY, GPTConfig, variants_from_keys  # noqa: PLC0415
+    from muonlab.model import GPTConfig  # noqa: PLC0415
 
-    m, o = cfg.model, cfg.optim
-    variants = variants_from_keys(**model_variants(m), presub_lr_mult=m.gains.lr_mult, qk_lr_mult=m.qk.lr_mult,
-                                  rope_lr_mult=m.rope.lr_mult, gate_lr_mult=m.gate.lr_mult,
-                                  table_whiten=o.table_whiten.kind, table_whiten_tau=o.table_whiten.tau,
-                                  table_whiten_first_t=o.homotopy_first_t)
-    variants += tuple(REGISTRY[name].config() for name in m.extra_variant_names())  # plug-ins
+    m = cfg.model
     return GPTConfig(sequence_len=cfg.train.sequence_len, vocab_size=vocab_size, n_layer=m.depth,
                      n_head=m.n_head, n_kv_head=m.n_kv_head or m.n_head, n_embd=m.model_dim,
                      window_pattern=m.window_pattern.upper(), attn_backend=m.attn_backend, head_loss=m.head_loss,
-                     variants=variants)
+                     variants=variant_configs(cfg))
 
 
-def model_variants(m: AutoresearchModelConfig) -> dict:
-    """The model sections as the variants' flat settings (muonlab.model.variants_from_keys)."""
-    return dict(presub_gains=m.gains.impl, presub_param=m.gains.param, qk_scale=m.qk.kind,
-                qk_freeze_layers=m.qk.layers(), qk_freeze_planes=m.qk.freeze_planes, rope=m.rope.kind,
-                residual_rule=m.residual.rule, radius_gate=m.gate.kind,
-                checkpoint_blocks=m.memory.checkpoint_blocks, loss_chunk_tokens=m.memory.loss_chunk_tokens,
-                oe_m=m.oe.m, oe_n=m.oe.n, oe_k=m.oe.k, routing=m.routing.kind, routing_out=m.routing.out,
-                routing_eps=m.routing.eps)
+def variant_configs(cfg) -> tuple:
+    """The configs of the model variants a run turns on: each method section of the model config
+    makes its own (`variant_configs`, beside its variant), then the plug-ins' (`--variant`, with
+    their defaults); in registry order."""
+    from muonlab.model import REGISTRY  # noqa: PLC0415
+    from muonlab.model.extensions import in_registry_order  # noqa: PLC0415
+
+    m = cfg.model
+    built = [c for _, section in sections(m) for c in getattr(section, "variant_configs", lambda cfg: ())(cfg)]
+    return in_registry_order(built + [REGISTRY[name].config() for name in m.extra_variant_names()])
+
+
+def gpt_config_with(settings: dict | None = None, **upstream):
+    """A GPTConfig of upstream fields (`n_layer=4`, ...) and the variants that run-config settings named
+    by their flags turn on (`qk_scale="pair_tied_stopexp"`, `oe_m=101`): a convenience for
+    diagnostics, tests and scripts. A setting that does not act, or a bad value, is a UsageError."""
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    from muonlab.model import GPTConfig  # noqa: PLC0415
+    from muonlab.model.extensions import in_registry_order  # noqa: PLC0415
+    from muonlab.settings import inactive_keys, leaves, set_dotted, validate_tree  # noqa: PLC0415
+
+    cfg = SimpleNamespace(model=AutoresearchModelConfig(), optim=MuonAdamWConfig())
+    where = {leaf.flag.replace("-", "_"): (part, leaf.key) for part in ("model", "optim")
+             for leaf in leaves(getattr(cfg, part))}
+    for name, value in (settings or {}).items():
+        if name not in where:
+            raise UsageError(f"unknown setting {name!r}")
+        part, key = where[name]
+        set_dotted(getattr(cfg, part), key, value)
+    for name in settings or {}:
+        part, key = where[name]
+        inactive = inactive_keys(getattr(cfg, part))
+        why = next((w for k, w in inactive.items() if key == k or key.startswith(k + ".")), None)
+        if why:
+            raise UsageError(f"{name} does not act: {why}")
+    validate_tree(cfg.model)
+    validate_tree(cfg.optim)
+    extra = tuple(upstream.pop("variants", ()))
+    return GPTConfig(**upstream, variants=in_registry_order(variant_configs(cfg) + extra))
 
 
 def build_model(cfg, vocab_size: int, runtime):

@@ -179,8 +179,7 @@ class LeRoPEConfig:
 
 
 @register_variant("lerope", LeRoPEConfig, paper="seed 000", section="§4.2, Table 2 (§4.2 item 2)",
-                  switch=("rope", "standard"), keys={"rope": "kind", "rope_lr_mult": "lr_mult"},
-                  lenient=("rope_lr_mult",), tests=("tests/test_lerope.py", "tests/test_model_variants.py"))
+                  tests=("tests/test_lerope.py", "tests/test_model_variants.py"))
 class LeRoPE(ModelVariant):
     param_names = ("rope_tau",)
 
@@ -221,3 +220,7 @@ class RopeSettings(Section):
 
     def inactive(self) -> dict[str, str]:
         return {"lr_mult": METHOD_OFF} if self.kind == "standard" else {}
+
+    def variant_configs(self, cfg) -> tuple:
+        """The model's variant config(s) for this section of the run config `cfg` (none when off)."""
+        return () if self.kind == "standard" else (LeRoPEConfig(self.kind, self.lr_mult),)

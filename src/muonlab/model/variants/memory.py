@@ -24,8 +24,7 @@ class CheckpointBlocksConfig:
 
 
 @register_variant("checkpoint_blocks", CheckpointBlocksConfig, paper="seed 003",
-                  section="memory-safe implementation (Forward radius and branch controls)", switch=("checkpoint_blocks", False),
-                  keys={"checkpoint_blocks": None}, tests=("tests/test_model_variants.py",))
+                  section="memory-safe implementation (Forward radius and branch controls)", tests=("tests/test_model_variants.py",))
 class CheckpointBlocks(ModelVariant):
     def run_block(self, block, x, ve, cos_sin, window):
         if torch.is_grad_enabled():
@@ -43,8 +42,7 @@ class ChunkedLossConfig:
 
 
 @register_variant("chunked_loss", ChunkedLossConfig, paper="seed 003",
-                  section="memory-safe implementation (Forward radius and branch controls)", switch=("loss_chunk_tokens", 0),
-                  keys={"loss_chunk_tokens": "chunk_tokens"}, tests=("tests/test_model_variants.py",))
+                  section="memory-safe implementation (Forward radius and branch controls)", tests=("tests/test_model_variants.py",))
 class ChunkedLoss(ModelVariant):
     def _token_losses(self, x, targets):
         return F.cross_entropy(self.model._logits(x), targets, ignore_index=-1, reduction="none")
@@ -81,3 +79,8 @@ class MemorySettings(Section):
     def validate(self) -> None:
         if self.loss_chunk_tokens < 0:
             raise UsageError(f"loss_chunk_tokens must be >= 0, got {self.loss_chunk_tokens}")
+
+    def variant_configs(self, cfg) -> tuple:
+        """The model's variant config(s) for this section of the run config `cfg` (none when off)."""
+        blocks = (CheckpointBlocksConfig(),) if self.checkpoint_blocks else ()
+        return blocks + ((ChunkedLossConfig(self.loss_chunk_tokens),) if self.loss_chunk_tokens > 0 else ())

@@ -165,10 +165,7 @@ class OverEncodingConfig:
 
 
 @register_variant("over_encoding", OverEncodingConfig, paper="seed 002",
-                  section="§Family A Over-Encoding (§2.1; table-Neumann §4.3)", switch=("oe_m", 0),
-                  keys={"oe_m": "m", "oe_n": "n", "oe_k": "k", "table_whiten": "table_whiten",
-                        "table_whiten_tau": "table_whiten_tau", "table_whiten_first_t": "table_whiten_first_t"},
-                  lenient=("table_whiten_tau", "table_whiten_first_t"),
+                  section="§Family A Over-Encoding (§2.1; table-Neumann §4.3)",
                   tests=("tests/test_over_encoding.py", "tests/test_over_encoding_model.py",
                          "tests/test_table_update.py", "tests/test_diagnostics_accounting.py"))
 class OverEncodingVariant(ModelVariant):
@@ -218,6 +215,14 @@ class OverEncodingSettings(Section):
 
     def inactive(self) -> dict[str, str]:
         return {"n": METHOD_OFF, "k": METHOD_OFF} if self.m == 0 else {}
+
+    def variant_configs(self, cfg) -> tuple:
+        """The model's variant config(s) for this section of the run config `cfg` (none when off)."""
+        if self.m == 0:
+            return ()
+        # table-Neumann (an optimizer setting) acts on these tables' moment-free update
+        whiten, first_t = cfg.optim.table_whiten, cfg.optim.homotopy_first_t
+        return (OverEncodingConfig(self.m, self.n, self.k, whiten.kind, whiten.tau, first_t),)
 
     def validate(self) -> None:
         if self.m < 0:

@@ -59,9 +59,6 @@ class PresubGainsConfig:
 
 
 @register_variant("presub_gains", PresubGainsConfig, paper="seed 000", section="§3.1 (Tables 1–2)",
-                  switch=("presub_gains", "none"),
-                  keys={"presub_gains": "impl", "presub_param": "param", "presub_lr_mult": "lr_mult"},
-                  lenient=("presub_lr_mult",),
                   tests=("tests/test_model_variants.py", "tests/test_diagnostics_storage.py",
                          "tests/test_diagnostics_forward.py"))
 class PresubGains(ModelVariant):
@@ -120,3 +117,7 @@ class PresubGainsSettings(Section):
 
     def inactive(self) -> dict[str, str]:
         return {"param": METHOD_OFF, "lr_mult": METHOD_OFF} if self.impl == "none" else {}
+
+    def variant_configs(self, cfg) -> tuple:
+        """The model's variant config(s) for this section of the run config `cfg` (none when off)."""
+        return () if self.impl == "none" else (PresubGainsConfig(self.impl, self.param, self.lr_mult),)

@@ -131,10 +131,6 @@ class QKScaleConfig:
 
 @register_variant("qk_scale", QKScaleConfig, paper="seed 000",
                   section="§3.2 (Tables 2–3; QMASK seed 002 §4.2.2, Table 5b)",
-                  switch=("qk_scale", "none"),
-                  keys={"qk_scale": "kind", "qk_freeze_layers": "freeze_layers", "qk_freeze_planes": "freeze_planes",
-                        "qk_lr_mult": "lr_mult"},
-                  lenient=("qk_lr_mult",),
                   tests=("tests/test_model_variants.py", "tests/test_diagnostics_audit002.py",
                          "tests/test_diagnostics_forward.py"))
 class QKScale(ModelVariant):
@@ -185,3 +181,9 @@ class QKScaleSettings(Section):
 
     def validate(self) -> None:
         self.layers()
+
+    def variant_configs(self, cfg) -> tuple:
+        """The model's variant config(s) for this section of the run config `cfg` (none when off)."""
+        if self.kind == "none":
+            return ()
+        return (QKScaleConfig(self.kind, self.layers(), self.freeze_planes, self.lr_mult),)

@@ -73,9 +73,7 @@ class RadiusGateConfig:
 
 @register_variant("radius_gate", RadiusGateConfig, paper="seed 003",
                   section="Forward radius and branch controls (Table 2)",
-                  switch=("radius_gate", "none"), keys={"radius_gate": "kind", "gate_lr_mult": "lr_mult",
-                                                                "gate_detach_stats": "detach_stats"},
-                  lenient=("gate_lr_mult", "gate_detach_stats"), tests=("tests/test_residual.py", "tests/test_model_variants.py"))
+                  tests=("tests/test_residual.py", "tests/test_model_variants.py"))
 class RadiusGate(ModelVariant):
     param_names = ("radius_gates",)
 
@@ -119,3 +117,7 @@ class RadiusGateSettings(Section):
         # a frozen neutral gate has a = b = 0, so no gradient reaches z either way
         return {"lr_mult": "the neutral gate is frozen", "detach_stats": "the neutral gate is frozen"} \
             if self.kind == "neutral" else {}
+
+    def variant_configs(self, cfg) -> tuple:
+        """The model's variant config(s) for this section of the run config `cfg` (none when off)."""
+        return () if self.kind == "none" else (RadiusGateConfig(self.kind, self.lr_mult, self.detach_stats),)

@@ -114,7 +114,6 @@ class ResidualRuleConfig:
 
 @register_variant("residual_rule", ResidualRuleConfig, paper="seed 003",
                   section="Backward branch-credit intervention (Table 1)",
-                  switch=("residual_rule", "ordinary"), keys={"residual_rule": "rule"},
                   tests=("tests/test_residual.py", "tests/test_model_variants.py", "tests/test_diagnostics_replay.py"))
 class ResidualRule(ModelVariant):
     def residual_add(self, u, f):
@@ -144,3 +143,7 @@ class ResidualRuleSettings(Section):
 
     rule: Literal["ordinary", "branch_tangent", "whole_state_tangent", "grad_mag_control"] = setting(
         "ordinary", "backward rule", flag="residual-rule")
+
+    def variant_configs(self, cfg) -> tuple:
+        """The model's variant config(s) for this section of the run config `cfg` (none when off)."""
+        return () if self.rule == "ordinary" else (ResidualRuleConfig(self.rule),)

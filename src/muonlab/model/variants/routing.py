@@ -35,7 +35,6 @@ class RoutingConfig:
 
 
 @register_variant("routing", RoutingConfig, paper="seed 002", section="decoupled x0 routing (§2.1 Tier 3)",
-                  switch=("routing", "none"), keys={"routing": "kind", "routing_out": "out", "routing_eps": "eps"},
                   tests=("tests/test_over_encoding_model.py", "tests/test_step0.py",
                          "tests/test_diagnostics_step0_audit.py"))
 class Routing(ModelVariant):
@@ -90,3 +89,7 @@ class RoutingSettings(Section):
         if self.kind == "none":
             return {"out": METHOD_OFF, "eps": METHOD_OFF}
         return {"eps": "only the shared-denominator anchor has an epsilon"} if self.kind == "sepden" else {}
+
+    def variant_configs(self, cfg) -> tuple:
+        """The model's variant config(s) for this section of the run config `cfg` (none when off)."""
+        return () if self.kind == "none" else (RoutingConfig(self.kind, self.out, self.eps),)
