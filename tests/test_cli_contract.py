@@ -156,7 +156,7 @@ CASES = [
     ("prepolar-unknown", TINY + ["--prepolar", "nope"], USAGE, "prepolar must be one of"),
     ("step0-needs-routing", TINY + ["--step0-mode", "nostep0"], USAGE, "set routing"),
     ("table-whiten-needs-oe", TINY + ["--table-whiten", "neumann"], USAGE, "set oe_m"),
-    ("variant-lr-mult", TINY + ["--qk-scale", "head_temp", "--qk-lr-mult", "-1"], USAGE, "multipliers must be >= 0"),
+    ("variant-lr-mult", TINY + ["--qk-scale", "head_temp", "--qk-lr-mult", "-1"], USAGE, "qk_lr_mult must be >= 0"),
     ("gpt-config", TINY + ["--oe-m", "7", "--oe-n", "1"], USAGE, "n-gram order"),
     ("oe-negative", TINY + ["--oe-m", "-1"], USAGE, "oe_m must be >= 0"),
     ("qk-freeze-layers", TINY + ["--qk-scale", "pair_tied_exp", "--qk-freeze-layers", "a,b"], USAGE,

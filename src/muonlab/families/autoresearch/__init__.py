@@ -149,14 +149,13 @@ def trajectory(model) -> dict:
 
 
 def validate(cfg) -> None:
-    """Checks that cross the model and optimizer sections, and the GPT's own checks."""
-    m, o = cfg.model, cfg.optim
-    if o.step0_mode not in ("none", "nostep0_all") and m.routing.kind == "none":
-        raise UsageError(f"step0_mode {o.step0_mode} acts on wte_lambdas/out_lambdas: set routing")
-    if o.table_whiten.kind is not None and m.oe.m == 0:
-        raise UsageError("table_whiten acts on the Over-Encoding tables: set oe_m")
-    if min(m.gains.lr_mult, m.qk.lr_mult, m.rope.lr_mult, m.gate.lr_mult) < 0:
-        raise UsageError("variant learning-rate multipliers must be >= 0")
+    """The checks that cross sections (a section's `check_with(cfg)`: a method that needs another),
+    then the GPT's own checks (each variant config checks its values and the model's shape)."""
+    for part in (cfg.model, cfg.optim):
+        for _, section in sections(part):
+            check = getattr(section, "check_with", None)
+            if check is not None:
+                check(cfg)
     try:
         gpt_config(cfg, vocab_size=cfg.data.vocab_size)
     except ValueError as e:

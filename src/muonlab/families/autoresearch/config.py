@@ -148,6 +148,10 @@ class MuonAdamWConfig(Section):
     whiten: WhitenSettings = setting(factory=WhitenSettings)
     table_whiten: TableWhitenSettings = setting(factory=TableWhitenSettings)
 
+    def check_with(self, cfg) -> None:
+        if self.step0_mode not in ("none", "nostep0_all") and cfg.model.routing.kind == "none":
+            raise UsageError(f"step0_mode {self.step0_mode} acts on wte_lambdas/out_lambdas: set routing")
+
     def param_group_keys(self, optim) -> dict[str, dict]:
         """fp32 master weights and moments for wte and value embeddings (seed 002 §2.1 Tier 1, §3 item 3)."""
         return {"wte": {"master32": True}, "value_embeds": {"master32": True}} if self.embedding_state == "master32" else {}

@@ -153,3 +153,7 @@ class TableWhitenSettings(Section):
     def validate(self) -> None:
         if self.tau < 0:
             raise UsageError("need table_whiten_tau >= 0")
+
+    def check_with(self, cfg) -> None:
+        if self.kind is not None and cfg.model.oe.m == 0:
+            raise UsageError("table_whiten acts on the Over-Encoding tables: set oe_m")
