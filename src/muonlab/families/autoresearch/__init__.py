@@ -121,25 +121,10 @@ def schedule(cfg):
                     lr_scale=o.lr_scale)
 
 
-class _CountVisits:
-    """Seed 002 §2.1 (Family A): each micro-step's table visits, counted outside the (compiled) forward."""
-
-    def __init__(self, tables):
-        self.tables = tables
-
-    def before_micro_step(self, x) -> None:
-        self.tables.count_(x)
-
-
 def step_hooks(cfg, model) -> list:
-    hooks: list = []
-    if cfg.model.oe.m > 0:
-        hooks.append(_CountVisits(model.oe))
-    if cfg.optim.step0_mode != "none":
-        from muonlab.optim.step0 import Step0Control, family_params  # noqa: PLC0415
-
-        hooks.append(Step0Control(cfg.optim.step0_mode, family_params(model)))
-    return hooks
+    """What the methods that are on do around each step (a section's `step_hooks(model)`)."""
+    return [hook for part in (cfg.model, cfg.optim) for _, section in sections(part)
+            for hook in getattr(section, "step_hooks", lambda model: [])(model)]
 
 
 def trajectory(model) -> dict:

@@ -148,6 +148,14 @@ class MuonAdamWConfig(Section):
     whiten: WhitenSettings = setting(factory=WhitenSettings)
     table_whiten: TableWhitenSettings = setting(factory=TableWhitenSettings)
 
+    def step_hooks(self, model) -> list:
+        """Seed 002 §4.5 item 2: the step-0 controls on the routing scalars."""
+        if self.step0_mode == "none":
+            return []
+        from muonlab.optim.step0 import Step0Control, family_params  # noqa: PLC0415
+
+        return [Step0Control(self.step0_mode, family_params(model))]
+
     def check_with(self, cfg) -> None:
         if self.step0_mode not in ("none", "nostep0_all") and cfg.model.routing.kind == "none":
             raise UsageError(f"step0_mode {self.step0_mode} acts on wte_lambdas/out_lambdas: set routing")

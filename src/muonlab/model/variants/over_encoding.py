@@ -202,6 +202,17 @@ class OverEncodingVariant(ModelVariant):
         return self.model.oe(idx)
 
 
+class CountVisits:
+    """Seed 002 §2.1 (Family A): a step hook counting each micro-step's table visits (the moment-free
+    update's per-row counts), outside the (compiled) forward."""
+
+    def __init__(self, tables):
+        self.tables = tables
+
+    def before_micro_step(self, x) -> None:
+        self.tables.count_(x)
+
+
 # run-config settings of this method: its flags, their help, which options act when
 @dataclass
 class OverEncodingSettings(Section):
@@ -215,6 +226,10 @@ class OverEncodingSettings(Section):
 
     def inactive(self) -> dict[str, str]:
         return {"n": METHOD_OFF, "k": METHOD_OFF} if self.m == 0 else {}
+
+    def step_hooks(self, model) -> list:
+        """Each micro-step's table visits, counted outside the (compiled) forward."""
+        return [CountVisits(model.oe)] if self.m > 0 else []
 
     def variant_configs(self, cfg) -> tuple:
         """The model's variant config(s) for this section of the run config `cfg` (none when off)."""
