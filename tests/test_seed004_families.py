@@ -91,9 +91,9 @@ def test_hf_val_loss_equals_an_independent_pass_over_the_val_file(tmp_path):
 def test_untied_t5_control_puts_every_table_on_adamw():
     from muonlab.families.t5 import PackedT5
     from muonlab.optim.af_muon import build_optimizer
-    from muonlab.families.t5.model import T5_PRESETS
+    from muonlab.families.t5.model import T5_SHAPES
 
-    model = PackedT5(T5_PRESETS["t5-tiny-untied"])
+    model = PackedT5(T5_SHAPES["t5-tiny-untied"])
     opt = build_optimizer(model, "hybrid_untied")
     assert sorted(opt.roles["tables"]) == ["dec_wte.weight", "lm_head.weight", "wte.weight"]
     groups = {g["part"]: g for g in opt.param_groups}

@@ -16,7 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from muonlab.errors import UsageError
-from muonlab.families.tied.model import TIED_PRESETS, TiedGPT, TiedGPTConfig, build_tied_model, expected_num_parameters, scaled_relu_sq
+from muonlab.families.tied.model import TIED_SHAPES, TiedGPT, TiedGPTConfig, build_tied_model, expected_num_parameters, scaled_relu_sq
 from muonlab.families.tied.moe import TopKMoE, load_balancing_loss
 from muonlab.families.tied.model import MLP, RMSNorm, apply_rotary, rotary_tables
 
@@ -291,16 +291,16 @@ def test_paper_stated_sizes(vocab, width, millions):
 
 
 def test_presets():
-    assert {"tied-tiny", "tied-cpu", "nanogpt-124m", "nanogpt-124m-moe"} <= set(TIED_PRESETS)
-    g = TIED_PRESETS["nanogpt-124m"]
+    assert {"tied-tiny", "tied-cpu", "nanogpt-124m", "nanogpt-124m-moe"} <= set(TIED_SHAPES)
+    g = TIED_SHAPES["nanogpt-124m"]
     assert (g.vocab_size, g.n_layer, g.n_head, g.head_dim, g.n_embd, g.mlp_hidden, g.sequence_len) == (
         50304, 12, 6, 128, 768, 3072, 1024)
     assert not g.moe and g.act_scale == math.sqrt(2.0) and g.rope_base == 10000.0 and g.norm_eps == 1e-6
-    m = TIED_PRESETS["nanogpt-124m-moe"]
+    m = TIED_SHAPES["nanogpt-124m-moe"]
     assert (m.moe, m.n_experts, m.top_k, m.aux_loss_coef) == (True, 4, 1, 0.01)
-    assert TIED_PRESETS["tied-tiny"].vocab_size == 256
+    assert TIED_SHAPES["tied-tiny"].vocab_size == 256
     assert build_tied_model("tied-tiny", n_layer=1).config.n_layer == 1
-    assert build_tied_model(TIED_PRESETS["tied-tiny"]).config == TIED_PRESETS["tied-tiny"]
+    assert build_tied_model(TIED_SHAPES["tied-tiny"]).config == TIED_SHAPES["tied-tiny"]
     with pytest.raises(UsageError, match="unknown tied preset"):
         build_tied_model("nanogpt-125m")
     for bad in (dict(n_head=5), dict(top_k=5, moe=True), dict(n_embd=6, n_head=2), dict(norm_eps=0.0)):

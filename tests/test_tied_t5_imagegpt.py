@@ -20,7 +20,7 @@ from muonlab.errors import UsageError
 from muonlab.optim.af_muon import GradientSources, build_optimizer, partition_by_role
 from muonlab.families.tied.model import expected_num_parameters
 from muonlab.families.imagegpt.model import (
-    IMAGEGPT_PRESETS,
+    IMAGEGPT_SHAPES,
     N_COLOURS,
     SOS_ID,
     ColourHead,
@@ -35,7 +35,7 @@ from muonlab.families.imagegpt.model import (
     rgb554_encode,
 )
 from muonlab.families.t5.model import (
-    T5_PRESETS,
+    T5_SHAPES,
     T5Config,
     TiedT5,
     build_t5,
@@ -86,7 +86,7 @@ def test_t5_parameter_counts_on_meta():
         counts[name] = model.num_parameters()
         assert counts[name] == t5_expected_num_parameters(model.config)
     assert counts == {"t5-small": 54_561_792, "t5-small-untied": 104_893_440}
-    cfg = T5_PRESETS["t5-small"]
+    cfg = T5_SHAPES["t5-small"]
     assert (cfg.n_encoder_layers, cfg.n_decoder_layers, cfg.n_embd, cfg.n_head, cfg.ff_hidden,
             cfg.vocab_size, cfg.source_len, cfg.target_len, cfg.bos_id) == (
         4, 4, 512, 8, 2048, 49152, 256, 256, 0)
@@ -295,7 +295,7 @@ def test_imagegpt_parameter_count_on_meta():
     assert model.num_parameters() == expected_num_parameters(cfg) == 33_563_648
     assert (cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.head_dim, cfg.mlp_hidden) == (8, 512, 8, 64, 2048)
     assert (cfg.vocab_size, cfg.n_colours, cfg.sos_id, cfg.tokens_per_image) == (16385, 16384, 16384, 1024)
-    assert IMAGEGPT_PRESETS["imagegpt-tiny"].tokens_per_image == 64
+    assert IMAGEGPT_SHAPES["imagegpt-tiny"].tokens_per_image == 64
     with pytest.raises(ValueError):
         ImageGPTConfig(image_size=8)  # sequence_len must be 8^2
     with pytest.raises(ValueError):

@@ -21,14 +21,14 @@ from muonlab.families.hf.model import HF_MODELS, HFCausalLM
 from muonlab.families.token_family import PROTEIN_SOURCES, TEXT_TOKEN_SOURCES, block_batcher, evaluate_token_splits, token_data
 from muonlab.settings import Section, setting
 
-HF_SHAPES = tuple(HF_MODELS)
+HF_SHAPE_NAMES = tuple(HF_MODELS)
 
 
 @dataclass
 class HFModelConfig(Section):
     """Which Hugging Face configuration (vocabulary from the data, context from train.sequence_len)."""
 
-    preset: Literal[HF_SHAPES] = setting("tiny-llama", "the model's public configuration: smollm2-135m, "
+    preset: Literal[HF_SHAPE_NAMES] = setting("tiny-llama", "the model's public configuration: smollm2-135m, "
                                          "qwen2.5-0.5b, llama-3.2-1b, protein-llama, or tiny-llama / tiny-qwen2 "
                                          "(CPU)",
                                          flag="hf-preset")

@@ -18,11 +18,11 @@ import torch
 from muonlab.errors import UsageError
 from muonlab.families import Family, register_family
 from muonlab.families.afmuon import AFMuonConfig, LRSchedule, build_optimizer, table_stats
-from muonlab.families.imagegpt.model import IMAGEGPT_PRESETS, ImageGPTModel
+from muonlab.families.imagegpt.model import IMAGEGPT_SHAPES, ImageGPTModel
 from muonlab.families.token_family import evaluate_token_splits, tokens_dir
 from muonlab.settings import Section, setting
 
-IMAGE_SHAPES = tuple(IMAGEGPT_PRESETS)
+IMAGEGPT_SHAPE_NAMES = tuple(IMAGEGPT_SHAPES)
 IMAGE_SOURCES = ("images", "synthetic_images", "memmap")
 
 
@@ -30,12 +30,12 @@ IMAGE_SOURCES = ("images", "synthetic_images", "memmap")
 class ImageGPTModelConfig(Section):
     """The ImageGPT's shape (the image size decides train.sequence_len)."""
 
-    preset: Literal[IMAGE_SHAPES] = setting("imagegpt-cpu", "the ImageGPT's shape: imagegpt-tiny or imagegpt-cpu "
+    preset: Literal[IMAGEGPT_SHAPE_NAMES] = setting("imagegpt-cpu", "the ImageGPT's shape: imagegpt-tiny or imagegpt-cpu "
                                             "(8 x 8 images) or imagegpt (32 x 32, seed 004 App. J.7)", flag="imagegpt-preset")
 
 
 def build_model(cfg, vocab_size: int, runtime):
-    shape = IMAGEGPT_PRESETS[cfg.model.preset]
+    shape = IMAGEGPT_SHAPES[cfg.model.preset]
     with torch.device("meta"):  # the colours plus the input-only SOS row
         model = ImageGPTModel(replace(shape, vocab_size=vocab_size + 1))
     model.to_empty(device=runtime.device)
@@ -64,7 +64,7 @@ def prepare_data(cfg, log=print):
     if d.source == "memmap":
         return memmap_folder(d.path).with_batcher(_loader)
     if d.source == "synthetic_images":
-        size = IMAGEGPT_PRESETS[cfg.model.preset].image_size
+        size = IMAGEGPT_SHAPES[cfg.model.preset].image_size
         identity = {"source": "synthetic_images", "images": d.synthetic_images, "size": size, "seed": d.synthetic_seed,
                     "val_fraction": d.val_fraction}
     else:
@@ -113,7 +113,7 @@ def evaluate(model, data, cfg, runtime, ctx, splits=("val", "holdout"), tokens=N
 
 
 def validate(cfg) -> None:
-    size = IMAGEGPT_PRESETS[cfg.model.preset].image_size
+    size = IMAGEGPT_SHAPES[cfg.model.preset].image_size
     if cfg.train.sequence_len != size * size:
         raise UsageError(f"ImageGPT preset {cfg.model.preset} reads {size} x {size} images: --sequence-len must be "
                          f"{size * size}, got {cfg.train.sequence_len}")
@@ -139,9 +139,9 @@ register_family(Family(
     name="imagegpt", description="seed 004's tied ImageGPT on RGB554 colour tokens",
     model_config=ImageGPTModelConfig, optim_config=AFMuonConfig, build_model=build_model,
     build_optimizer=build_optimizer, schedule=LRSchedule,
-    describe=lambda cfg: (f"imagegpt {cfg.model.preset}: width {IMAGEGPT_PRESETS[cfg.model.preset].n_embd}, "
-                          f"depth {IMAGEGPT_PRESETS[cfg.model.preset].n_layer}"),
-    depth=lambda cfg: IMAGEGPT_PRESETS[cfg.model.preset].n_layer, validate=validate, embedding_key="wte.weight",
+    describe=lambda cfg: (f"imagegpt {cfg.model.preset}: width {IMAGEGPT_SHAPES[cfg.model.preset].n_embd}, "
+                          f"depth {IMAGEGPT_SHAPES[cfg.model.preset].n_layer}"),
+    depth=lambda cfg: IMAGEGPT_SHAPES[cfg.model.preset].n_layer, validate=validate, embedding_key="wte.weight",
     prepare_data=prepare_data, evaluate=evaluate, presets=PRESETS, metric="val_ce",
     summary_metrics=("val_ce", "val_bpd", "val_bits_per_token", "val_completion_nll", "val_completion_bpd"), final_metrics=table_stats,
     data_sources=IMAGE_SOURCES,

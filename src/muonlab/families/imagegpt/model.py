@@ -198,7 +198,7 @@ def rgb554_decode(tokens: torch.Tensor, image_size: int | None = None, mode: str
     return rgb.to(torch.uint8).unflatten(-2, (side, side))
 
 
-IMAGEGPT_PRESETS: dict[str, ImageGPTConfig] = {
+IMAGEGPT_SHAPES: dict[str, ImageGPTConfig] = {
     # tests and demos: 8 x 8 images (64 tokens), the full RGB554 vocabulary, d = 32
     "imagegpt-tiny": ImageGPTConfig(n_layer=2, n_head=2, n_embd=32, image_size=8, sequence_len=64),
     # the CPU presets' shape: width 128 keeps eq. 6's tied lr (0.6 / d) near the paper's scale
@@ -212,9 +212,9 @@ def build_imagegpt(spec: str | ImageGPTConfig, **overrides: object) -> TiedImage
     """Build a `TiedImageGPT` from a preset name or a config, with optional field overrides (on
     the current default device: under `torch.device("meta")` a shape-only model)."""
     if isinstance(spec, str):
-        if spec not in IMAGEGPT_PRESETS:
-            raise UsageError(f"unknown ImageGPT preset {spec!r}; choose from {', '.join(IMAGEGPT_PRESETS)}")
-        spec = IMAGEGPT_PRESETS[spec]
+        if spec not in IMAGEGPT_SHAPES:
+            raise UsageError(f"unknown ImageGPT shape {spec!r}; choose from {', '.join(IMAGEGPT_SHAPES)}")
+        spec = IMAGEGPT_SHAPES[spec]
     return TiedImageGPT(replace(spec, **overrides) if overrides else spec)  # type: ignore[arg-type]
 
 

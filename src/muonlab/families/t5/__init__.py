@@ -22,12 +22,12 @@ import torch
 from muonlab.errors import UsageError
 from muonlab.families import Family, register_family
 from muonlab.families.afmuon import AFMuonConfig, LRSchedule, build_optimizer, table_stats
-from muonlab.families.t5.model import T5_PRESETS, PackedT5
+from muonlab.families.t5.model import T5_SHAPES, PackedT5
 from muonlab.families.t5.t5gemma2 import T5GEMMA2_MODELS, PackedT5Gemma2
 from muonlab.families.token_family import TEXT_TOKEN_SOURCES, eval_examples, evaluate_token_splits, token_data
 from muonlab.settings import MethodInfo, Section, setting
 
-T5_SHAPES = ("t5-tiny", "t5-small", *T5GEMMA2_MODELS)
+T5_SHAPE_NAMES = ("t5-tiny", "t5-small", *T5GEMMA2_MODELS)
 
 
 @dataclass
@@ -38,7 +38,7 @@ class T5ModelConfig(Section):
         "tied": MethodInfo("t5_untied_control", "seed 004 Table 15", "muonlab.families.t5.model",
                            ("tests/test_seed004_families.py",), "tied", True)}
 
-    preset: Literal[T5_SHAPES] = setting("t5-tiny", "the encoder-decoder: t5-tiny (CPU), t5-small (seed 004 App. "
+    preset: Literal[T5_SHAPE_NAMES] = setting("t5-tiny", "the encoder-decoder: t5-tiny (CPU), t5-small (seed 004 App. "
                                          "J.5), t5gemma2-tiny (CPU) or t5gemma2-270m (App. J.5, Table 16)",
                                          flag="t5-preset")
     tied: bool = setting(True, "one table for encoder, decoder and head (false: seed 004 Table 15's untied "
@@ -56,7 +56,7 @@ def _is_t5gemma2(cfg) -> bool:
 
 
 def _shape(cfg, vocab_size: int):
-    base = T5_PRESETS[cfg.model.preset]
+    base = T5_SHAPES[cfg.model.preset]
     T = cfg.train.sequence_len
     return replace(base, vocab_size=vocab_size, target_len=T, source_len=cfg.model.source_len or T,
                    tied=cfg.model.tied)
@@ -165,7 +165,7 @@ def _layers(cfg) -> tuple[int, int, int]:
     if _is_t5gemma2(cfg):
         text = T5GEMMA2_MODELS[cfg.model.preset][0]
         return text["hidden_size"], text["num_hidden_layers"], text["num_hidden_layers"]
-    shape = T5_PRESETS[cfg.model.preset]
+    shape = T5_SHAPES[cfg.model.preset]
     return shape.n_embd, shape.n_encoder_layers, shape.n_decoder_layers
 
 

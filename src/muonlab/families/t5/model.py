@@ -320,7 +320,7 @@ def t5_batch(windows: torch.Tensor, cfg: T5Config) -> tuple[torch.Tensor, torch.
     return prefix_to_continuation(windows, cfg.source_len, cfg.target_len, cfg.bos_id)
 
 
-T5_PRESETS: dict[str, T5Config] = {
+T5_SHAPES: dict[str, T5Config] = {
     # tests and demos: well under a second per step on a CPU
     "t5-tiny": T5Config(vocab_size=512, n_encoder_layers=2, n_decoder_layers=2, n_embd=64, n_head=4,
                         ff_hidden=256, source_len=16, target_len=16),
@@ -336,9 +336,9 @@ def build_t5(spec: str | T5Config, **overrides: object) -> TiedT5:
     """Build a `TiedT5` from a preset name or a config, with optional field overrides (on the
     current default device: under `torch.device("meta")` a shape-only model)."""
     if isinstance(spec, str):
-        if spec not in T5_PRESETS:
-            raise UsageError(f"unknown T5 preset {spec!r}; choose from {', '.join(T5_PRESETS)}")
-        spec = T5_PRESETS[spec]
+        if spec not in T5_SHAPES:
+            raise UsageError(f"unknown T5 shape {spec!r}; choose from {', '.join(T5_SHAPES)}")
+        spec = T5_SHAPES[spec]
     return TiedT5(replace(spec, **overrides) if overrides else spec)  # type: ignore[arg-type]
 
 

@@ -12,9 +12,9 @@ from muonlab.errors import UsageError
 from muonlab.families import Family, register_family
 from muonlab.families.afmuon import AFMuonConfig, LRSchedule, build_optimizer, table_stats
 from muonlab.settings import MethodInfo, Section, setting
-from muonlab.families.tied.model import TIED_PRESETS
+from muonlab.families.tied.model import TIED_SHAPES
 
-TIED_SHAPES = tuple(TIED_PRESETS)
+TIED_SHAPE_NAMES = tuple(TIED_SHAPES)
 
 @dataclass
 class TiedModelConfig(Section):
@@ -24,7 +24,7 @@ class TiedModelConfig(Section):
         "grad_source": MethodInfo("tied_gradient_source", "seed 004 K.8", "muonlab.families.tied.model",
                                   ("tests/test_tied_lab.py",), "grad_source", "both")}
 
-    preset: Literal[TIED_SHAPES] = setting("tied-tiny", "the tied model's shape", flag="tied-preset")
+    preset: Literal[TIED_SHAPE_NAMES] = setting("tied-tiny", "the tied model's shape", flag="tied-preset")
     grad_source: Literal["both", "lookup", "softmax"] = setting(
         "both", "seed 004 K.8: the tied table's gradient source (lookup = input-only, softmax = output-only)",
         flag="tied-grad-source")
@@ -33,14 +33,14 @@ class TiedModelConfig(Section):
                                  flag="tied-n-embd")
 
     def validate(self) -> None:
-        head_dim = TIED_PRESETS[self.preset].n_embd // TIED_PRESETS[self.preset].n_head
+        head_dim = TIED_SHAPES[self.preset].n_embd // TIED_SHAPES[self.preset].n_head
         if self.n_embd is not None and (self.n_embd < 1 or self.n_embd % head_dim):
             raise UsageError(f"tied_n_embd must be a positive multiple of {self.preset}'s head dim {head_dim}, "
                              f"got {self.n_embd}")
 
     def shape(self):
         """The preset's TiedGPTConfig with this section's width (vocabulary and context set at build)."""
-        base = TIED_PRESETS[self.preset]
+        base = TIED_SHAPES[self.preset]
         if self.n_embd is None:
             return base
         return replace(base, n_embd=self.n_embd, n_head=self.n_embd // (base.n_embd // base.n_head))

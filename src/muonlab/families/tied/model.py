@@ -320,7 +320,7 @@ class TiedGPT(nn.Module):
         return {k: sum(s[k] for s in stats) / len(stats) for k in stats[0]} if stats else {}
 
 
-TIED_PRESETS: dict[str, TiedGPTConfig] = {
+TIED_SHAPES: dict[str, TiedGPTConfig] = {
     # tests and demos: seconds on a CPU
     "tied-tiny": TiedGPTConfig(vocab_size=256, n_layer=2, n_head=2, n_embd=64, sequence_len=64),
     "tied-tiny-moe": TiedGPTConfig(vocab_size=256, n_layer=2, n_head=2, n_embd=64, sequence_len=64,
@@ -342,7 +342,7 @@ def build_tied_model(spec: str | TiedGPTConfig, **overrides: object) -> TiedGPT:
     shape-only model (materialise with `to_empty(device=...)` then `init_weights()`).
     """
     if isinstance(spec, str):
-        if spec not in TIED_PRESETS:
-            raise UsageError(f"unknown tied preset {spec!r}; choose from {', '.join(TIED_PRESETS)}")
-        spec = TIED_PRESETS[spec]
+        if spec not in TIED_SHAPES:
+            raise UsageError(f"unknown tied preset {spec!r}; choose from {', '.join(TIED_SHAPES)}")
+        spec = TIED_SHAPES[spec]
     return TiedGPT(replace(spec, **overrides) if overrides else spec)  # type: ignore[arg-type]
