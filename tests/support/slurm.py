@@ -54,9 +54,18 @@ def wait_for(what: str, predicate, timeout_s: float = 300, every_s: float = 0.5)
     raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
+# A requeue revokes the job's launch credential on the node, and slurmd refuses a credential made in
+# the second of the revocation or before: a requeued job released at once can be started within
+# that second and killed ("Killing non-startable batch JobId=N: Job credential revoked" in
+# slurmctld.log, seen with a task that requeued itself on SIGUSR2 and was released 0.27 s later).
+REQUEUE_SETTLE_S = 2.0
+
+
 def release(job_id: str) -> None:
-    """A requeued job waits for a begin time SLURM sets minutes ahead: let it start now."""
+    """A requeued job waits for a begin time SLURM sets minutes ahead: let it start now, once its
+    revoked credential can no longer be confused with the new one."""
     wait_for(f"job {job_id} back in the queue", lambda: squeue(job_id) == "PENDING")
+    time.sleep(REQUEUE_SETTLE_S)
     subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], check=True, capture_output=True)
 
 
