@@ -29,17 +29,32 @@ def _blocks(section: str, lang: str) -> list[str]:
     return re.findall(rf"```{lang}\n(.*?)```", section, flags=re.S)
 
 
-@pytest.fixture
-def conditioner_example(tmp_path, monkeypatch):
-    section = _section("A pre-polar conditioner (optimizer side)")
+def _example(title: str, tmp_path, monkeypatch) -> list[list[str]]:
+    """The section's Python block saved as the file it names; its bash block's command lines."""
+    section = _section(title)
     (code,) = _blocks(section, "python")
     filename = code.splitlines()[0].removeprefix("# ").strip()
     (tmp_path / filename).write_text(code)
     monkeypatch.chdir(tmp_path)  # the commands name the file as the page does
-    before = set(extensions.prepolars())
-    yield [shlex.split(line.split("#")[0]) for line in _blocks(section, "bash")[0].splitlines() if line.strip()]
+    return [shlex.split(line.split("#")[0]) for line in _blocks(section, "bash")[0].splitlines() if line.strip()]
+
+
+@pytest.fixture
+def forget_plugins():
+    """The example's plug-ins leave the registries with the test."""
+    from muonlab.model import REGISTRY
+
+    before, variants = set(extensions.prepolars()), set(REGISTRY)
+    yield
     for name in set(extensions.prepolars()) - before:
         extensions.unregister("prepolar", name)
+    for name in set(REGISTRY) - variants:
+        del REGISTRY[name]
+
+
+@pytest.fixture
+def conditioner_example(tmp_path, monkeypatch, forget_plugins):
+    return _example("A pre-polar conditioner (optimizer side)", tmp_path, monkeypatch)
 
 
 def test_the_conditioner_example_runs_as_written(conditioner_example, capsys):
@@ -56,3 +71,14 @@ def test_the_conditioner_example_runs_as_written(conditioner_example, capsys):
     listed = {m["name"]: m for m in json.loads(capsys.readouterr().out)["methods"]}
     name = trains[0][trains[0].index("--prepolar") + 1]
     assert [s["flag"] for s in listed[name]["settings"]] == ["--prepolar-p"]
+
+
+def test_the_model_variant_example_runs_as_written(tmp_path, monkeypatch, forget_plugins, capsys):
+    commands = _example("A model variant (model side)", tmp_path, monkeypatch)
+    assert len(commands) == 2 and all(argv[1] == "train" for argv in commands)
+    betas = []
+    for argv in commands:  # with its option at the default, then set by its flag
+        assert main([*argv[1:], "--num-steps", "3", "--json"]) == 0, argv
+        run_dir = Path(json.loads(capsys.readouterr().out)["run_dir"])
+        betas.append(torch.load(run_dir / "model.pt", weights_only=True)["branch_beta"])
+    assert betas[0].abs().sum() > 0 and not torch.equal(*betas)  # it trained, and the option acted

@@ -64,11 +64,12 @@ VARIANT = textwrap.dedent('''
     import torch
 
     from muonlab.model import ModelVariant, register_variant
+    from muonlab.settings import option
 
 
     @dataclass(frozen=True)
     class BranchScaleConfig:
-        lr_mult: float = 0.5
+        lr_mult: float = option(0.5, "beta's AdamW lr as a multiple of scalar_lr")
 
 
     @register_variant("plugin_branch_scale", BranchScaleConfig, paper="test plug-in", section="-",
@@ -91,13 +92,17 @@ VARIANT = textwrap.dedent('''
 
 
 @pytest.fixture(autouse=True)
-def _forget_plugin_conditioners():
-    """A test's plug-in conditioners leave the registry with it: their options would otherwise
-    stay settings of optim.prepolar for the later tests of this process."""
-    before = set(extensions.prepolars())
+def _forget_plugins():
+    """A test's plug-ins leave the registries with it: their options would otherwise stay settings of
+    the run config (optim.prepolar, model.plugin_variants) for the later tests of this process."""
+    from muonlab.model import REGISTRY
+
+    before, variants = set(extensions.prepolars()), set(REGISTRY)
     yield
     for name in set(extensions.prepolars()) - before:
         extensions.unregister("prepolar", name)
+    for name in set(REGISTRY) - variants:
+        del REGISTRY[name]
 
 
 def test_a_plugin_model_variant_trains_from_the_command_line(tmp_path, capsys):
@@ -178,3 +183,28 @@ def test_a_plugin_option_is_a_flag_a_dotted_key_and_hashed(tmp_path, capsys):
     listed = {m["name"]: m for m in json.loads(capsys.readouterr().out)["methods"]}
     assert listed["plugin_power"]["settings"] == [{"key": "optim.prepolar.p", "flag": "--prepolar-p", "default": 0.5,
                                                    "help": "the power of |G| (1: the Nesterov tensor, 0: its sign)"}]
+
+
+def test_a_plugin_variant_option_is_a_flag_a_dotted_key_and_hashed(tmp_path, capsys):
+    """--plugin-branch-scale-lr-mult of a plug-in model variant: two values give two AdamW learning
+    rates for its parameter and other trained weights; refused while the variant is off; listed."""
+    plugin = tmp_path / "my_variant.py"
+    plugin.write_text(VARIANT)
+    base = ["--plugin", str(plugin), "--variant", "plugin_branch_scale"]
+    runs = [_train([*base, "--plugin-branch-scale-lr-mult", v], capsys) for v in ("0.1", "2.0")]
+    saved = [json.loads((Path(r["run_dir"]) / "config.json").read_text())["config"] for r in runs]
+    assert [s["model"]["plugin_variants"]["plugin_branch_scale"]["lr_mult"] for s in saved] == [0.1, 2.0]
+    betas = [torch.load(Path(r["run_dir"]) / "model.pt", weights_only=True)["branch_beta"] for r in runs]
+    assert not torch.equal(*betas)
+    from muonlab.arms import resolve_config
+
+    on = {"model.extra_variants": "plugin_branch_scale"}
+    cfgs = [resolve_config("baseline", "cpu-tiny", {**on, "model.plugin_variants.plugin_branch_scale.lr_mult": v})
+            for v in (0.1, 2.0)]
+    assert cfgs[0].config_hash() != cfgs[1].config_hash()
+    assert main(["train", "--preset", "cpu-tiny", "--num-steps", "1", "--plugin", str(plugin),
+                 "--plugin-branch-scale-lr-mult", "2"]) == 2
+    assert "the plug-in variant plugin_branch_scale is off" in capsys.readouterr().err
+    assert main(["methods", "--plugin", str(plugin), "--json"]) == 0
+    listed = {m["name"]: m for m in json.loads(capsys.readouterr().out)["methods"]}
+    assert [s["flag"] for s in listed["plugin_branch_scale"]["settings"]] == ["--plugin-branch-scale-lr-mult"]

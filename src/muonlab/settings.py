@@ -31,6 +31,13 @@ def setting(default: Any = MISSING, help: str = "", *, flag: str | None = None, 
     return dataclasses.field(default=default, metadata=metadata)
 
 
+def option(default: Any, help: str) -> Any:
+    """A field of a method's own frozen dataclass (a pre-polar conditioner, a plug-in model variant's
+    config) that is also a run-config setting, with this description: the registry that owns the
+    method makes it a flag and a dotted key, acting only while the method is on."""
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
 @dataclass
 class Section:
     """Base of every config section."""
@@ -192,19 +199,21 @@ def flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def hashed_values(obj: Section, prefix: str = "") -> dict[str, Any]:
+def hashed_values(obj: Section, prefix: str = "", skip: frozenset[str] = frozenset()) -> dict[str, Any]:
     """The flat {dotted key: value} of every setting that can change a number: hashed sections
-    and fields only, and only the settings that act in the current state."""
+    and fields only, and only the settings that act in the current state (a section's inactive()
+    may name a field of a sub-section, or a whole sub-section, by its relative dotted key)."""
     if not type(obj).HASHED:
         return {}
-    inactive = obj.inactive()
+    inactive = set(obj.inactive()) | skip
     out = {}
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
         if f.name in inactive or not f.metadata.get("hashed", True):
             continue
         if isinstance(value, Section):
-            out.update(hashed_values(value, f"{prefix}{f.name}."))
+            below = frozenset(k.removeprefix(f.name + ".") for k in inactive if k.startswith(f.name + "."))
+            out.update(hashed_values(value, f"{prefix}{f.name}.", below))
         else:
             out[f"{prefix}{f.name}"] = value
     return out

@@ -72,12 +72,18 @@ def format_methods(catalog: list[dict[str, Any]]) -> str:
 
 def _add_plugin_variants(entries: dict[str, dict[str, Any]]) -> None:
     """Model variants registered by plug-ins (the built-in ones have their own sections above)."""
+    import dataclasses  # noqa: PLC0415
+
     from muonlab.model import REGISTRY  # noqa: PLC0415
 
     for name, info in REGISTRY.items():
         if info.module.startswith("muonlab.model.variants"):
             continue
+        settings = [{"key": f"model.plugin_variants.{name}.{f.name}",
+                     "flag": f"--{flag_of(f'model.plugin_variants.{name}.{f.name}')}", "default": f.default,
+                     "help": f.metadata["help"]} for f in dataclasses.fields(info.config) if "help" in f.metadata]
         entries[f"variant:{name}"] = {
             "name": name, "paper": f"{info.paper} {info.section}".strip(), "config_key": f"model.extra_variants={name}",
             "family": "autoresearch", "flag": f"--variant {name}", "module": info.module, "tests": list(info.tests),
+            "settings": settings,
             "arms": sorted(n for n, a in ARMS.items() if name in str(a.overrides.get("model.extra_variants", "")))}

@@ -40,6 +40,8 @@ from typing import Any, Callable, ClassVar, NamedTuple
 
 import torch
 
+from muonlab.settings import option  # a conditioner's option: flag --prepolar-<name>, key optim.prepolar.<name>
+
 POINTS = ("prepolar", "muon_stage", "adamw_grad", "adamw_state", "group_kind")
 
 
@@ -100,12 +102,6 @@ class MuonContext(NamedTuple):
 
 
 GROUP_PREFIX = "prepolar_"  # a conditioner's field `tau` is the muon group key `prepolar_tau`
-
-
-def option(default: Any, help: str) -> Any:
-    """A conditioner field that is also a run-config setting: flag `--prepolar-<name>`, dotted key
-    `optim.prepolar.<name>`, with this description; acting only while its conditioner is chosen."""
-    return dataclasses.field(default=default, metadata={"help": help})
 
 
 class PrePolar:

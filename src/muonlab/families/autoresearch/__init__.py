@@ -25,13 +25,12 @@ def gpt_config(cfg, vocab_size: int):
 def variant_configs(cfg) -> tuple:
     """The configs of the model variants a run turns on: each method section of the model config
     makes its own (`variant_configs`, beside its variant), then the plug-ins' (`--variant`, with
-    their defaults); in registry order."""
-    from muonlab.model import REGISTRY  # noqa: PLC0415
+    their options' settings, `--<variant>-<field>`); in registry order."""
     from muonlab.model.extensions import in_registry_order  # noqa: PLC0415
 
     m = cfg.model
     built = [c for _, section in sections(m) for c in getattr(section, "variant_configs", lambda cfg: ())(cfg)]
-    return in_registry_order(built + [REGISTRY[name].config() for name in m.extra_variant_names()])
+    return in_registry_order(built + [m.plugin_config(name) for name in m.extra_variant_names()])
 
 
 def gpt_config_with(settings: dict | None = None, **upstream):

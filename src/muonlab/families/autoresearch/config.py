@@ -7,6 +7,7 @@ the names the command line has always had (`--prepolar-tau`).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
@@ -20,6 +21,7 @@ from muonlab.model.variants.radius_gate import RadiusGateSettings
 from muonlab.model.variants.memory import MemorySettings
 from muonlab.model.variants.over_encoding import OverEncodingSettings
 from muonlab.model.variants.routing import RoutingSettings
+from muonlab.model.extensions import new_plugin_settings
 from muonlab.optim import prepolar
 from muonlab.optim.addons.polar_precision import PolarSettings
 from muonlab.optim.addons.neumann_whitening import WhitenSettings
@@ -55,6 +57,9 @@ class AutoresearchModelConfig(Section):
     extra_variants: str = setting("", "comma-separated registered model variants without a section of their own "
                                   "(plug-ins), each with its config's defaults", flag="variant")
 
+    # each plug-in variant's options (muonlab.settings.option in its config): --<variant>-<field>
+    plugin_variants: Section = setting(factory=new_plugin_settings)
+
     def extra_variant_names(self) -> tuple[str, ...]:
         return tuple(v.strip() for v in self.extra_variants.split(",") if v.strip())
 
@@ -73,7 +78,19 @@ class AutoresearchModelConfig(Section):
         out = {"aspect_ratio": "n_embd sets the width"} if self.n_embd is not None else {}
         if self.memory.loss_chunk_tokens > 0:
             out["head_loss"] = "loss_chunk_tokens > 0 computes the loss (seed 003's chunked path)"
+        on = self.extra_variant_names()
+        for f in dataclasses.fields(self.plugin_variants):  # a plug-in's options act only while it is on
+            if f.name not in on:
+                out[f"plugin_variants.{f.name}"] = f"the plug-in variant {f.name} is off (--variant {f.name})"
         return out
+
+    def plugin_config(self, name: str):
+        """The plug-in variant's config: its options' settings, the rest its defaults."""
+        from muonlab.model import REGISTRY  # noqa: PLC0415
+
+        part = getattr(self.plugin_variants, name, None)
+        values = {} if part is None else {f.name: getattr(part, f.name) for f in dataclasses.fields(part)}
+        return REGISTRY[name].config(**values)
 
     def validate(self) -> None:
         for name in ("depth", "aspect_ratio", "head_dim"):
