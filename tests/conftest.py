@@ -28,6 +28,21 @@ def one_thread(monkeypatch):
 
 
 
+@pytest.fixture
+def forget_plugins():
+    """The plug-ins a test registers leave the registries with it: their options would otherwise stay
+    settings of the run config (optim.prepolar, model.plugin_variants) for the later tests of the process."""
+    from muonlab.model import REGISTRY
+    from muonlab.optim import extensions
+
+    conditioners, variants = set(extensions.prepolars()), set(REGISTRY)
+    yield
+    for name in set(extensions.prepolars()) - conditioners:
+        extensions.unregister("prepolar", name)
+    for name in set(REGISTRY) - variants:
+        del REGISTRY[name]
+
+
 def _bundle_id(path: Path) -> str:
     return ("shipped-" if path.parent.name == "golden" else "shared-") + path.stem
 

@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from muonlab.cli import main
-from muonlab.optim import extensions
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
 
@@ -37,19 +36,6 @@ def _example(title: str, tmp_path, monkeypatch) -> list[list[str]]:
     (tmp_path / filename).write_text(code)
     monkeypatch.chdir(tmp_path)  # the commands name the file as the page does
     return [shlex.split(line.split("#")[0]) for line in _blocks(section, "bash")[0].splitlines() if line.strip()]
-
-
-@pytest.fixture
-def forget_plugins():
-    """The example's plug-ins leave the registries with the test."""
-    from muonlab.model import REGISTRY
-
-    before, variants = set(extensions.prepolars()), set(REGISTRY)
-    yield
-    for name in set(extensions.prepolars()) - before:
-        extensions.unregister("prepolar", name)
-    for name in set(REGISTRY) - variants:
-        del REGISTRY[name]
 
 
 @pytest.fixture

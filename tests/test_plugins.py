@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from muonlab.cli import main
-from muonlab.optim import extensions
+
+pytestmark = pytest.mark.usefixtures("forget_plugins")  # conftest.py
 
 CONDITIONER = textwrap.dedent('''
     """A plug-in conditioner: the sign of the Nesterov tensor (the whole step is then a
@@ -89,20 +90,6 @@ VARIANT = textwrap.dedent('''
         def branch(self, i, slot, u, f):
             return (1 + self.model.branch_beta[i, slot]) * f
 ''')
-
-
-@pytest.fixture(autouse=True)
-def _forget_plugins():
-    """A test's plug-ins leave the registries with it: their options would otherwise stay settings of
-    the run config (optim.prepolar, model.plugin_variants) for the later tests of this process."""
-    from muonlab.model import REGISTRY
-
-    before, variants = set(extensions.prepolars()), set(REGISTRY)
-    yield
-    for name in set(extensions.prepolars()) - before:
-        extensions.unregister("prepolar", name)
-    for name in set(REGISTRY) - variants:
-        del REGISTRY[name]
 
 
 def test_a_plugin_model_variant_trains_from_the_command_line(tmp_path, capsys):
