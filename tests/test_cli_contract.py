@@ -336,9 +336,6 @@ UNREACHABLE = {
     ("families/afmuon.py", "runs in one process; under torchrun"): "needs torchrun (driven in "
                                                                  "tests/test_af_muon_distributed.py)",
     ("lab/sweep.py", "share one ledger"): "arms of one preset share its ledger",
-    # the library helper gpt_config_with (diagnostics, tests, scripts), never reached from the command line
-    ("families/autoresearch/__init__.py", "unknown setting {name!r}"): "tests/test_model_extensions.py",
-    ("families/autoresearch/__init__.py", "does not act: {why}"): "tests/test_model_variants.py",
     ("config/run.py", "device_batch_size x \""): "needs torchrun (tests/test_distributed_train.py)",
     # library entry points whose command-line twins are refused by the parser's choices first
     ("config/__init__.py", "unknown setting"): "flag names come from the parser (tests/test_config_structure.py)",

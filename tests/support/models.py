@@ -4,8 +4,8 @@ import dataclasses
 
 import torch
 
-from muonlab.families.autoresearch import gpt_config_with
 from muonlab.model import GPT, GPTConfig
+from muonlab.train.build import gpt_config_with
 
 
 def small(**kw):

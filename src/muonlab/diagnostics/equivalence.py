@@ -23,8 +23,8 @@ import math
 
 import torch
 
-from muonlab.families.autoresearch import gpt_config_with
 from muonlab.model import GPT
+from muonlab.train.build import gpt_config_with
 from muonlab.model.variants.lerope import lerope_grad_agreement
 from muonlab.model.variants.qk_scale import qk_multiplier
 from muonlab.diagnostics import Command

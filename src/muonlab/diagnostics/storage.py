@@ -92,8 +92,8 @@ import torch
 
 from muonlab.device import detect_device, resolve_precision
 from muonlab.errors import UsageError
-from muonlab.families.autoresearch import gpt_config_with
 from muonlab.model import GPT, GPTConfig, find_variant
+from muonlab.train.build import gpt_config_with
 from muonlab.model.gpt import has_ve
 from muonlab.model.variants.presub_gains import PRESUB_GAINS
 from muonlab.diagnostics import Command

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
 import sys
 import typing
 from dataclasses import dataclass
@@ -101,6 +102,12 @@ class MuonContext(NamedTuple):
     red_dim: int
 
 
+@functools.cache
+def _type_hints(cls: type) -> dict[str, Any]:
+    """A conditioner's field types, resolved once (from_group runs at every step's resolve)."""
+    return typing.get_type_hints(cls)
+
+
 GROUP_PREFIX = "prepolar_"  # a conditioner's field `tau` is the muon group key `prepolar_tau`
 
 
@@ -141,7 +148,7 @@ class PrePolar:
     def from_group(cls, group: dict) -> "PrePolar":
         """The conditioner a muon group's keys describe (absent key: the default); ValueError
         names the first bad value."""
-        hints = typing.get_type_hints(cls)
+        hints = _type_hints(cls)
         values = {}
         for f in dataclasses.fields(cls):
             value = group.get(GROUP_PREFIX + f.name, f.default)

@@ -33,36 +33,6 @@ def variant_configs(cfg) -> tuple:
     return in_registry_order(built + [m.plugin_config(name) for name in m.extra_variant_names()])
 
 
-def gpt_config_with(settings: dict | None = None, **upstream):
-    """A GPTConfig of upstream fields (`n_layer=4`, ...) and the variants that run-config settings named
-    by their flags turn on (`qk_scale="pair_tied_stopexp"`, `oe_m=101`): a convenience for
-    diagnostics, tests and scripts. A setting that does not act, or a bad value, is a UsageError."""
-    from types import SimpleNamespace  # noqa: PLC0415
-
-    from muonlab.model import GPTConfig  # noqa: PLC0415
-    from muonlab.model.extensions import in_registry_order  # noqa: PLC0415
-    from muonlab.settings import inactive_keys, leaves, set_dotted, validate_tree  # noqa: PLC0415
-
-    cfg = SimpleNamespace(model=AutoresearchModelConfig(), optim=MuonAdamWConfig())
-    where = {leaf.flag.replace("-", "_"): (part, leaf.key) for part in ("model", "optim")
-             for leaf in leaves(getattr(cfg, part))}
-    for name, value in (settings or {}).items():
-        if name not in where:
-            raise UsageError(f"unknown setting {name!r}")
-        part, key = where[name]
-        set_dotted(getattr(cfg, part), key, value)
-    for name in settings or {}:
-        part, key = where[name]
-        inactive = inactive_keys(getattr(cfg, part))
-        why = next((w for k, w in inactive.items() if key == k or key.startswith(k + ".")), None)
-        if why:
-            raise UsageError(f"{name} does not act: {why}")
-    validate_tree(cfg.model)
-    validate_tree(cfg.optim)
-    extra = tuple(upstream.pop("variants", ()))
-    return GPTConfig(**upstream, variants=in_registry_order(variant_configs(cfg) + extra))
-
-
 def build_model(cfg, vocab_size: int, runtime):
     """Construct on the meta device, materialise on the target device, initialise. Under
     precision fp32 the whole model (embeddings included) is cast to fp32 after init_weights,
@@ -88,11 +58,12 @@ def build_optimizer(model, cfg, compile_step: bool, distributed: bool = False):
     # each method section of the optimizer config names the groups it acts on and their keys
     # (param_group_keys); a method that is off adds none, so baseline groups stay exactly upstream's
     extra: dict[str, dict] = {}
+    with_names = False
     for _, section in sections(o):
         rule = getattr(section, "param_group_keys", None)
         for name, keys in (rule(o) if rule else {}).items():
             extra.setdefault(name, {}).update(keys)
-    with_names = any(getattr(section, "needs_param_names", lambda: False)() for _, section in sections(o))
+        with_names = with_names or getattr(section, "needs_param_names", lambda: False)()
     named = model.param_groups(unembedding_lr=o.unembedding_lr, embedding_lr=o.embedding_lr, matrix_lr=o.matrix_lr,
                                weight_decay=o.weight_decay, adam_betas=(o.adam_beta1, o.adam_beta2),
                                scalar_lr=o.scalar_lr)
