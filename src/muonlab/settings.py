@@ -38,6 +38,20 @@ def option(default: Any, help: str) -> Any:
     return dataclasses.field(default=default, metadata={"help": help})
 
 
+def option_fields(cls) -> list[dataclasses.Field]:
+    """The fields of a method's dataclass declared with `option`."""
+    return [f for f in dataclasses.fields(cls) if "help" in f.metadata]
+
+
+def option_settings(cls, label: str, flag_prefix: str) -> list[tuple[str, Any, Any]]:
+    """A method dataclass's `option` fields as (name, type, setting) specs for a generated Section
+    (dataclasses.make_dataclass): the help prefixed by `label`, the flag `<flag_prefix>-<field>`."""
+    hints = typing.get_type_hints(cls)
+    return [(f.name, hints[f.name], setting(f.default, f"{label}: {f.metadata['help']}",
+                                            flag=f"{flag_prefix}-{f.name}".replace("_", "-")))
+            for f in option_fields(cls)]
+
+
 @dataclass
 class Section:
     """Base of every config section."""

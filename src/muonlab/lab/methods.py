@@ -10,7 +10,7 @@ from typing import Any
 from muonlab.arms import ARMS
 from muonlab.config import RunConfig, flag_of
 from muonlab.families import all_families
-from muonlab.settings import sections
+from muonlab.settings import option_fields, sections
 
 
 def _switched_on(overrides: dict[str, Any], key: str, selector: str | None, off: Any) -> bool:
@@ -42,14 +42,19 @@ def method_catalog() -> list[dict[str, Any]]:
     return sorted(entries.values(), key=lambda e: (e["family"], e["config_key"], e["name"]))
 
 
+def _settings(cls, prefix: str) -> list[dict[str, Any]]:
+    """A method dataclass's `option` fields as the catalogue lists them, under dotted prefix `prefix`."""
+    return [{"key": f"{prefix}.{f.name}", "flag": f"--{flag_of(f'{prefix}.{f.name}')}", "default": f.default,
+             "help": f.metadata["help"]} for f in option_fields(cls)]
+
+
 def _add_conditioners(entries: dict[str, dict[str, Any]]) -> None:
     """One entry per registered pre-polar conditioner (plug-ins included), from the optimizer's
     registry: the `prepolar` section selects among them by name."""
     from muonlab.optim.extensions import addons, prepolars  # noqa: PLC0415
 
     for info in addons("prepolar"):
-        settings = [{"key": f"optim.prepolar.{f.name}", "flag": f"--{flag_of('optim.prepolar.' + f.name)}",
-                     "default": f.default, "help": f.metadata["help"]} for f in prepolars()[info.name].settings()]
+        settings = _settings(prepolars()[info.name], "optim.prepolar")
         entries[f"prepolar:{info.name}"] = {
             "name": info.name, "paper": info.paper, "config_key": f"optim.prepolar.kind={info.name}",
             "family": "autoresearch", "flag": f"--prepolar {info.name}", "module": info.module,
@@ -72,16 +77,12 @@ def format_methods(catalog: list[dict[str, Any]]) -> str:
 
 def _add_plugin_variants(entries: dict[str, dict[str, Any]]) -> None:
     """Model variants registered by plug-ins (the built-in ones have their own sections above)."""
-    import dataclasses  # noqa: PLC0415
-
     from muonlab.model import REGISTRY  # noqa: PLC0415
 
     for name, info in REGISTRY.items():
         if info.module.startswith("muonlab.model.variants"):
             continue
-        settings = [{"key": f"model.plugin_variants.{name}.{f.name}",
-                     "flag": f"--{flag_of(f'model.plugin_variants.{name}.{f.name}')}", "default": f.default,
-                     "help": f.metadata["help"]} for f in dataclasses.fields(info.config) if "help" in f.metadata]
+        settings = _settings(info.config, f"model.plugin_variants.{name}")
         entries[f"variant:{name}"] = {
             "name": name, "paper": f"{info.paper} {info.section}".strip(), "config_key": f"model.extra_variants={name}",
             "family": "autoresearch", "flag": f"--variant {name}", "module": info.module, "tests": list(info.tests),

@@ -29,7 +29,6 @@ that are not matmul weights), `param_groups(lrs)` and `attach(optimizer)`.
 from __future__ import annotations
 
 import dataclasses
-import typing
 from dataclasses import dataclass, fields
 from typing import Any, Callable, ClassVar
 
@@ -169,16 +168,13 @@ def plugin_settings_class() -> type:
     """The run config's `model.plugin_variants` for the plug-in variants registered now: a sub-section
     per plug-in whose config declares options (muonlab.settings.option), each a setting with the flag
     `--<variant>-<field>` (a built-in variant's settings are its own section)."""
-    from muonlab.settings import Section, setting  # noqa: PLC0415
+    from muonlab.settings import Section, option_settings, setting  # noqa: PLC0415
 
     plugins = tuple((name, info.config) for name, info in REGISTRY.items() if not is_builtin(info))
     if plugins not in _PLUGIN_SETTINGS:
         parts = []
         for name, config in plugins:
-            hints = typing.get_type_hints(config)
-            options = [(f.name, hints[f.name], setting(f.default, f"{name}: {f.metadata['help']}",
-                                                       flag=f"{name}-{f.name}".replace("_", "-")))
-                       for f in fields(config) if "help" in f.metadata]
+            options = option_settings(config, name, name)
             if options:
                 part = dataclasses.make_dataclass(f"{name}_settings", options, bases=(Section,))
                 parts.append((name, part, setting(factory=part)))

@@ -41,7 +41,7 @@ from typing import Any, Callable, ClassVar, NamedTuple
 
 import torch
 
-from muonlab.settings import option  # a conditioner's option: flag --prepolar-<name>, key optim.prepolar.<name>
+from muonlab.settings import option, option_fields  # a conditioner's option: flag --prepolar-<name>, key optim.prepolar.<name>
 
 POINTS = ("prepolar", "muon_stage", "adamw_grad", "adamw_state", "group_kind")
 
@@ -142,7 +142,7 @@ class PrePolar:
     @classmethod
     def settings(cls) -> list[dataclasses.Field]:
         """The options the run config and the command line set (declared with `option`)."""
-        return [f for f in dataclasses.fields(cls) if "help" in f.metadata]
+        return option_fields(cls)
 
     @classmethod
     def from_group(cls, group: dict) -> "PrePolar":

@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 
 from muonlab.errors import UsageError
 from muonlab.optim import extensions
-from muonlab.settings import METHOD_OFF, MethodInfo, Section, setting
+from muonlab.settings import METHOD_OFF, MethodInfo, Section, option_settings, setting
 
 SCOPES = ("all", "square_only", "rect_only")
 STEP_KEY = "prepolar_step"  # completed updates of the group (only present with a conditioner on)
@@ -172,12 +172,10 @@ def settings_class() -> type[PrepolarSettingsBase]:
             ("scope", str, setting("all", "all | square_only | rect_only | a regex on block parameter names",
                                    flag="prepolar-scope"))]
         for name, cls in registered.items():
-            hints = typing.get_type_hints(cls)
-            for f in cls.settings():
-                if f.name not in owners:
-                    fields.append((f.name, hints[f.name], setting(f.default, f"{name}: {f.metadata['help']}",
-                                                                  flag="prepolar-" + f.name.replace("_", "-"))))
-                owners.setdefault(f.name, []).append(name)
+            for spec in option_settings(cls, name, "prepolar"):
+                if spec[0] not in owners:
+                    fields.append(spec)
+                owners.setdefault(spec[0], []).append(name)
         _SETTINGS_CLASSES[key] = dataclasses.make_dataclass(
             "PrepolarSettings", fields, bases=(PrepolarSettingsBase,),
             namespace={"OWNERS": {k: tuple(v) for k, v in owners.items()}, "__module__": __name__})
