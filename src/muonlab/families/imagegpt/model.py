@@ -26,7 +26,7 @@ completion score conditions on the first 512 tokens and averages the NLL of the 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -34,8 +34,7 @@ import torch.nn.functional as F
 
 from muonlab.data.images import RGB554_VOCAB, SOS
 from muonlab.data.images import rgb554_encode as pixel_tokens
-from muonlab.errors import UsageError
-from muonlab.families.tied.model import REDUCTIONS, TiedGPT, TiedGPTConfig, TiedLMHead, lm_loss
+from muonlab.families.tied.model import REDUCTIONS, TiedGPT, TiedGPTConfig, TiedLMHead, lm_loss, shape_config
 
 N_COLOURS = RGB554_VOCAB  # RGB554: 5 + 5 + 4 bits (seed 004 App. J.7: 2^14 = 16,384 colour tokens)
 SOS_ID = SOS  # the start token, input-only (seed 004 App. J.7)
@@ -211,11 +210,7 @@ IMAGEGPT_SHAPES: dict[str, ImageGPTConfig] = {
 def build_imagegpt(spec: str | ImageGPTConfig, **overrides: object) -> TiedImageGPT:
     """Build a `TiedImageGPT` from a preset name or a config, with optional field overrides (on
     the current default device: under `torch.device("meta")` a shape-only model)."""
-    if isinstance(spec, str):
-        if spec not in IMAGEGPT_SHAPES:
-            raise UsageError(f"unknown ImageGPT shape {spec!r}; choose from {', '.join(IMAGEGPT_SHAPES)}")
-        spec = IMAGEGPT_SHAPES[spec]
-    return TiedImageGPT(replace(spec, **overrides) if overrides else spec)  # type: ignore[arg-type]
+    return TiedImageGPT(shape_config(spec, IMAGEGPT_SHAPES, "ImageGPT shape", **overrides))
 
 
 class ImageGPTModel(TiedImageGPT):

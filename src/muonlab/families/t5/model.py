@@ -40,14 +40,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from muonlab.errors import UsageError
-from muonlab.families.tied.model import REDUCTIONS, RMSNorm, TiedLMHead, lm_loss
+from muonlab.families.tied.model import REDUCTIONS, RMSNorm, TiedLMHead, lm_loss, shape_config
 from muonlab.families.token_family import describe_counts
 
 TABLE_PATHS = ("encoder", "decoder", "head")
@@ -335,11 +334,7 @@ T5_SHAPES: dict[str, T5Config] = {
 def build_t5(spec: str | T5Config, **overrides: object) -> TiedT5:
     """Build a `TiedT5` from a preset name or a config, with optional field overrides (on the
     current default device: under `torch.device("meta")` a shape-only model)."""
-    if isinstance(spec, str):
-        if spec not in T5_SHAPES:
-            raise UsageError(f"unknown T5 shape {spec!r}; choose from {', '.join(T5_SHAPES)}")
-        spec = T5_SHAPES[spec]
-    return TiedT5(replace(spec, **overrides) if overrides else spec)  # type: ignore[arg-type]
+    return TiedT5(shape_config(spec, T5_SHAPES, "T5 shape", **overrides))
 
 
 class PackedT5(TiedT5):

@@ -341,8 +341,14 @@ def build_tied_model(spec: str | TiedGPTConfig, **overrides: object) -> TiedGPT:
     Builds on the current default device, so `with torch.device("meta"):` gives a
     shape-only model (materialise with `to_empty(device=...)` then `init_weights()`).
     """
+    return TiedGPT(shape_config(spec, TIED_SHAPES, "tied preset", **overrides))
+
+
+def shape_config(spec, shapes: dict, what: str, **overrides: object):
+    """The config a model builder reads: the shape `spec` names in `shapes` (UsageError naming `what`
+    otherwise) or the config given, with field overrides (the tied, T5 and ImageGPT builders)."""
     if isinstance(spec, str):
-        if spec not in TIED_SHAPES:
-            raise UsageError(f"unknown tied preset {spec!r}; choose from {', '.join(TIED_SHAPES)}")
-        spec = TIED_SHAPES[spec]
-    return TiedGPT(replace(spec, **overrides) if overrides else spec)  # type: ignore[arg-type]
+        if spec not in shapes:
+            raise UsageError(f"unknown {what} {spec!r}; choose from {', '.join(shapes)}")
+        spec = shapes[spec]
+    return replace(spec, **overrides) if overrides else spec
