@@ -181,6 +181,15 @@ def test_plugin_options_are_validated(plugins):
         MuonAdamW([dict(kind="muon", params=_params((8, 4)), lr=0.1, prepolar="turbo_aol", aol_reuse_gram=False)])
 
 
+def test_group_values_take_the_option_types():
+    """A muon group written by hand in Python (passes 2.0, tau 25) gives the conditioner its fields'
+    types: range(passes) needs an int, and tau's float arithmetic is the run config's."""
+    from muonlab.optim.addons.hbieq import HBiEq
+
+    cond = HBiEq.from_group({"prepolar": "hbieq", "prepolar_passes": 2.0, "prepolar_tau": 25})
+    assert cond == HBiEq(tau=25.0, passes=2) and type(cond.passes) is int and type(cond.tau) is float
+
+
 def test_plugin_options_are_run_config_settings(plugins):
     """A plug-in's `option` fields join optim.prepolar: a flag, a default written once, acting
     only while the plug-in is chosen."""

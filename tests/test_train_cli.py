@@ -128,3 +128,15 @@ def test_prepare_json(capsys):
     assert main(["prepare", "--preset", "cpu-tiny", "--json"]) == 0
     payload = json.loads(capsys.readouterr().out)
     assert payload["corpus_hash"] and payload["tokenizer_hash"]
+
+
+def test_the_summary_block_shows_the_family_figures_after_upstreams_keys():
+    """The keys a family adds between `depth` and `status` (its metric, its final figures) are printed
+    after upstream's with 6 decimals; the bookkeeping after `status` is not printed."""
+    from muonlab.train.run import SUMMARY_KEYS, format_summary
+
+    summary = {key: 1.0 for key in SUMMARY_KEYS} | {"depth": 2, "val_ce": 4.482425, "tied_rms": 0.0331322,
+                                                    "status": "ok", "startup_seconds": 3.5}
+    lines = format_summary(summary).splitlines()
+    assert lines[0] == "---" and [line.split(":")[0] for line in lines[1:]] == [*SUMMARY_KEYS, "val_ce", "tied_rms"]
+    assert lines[-2:] == ["val_ce:           4.482425", "tied_rms:         0.033132"]
