@@ -155,3 +155,24 @@ def test_diagnose_accounting_cli(capsys):
 def test_diagnose_needs_a_run(capsys):
     assert main(["diagnose", "geometry"]) == 2
     assert "--run" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("tool, failing, passing", [
+    ("equivalence", {"proposition1": {"passed": False}}, {"proposition1": {"passed": True}}),
+    ("gauge", {"passed": 3, "checks": 4}, {"passed": 4, "checks": 4}),
+    ("geometry", {"passed": False}, {}),  # the default rule: a result that says it did not pass
+])
+def test_a_diagnostic_whose_own_check_fails_exits_1(tool, failing, passing, monkeypatch, capsys):
+    """Each diagnostic's pass rule (its COMMAND.failed) decides the exit status of `muonlab diagnose`."""
+    import dataclasses
+    import importlib
+
+    from muonlab.diagnostics import commands
+
+    module = importlib.import_module(commands()[tool].run.__module__)
+    argv = ["diagnose", tool] + (["--run", "unused"] if tool == "geometry" else [])
+    for result, code in ((failing, 1), (passing, 0)):
+        monkeypatch.setattr(module, "COMMAND", dataclasses.replace(module.COMMAND, run=lambda a, r=result: r,
+                                                                   format=lambda r: "table"))
+        assert main(argv) == code, (tool, result)
+        assert capsys.readouterr().out.strip() == "table"
