@@ -52,9 +52,9 @@ def option_settings(cls, label: str, flag_prefix: str) -> list[tuple[str, Any, A
             for f in option_fields(cls)]
 
 
-@dataclass
 class Section:
-    """Base of every config section."""
+    """Base of every config section: a dataclass, mutable, or frozen where the section is also the
+    configuration a method's implementation reads (set_dotted replaces it by an updated copy)."""
 
     HASHED: typing.ClassVar[bool] = True
 
@@ -176,22 +176,39 @@ def get_dotted(obj: Section, key: str) -> Any:
 
 
 def set_dotted(obj: Section, key: str, value: Any, where: str = "") -> None:
-    """Set a leaf by dotted key, type-checked; UsageError when no such setting exists here."""
+    """Set a leaf by dotted key, type-checked; UsageError when no such setting exists here. A frozen
+    section (a method's own config, which its implementation reads) is replaced by a copy with the
+    new value in the section that holds it; the root is never frozen."""
     parts = key.split(".")
-    target = obj
+    chain = [obj]  # the sections from the root down to the leaf's
     for i, part in enumerate(parts):
-        names = {f.name for f in dataclasses.fields(target)}
-        if part not in names:
+        target = chain[-1]
+        if part not in {f.name for f in dataclasses.fields(target)}:
             raise UsageError(f"{key} is not a setting{where}")
         if i == len(parts) - 1:
             tp = _resolve_hints(type(target))[part]
             if _is_section_type(tp):
                 raise UsageError(f"{key} is a group of settings, not a setting")
-            setattr(target, part, coerce(value, tp, key))
+            _assign(chain, parts, coerce(value, tp, key))
             return
-        target = getattr(target, part)
-        if not isinstance(target, Section):
+        below = getattr(target, part)
+        if not isinstance(below, Section):
             raise UsageError(f"{key} is not a setting{where}")
+        chain.append(below)
+
+
+def is_frozen(section: Section) -> bool:
+    return type(section).__dataclass_params__.frozen
+
+
+def _assign(chain: list[Section], parts: list[str], value: Any) -> None:
+    """chain[-1].<parts[-1]> = value, replacing frozen sections on the way up by updated copies."""
+    for section, name in zip(reversed(chain), reversed(parts)):
+        if not is_frozen(section):
+            setattr(section, name, value)
+            return
+        value = dataclasses.replace(section, **{name: value})
+    raise TypeError("the root of a configuration cannot be a frozen section")
 
 
 def to_dict(obj: Section) -> dict[str, Any]:

@@ -29,10 +29,14 @@ that are not matmul weights), `param_groups(lrs)` and `attach(optimizer)`.
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass, fields
 from typing import Any, Callable, ClassVar
 
 import torch
+
+from muonlab.errors import UsageError
+from muonlab.settings import METHOD_OFF, MethodInfo, Section, coerce, option_settings, setting
 
 HOOKS = ("embed", "stream", "block_input", "head_input", "attn_input", "mlp_input", "rotary", "qk",
          "branch", "residual_add", "loss", "run_block")
@@ -123,6 +127,40 @@ class ModelVariant:
         return {h: getattr(self, h) for h in HOOKS if callable(getattr(self, h, None))}
 
 
+class VariantConfig(Section):
+    """Base of a built-in variant's config: one frozen dataclass that is both the run config's section
+    for the method (its settings with their flags and help, which act when, its validation) and the
+    configuration the variant reads. METHOD names the field that switches it on and its off value:
+    while off, the section adds no variant and none of its other settings acts."""
+
+    METHOD: ClassVar[MethodInfo]
+
+    def is_on(self) -> bool:
+        return getattr(self, self.METHOD.selector) != self.METHOD.off
+
+    def inactive(self) -> dict[str, str]:
+        if self.is_on():
+            return {}
+        return {f.name: METHOD_OFF for f in dataclasses.fields(self) if f.name != self.METHOD.selector}
+
+    def variant_configs(self, cfg) -> tuple:
+        """The model's variant configs for the run config `cfg`: this section itself while on."""
+        return (self,) if self.is_on() else ()
+
+    def check_model(self, config) -> None:
+        """Raise ValueError when this config cannot build a variant of the model `config` (GPTConfig)."""
+        if not self.is_on():
+            raise ValueError(f"{self.METHOD.name} is off ({self.METHOD.selector} = {self.METHOD.off!r}): "
+                             "it builds no model variant")
+        hints = typing.get_type_hints(type(self))
+        try:  # a config built in code, not resolved from settings: its values' types and the section's checks
+            for f in dataclasses.fields(self):
+                coerce(getattr(self, f.name), hints[f.name], f.name)
+            self.validate()
+        except UsageError as e:
+            raise ValueError(str(e)) from None
+
+
 @dataclass(frozen=True)
 class VariantInfo:
     name: str
@@ -144,8 +182,9 @@ REGISTRY: dict[str, VariantInfo] = {}
 def register_variant(name: str, config: type, *, paper: str, section: str, tests: tuple[str, ...] = ()):
     """Class decorator: register a ModelVariant subclass under `name` with its config class (a frozen
     dataclass; `GPTConfig.variants` holds the configs of the variants that are on). A built-in
-    variant's run-config section makes its config (`variant_configs`, beside it); a plug-in's is
-    switched on with its defaults (`--variant NAME`)."""
+    variant's config is also its run-config section (a VariantConfig); a plug-in's is switched on
+    with `--variant NAME`, its `option` fields as flags. A config may define `check_model(config)`,
+    its checks against the model's shape."""
     def deco(cls: type) -> type:
         if name in REGISTRY and REGISTRY[name].variant is not cls:
             raise ValueError(f"model variant {name!r} is already registered ({REGISTRY[name].module})")
@@ -168,8 +207,6 @@ def plugin_settings_class() -> type:
     """The run config's `model.plugin_variants` for the plug-in variants registered now: a sub-section
     per plug-in whose config declares options (muonlab.settings.option), each a setting with the flag
     `--<variant>-<field>` (a built-in variant's settings are its own section)."""
-    from muonlab.settings import Section, option_settings, setting  # noqa: PLC0415
-
     plugins = tuple((name, info.config) for name, info in REGISTRY.items() if not is_builtin(info))
     if plugins not in _PLUGIN_SETTINGS:
         parts = []
@@ -203,9 +240,9 @@ def check_variants(config: Any) -> None:
         if info.name in seen:
             raise ValueError(f"model variant {info.name!r} is given twice")
         seen.add(info.name)
-        validate = getattr(cfg, "validate", None)
-        if validate is not None:
-            validate(config)
+        check = getattr(cfg, "check_model", None)  # its values against the model's shape
+        if check is not None:
+            check(config)
 
 
 def build_variants(config: Any) -> list[ModelVariant]:

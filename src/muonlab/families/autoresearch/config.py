@@ -13,14 +13,14 @@ from typing import ClassVar, Literal
 
 from muonlab.errors import UsageError
 from muonlab.settings import MethodInfo, Section, setting
-from muonlab.model.variants.presub_gains import PresubGainsSettings
-from muonlab.model.variants.qk_scale import QKScaleSettings
-from muonlab.model.variants.lerope import RopeSettings
-from muonlab.model.variants.residual_rules import ResidualRuleSettings
-from muonlab.model.variants.radius_gate import RadiusGateSettings
+from muonlab.model.variants.presub_gains import PresubGainsConfig
+from muonlab.model.variants.qk_scale import QKScaleConfig
+from muonlab.model.variants.lerope import LeRoPEConfig
+from muonlab.model.variants.residual_rules import ResidualRuleConfig
+from muonlab.model.variants.radius_gate import RadiusGateConfig
 from muonlab.model.variants.memory import MemorySettings
-from muonlab.model.variants.over_encoding import OverEncodingSettings
-from muonlab.model.variants.routing import RoutingSettings
+from muonlab.model.variants.over_encoding import OverEncodingConfig
+from muonlab.model.variants.routing import RoutingConfig
 from muonlab.model.extensions import new_plugin_settings
 from muonlab.optim import prepolar
 from muonlab.optim.addons.polar_precision import PolarSettings
@@ -46,14 +46,14 @@ class AutoresearchModelConfig(Section):
     head_loss: Literal["fused", "reference"] = setting(
         "fused", "LM-head loss: fused = soft-capped cross-entropy in row chunks, its gradient formed in forward "
         "(never the full [tokens, vocab] fp32 logits); reference = upstream's logits then F.cross_entropy")
-    gains: PresubGainsSettings = setting(factory=PresubGainsSettings)
-    qk: QKScaleSettings = setting(factory=QKScaleSettings)
-    rope: RopeSettings = setting(factory=RopeSettings)
-    residual: ResidualRuleSettings = setting(factory=ResidualRuleSettings)
-    gate: RadiusGateSettings = setting(factory=RadiusGateSettings)
+    gains: PresubGainsConfig = setting(factory=PresubGainsConfig)
+    qk: QKScaleConfig = setting(factory=QKScaleConfig)
+    rope: LeRoPEConfig = setting(factory=LeRoPEConfig)
+    residual: ResidualRuleConfig = setting(factory=ResidualRuleConfig)
+    gate: RadiusGateConfig = setting(factory=RadiusGateConfig)
     memory: MemorySettings = setting(factory=MemorySettings)
-    oe: OverEncodingSettings = setting(factory=OverEncodingSettings)
-    routing: RoutingSettings = setting(factory=RoutingSettings)
+    oe: OverEncodingConfig = setting(factory=OverEncodingConfig)
+    routing: RoutingConfig = setting(factory=RoutingConfig)
     extra_variants: str = setting("", "comma-separated registered model variants without a section of their own "
                                   "(plug-ins), each with its config's defaults", flag="variant")
 

@@ -32,14 +32,15 @@ the non-persistent buffer `inv_freq`; own AdamW group, lr = scalar_lr x lr_mult.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar, Literal
 
 import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from muonlab.model.extensions import ModelVariant, register_variant
-from typing import ClassVar, Literal
-from muonlab.settings import METHOD_OFF, MethodInfo, Section, setting
+from muonlab.errors import UsageError
+from muonlab.model.extensions import ModelVariant, VariantConfig, register_variant
+from muonlab.settings import MethodInfo, setting
 
 
 def inv_frequencies(head_dim: int, base: float = 10000.0,
@@ -167,15 +168,19 @@ KINDS = ("lerope_shared", "lerope_adapted")
 
 
 @dataclass(frozen=True)
-class LeRoPEConfig:
-    kind: str = "lerope_shared"
-    lr_mult: float = 0.04
+class LeRoPEConfig(VariantConfig):
+    """Seed 000 Table 2: learnable RoPE log-frequencies (LeRoPE). The run config's `model.rope`
+    section and the configuration LeRoPE reads."""
 
-    def __post_init__(self):
-        if self.kind not in KINDS:
-            raise ValueError(f"rope must be one of standard, {', '.join(KINDS)}, got {self.kind!r}")
+    METHOD: ClassVar[MethodInfo] = MethodInfo('lerope', 'seed 000 Table 2', __name__, ('tests/test_lerope.py',), 'kind', 'standard')
+
+    kind: Literal["standard", "lerope_shared", "lerope_adapted"] = setting(
+        "standard", "standard RoPE, LeRoPE shared (64, fp32 trig) or adapted (per layer and head, bf16 trig)", flag="rope")
+    lr_mult: float = setting(0.04, "LeRoPE's AdamW lr as a multiple of scalar_lr", flag="rope-lr-mult")
+
+    def validate(self) -> None:
         if self.lr_mult < 0:
-            raise ValueError(f"rope_lr_mult must be >= 0, got {self.lr_mult}")
+            raise UsageError(f"rope_lr_mult must be >= 0, got {self.lr_mult}")
 
 
 @register_variant("lerope", LeRoPEConfig, paper="seed 000", section="§4.2, Table 2 (§4.2 item 2)",
@@ -205,22 +210,3 @@ class LeRoPE(ModelVariant):
         tau = self.model.rope_tau if self.shared else self.model.rope_tau[i]
         inv_freq = self.model.inv_freq
         return apply_lerope(q, tau, inv_freq, self.trig), apply_lerope(k, tau, inv_freq, self.trig)
-
-
-# run-config settings of this method: its flags, their help, which options act when
-@dataclass
-class RopeSettings(Section):
-    """Seed 000 Table 2: learnable RoPE log-frequencies (LeRoPE)."""
-
-    METHOD: ClassVar[MethodInfo] = MethodInfo('lerope', 'seed 000 Table 2', __name__, ('tests/test_lerope.py',), 'kind', 'standard')
-
-    kind: Literal["standard", "lerope_shared", "lerope_adapted"] = setting(
-        "standard", "standard RoPE, LeRoPE shared (64, fp32 trig) or adapted (per layer and head, bf16 trig)", flag="rope")
-    lr_mult: float = setting(0.04, "LeRoPE's AdamW lr as a multiple of scalar_lr", flag="rope-lr-mult")
-
-    def inactive(self) -> dict[str, str]:
-        return {"lr_mult": METHOD_OFF} if self.kind == "standard" else {}
-
-    def variant_configs(self, cfg) -> tuple:
-        """The model's variant config(s) for this section of the run config `cfg` (none when off)."""
-        return () if self.kind == "standard" else (LeRoPEConfig(self.kind, self.lr_mult),)

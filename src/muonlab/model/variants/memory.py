@@ -7,14 +7,14 @@ point. Same numbers: the chunked mean sums in another order (fp32 rounding). No 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from muonlab.model.extensions import ModelVariant, register_variant
-from typing import ClassVar
 from muonlab.errors import UsageError
+from muonlab.model.extensions import ModelVariant, register_variant
 from muonlab.settings import MethodInfo, Section, setting
 
 

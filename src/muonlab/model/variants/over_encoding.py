@@ -35,15 +35,15 @@ no weight decay, seed 002 §2.1; table-Neumann options §4.3) wired to the visit
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from muonlab.model.extensions import ModelVariant, register_variant
-from typing import ClassVar
 from muonlab.errors import UsageError
-from muonlab.settings import METHOD_OFF, MethodInfo, Section, setting
+from muonlab.model.extensions import ModelVariant, VariantConfig, register_variant
+from muonlab.settings import MethodInfo, setting
 
 DEFAULT_M = 150_855
 
@@ -149,15 +149,27 @@ class OverEncoding(nn.Module):
 
 
 @dataclass(frozen=True)
-class OverEncodingConfig:
-    m: int = DEFAULT_M  # base table rows (the paper: 150,855)
-    n: int = 3  # max n-gram order
-    k: int = 2  # tables per order
-    table_whiten: str | None = None  # None | neumann: table-Neumann on the moment-free update (seed 002 §4.3)
-    table_whiten_tau: float = 80.0
-    table_whiten_first_t: int = 1  # t of the first update (muonlab.optim.homotopy's convention)
+class OverEncodingConfig(VariantConfig):
+    """Seed 002 §2.1 (Family A): hashed n-gram Over-Encoding tables with their moment-free update. The run
+    config's `model.oe` section and the configuration OverEncodingVariant reads (table-Neumann on
+    these tables' update is an optimizer setting: optim.table_whiten adds its keys to their group)."""
 
-    def validate(self, config) -> None:
+    METHOD: ClassVar[MethodInfo] = MethodInfo('over_encoding', 'seed 002 §2.1 (Family A)', __name__, ('tests/test_over_encoding.py', 'tests/test_over_encoding_model.py', 'tests/test_table_update.py'), 'm', 0)
+
+    m: int = setting(0, "table size (0: off; the paper 150855)", flag="oe-m")
+    n: int = setting(3, "largest n-gram order", flag="oe-n")
+    k: int = setting(2, "tables per order", flag="oe-k")
+
+    def step_hooks(self, model) -> list:
+        """Each micro-step's table visits, counted outside the (compiled) forward."""
+        return [CountVisits(model.oe)] if self.is_on() else []
+
+    def validate(self) -> None:
+        if self.m < 0:
+            raise UsageError(f"oe_m must be >= 0 (0: no Over-Encoding), got {self.m}")
+
+    def check_model(self, config) -> None:
+        super().check_model(config)
         self.build(config, device="meta")  # the module's own checks, without allocating
 
     def build(self, config, device=None) -> OverEncoding:
@@ -189,11 +201,7 @@ class OverEncodingVariant(ModelVariant):
         return self.model.oe.num_parameters()
 
     def param_groups(self, lrs):
-        whiten = {} if self.cfg.table_whiten is None else dict(
-            table_whiten=self.cfg.table_whiten, table_whiten_tau=self.cfg.table_whiten_tau,
-            table_whiten_first_t=self.cfg.table_whiten_first_t)
-        return [dict(kind="oe_mfree", params=list(self.model.oe.parameters()),
-                     lr=lrs.embedding_lr * lrs.dim_scale, **whiten)]
+        return [dict(kind="oe_mfree", params=list(self.model.oe.parameters()), lr=lrs.embedding_lr * lrs.dim_scale)]
 
     def attach(self, optimizer) -> None:
         optimizer.attach_visit_counts(list(self.model.oe.parameters()), self.model.oe.counts())
@@ -211,34 +219,3 @@ class CountVisits:
 
     def before_micro_step(self, x) -> None:
         self.tables.count_(x)
-
-
-# run-config settings of this method: its flags, their help, which options act when
-@dataclass
-class OverEncodingSettings(Section):
-    """Seed 002 §2.1 (Family A): hashed n-gram Over-Encoding tables with their moment-free update."""
-
-    METHOD: ClassVar[MethodInfo] = MethodInfo('over_encoding', 'seed 002 §2.1 (Family A)', __name__, ('tests/test_over_encoding.py', 'tests/test_over_encoding_model.py', 'tests/test_table_update.py'), 'm', 0)
-
-    m: int = setting(0, "table size (0: off; the paper 150855)", flag="oe-m")
-    n: int = setting(3, "largest n-gram order", flag="oe-n")
-    k: int = setting(2, "tables per order", flag="oe-k")
-
-    def inactive(self) -> dict[str, str]:
-        return {"n": METHOD_OFF, "k": METHOD_OFF} if self.m == 0 else {}
-
-    def step_hooks(self, model) -> list:
-        """Each micro-step's table visits, counted outside the (compiled) forward."""
-        return [CountVisits(model.oe)] if self.m > 0 else []
-
-    def variant_configs(self, cfg) -> tuple:
-        """The model's variant config(s) for this section of the run config `cfg` (none when off)."""
-        if self.m == 0:
-            return ()
-        # table-Neumann (an optimizer setting) acts on these tables' moment-free update
-        whiten, first_t = cfg.optim.table_whiten, cfg.optim.homotopy_first_t
-        return (OverEncodingConfig(self.m, self.n, self.k, whiten.kind, whiten.tau, first_t),)
-
-    def validate(self) -> None:
-        if self.m < 0:
-            raise UsageError(f"oe_m must be >= 0 (0: no Over-Encoding), got {self.m}")

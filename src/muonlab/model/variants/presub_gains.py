@@ -20,15 +20,16 @@ lr = scalar_lr x lr_mult (seed 000's "0.04" = 0.04 x scalar_lr; exp07's "sub_lr 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from muonlab.model.extensions import ModelVariant, register_variant
+from muonlab.errors import UsageError
+from muonlab.model.extensions import ModelVariant, VariantConfig, register_variant
 from muonlab.model.variants.qk_scale import stop_exp
-from typing import ClassVar, Literal
-from muonlab.settings import METHOD_OFF, MethodInfo, Section, setting
+from muonlab.settings import MethodInfo, setting
 
 PRESUB_GAINS = ("none", "unfused_slice", "unfused_contig", "weight_fused", "gate_scaled")
 PRESUB_PARAMS = ("linear", "stopexp")
@@ -44,18 +45,20 @@ def gain_value(raw: torch.Tensor, param: str) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
-class PresubGainsConfig:
-    impl: str = "weight_fused"  # unfused_slice | unfused_contig | weight_fused | gate_scaled
-    param: str = "linear"  # linear | stopexp
-    lr_mult: float = 0.04
+class PresubGainsConfig(VariantConfig):
+    """Seed 000 §3.1: per-layer channel gains on the inputs of W_Q, W_K, W_V and W_fc. The run config's
+    `model.gains` section and the configuration PresubGains reads."""
 
-    def __post_init__(self):
-        if self.impl not in PRESUB_GAINS[1:]:
-            raise ValueError(f"presub_gains must be one of {', '.join(PRESUB_GAINS)}, got {self.impl!r}")
-        if self.param not in PRESUB_PARAMS:
-            raise ValueError(f"presub_param must be one of {', '.join(PRESUB_PARAMS)}, got {self.param!r}")
+    METHOD: ClassVar[MethodInfo] = MethodInfo('presub_gains', 'seed 000 §3.1', __name__, ('tests/test_model_variants.py', 'tests/test_diagnostics_storage.py'), 'impl', 'none')
+
+    impl: Literal["none", "unfused_slice", "unfused_contig", "weight_fused", "gate_scaled"] = setting(
+        "none", "implementation (gate_scaled: the non-equivalent control)", flag="presub-gains")
+    param: Literal["linear", "stopexp"] = setting("linear", "gain parametrisation", flag="presub-param")
+    lr_mult: float = setting(0.04, "gains' AdamW lr as a multiple of scalar_lr (seed 000's 0.04)", flag="presub-lr-mult")
+
+    def validate(self) -> None:
         if self.lr_mult < 0:
-            raise ValueError(f"presub_lr_mult must be >= 0, got {self.lr_mult}")
+            raise UsageError(f"presub_lr_mult must be >= 0, got {self.lr_mult}")
 
 
 @register_variant("presub_gains", PresubGainsConfig, paper="seed 000", section="§3.1 (Tables 1–2)",
@@ -101,23 +104,3 @@ class PresubGains(ModelVariant):
 
     def _mlp_unfused(self, i, mlp, x):
         return mlp.c_fc(x * self.gain(i, 1))
-
-
-# run-config settings of this method: its flags, their help, which options act when
-@dataclass
-class PresubGainsSettings(Section):
-    """Seed 000 §3.1: per-layer channel gains on the inputs of W_Q, W_K, W_V and W_fc."""
-
-    METHOD: ClassVar[MethodInfo] = MethodInfo('presub_gains', 'seed 000 §3.1', __name__, ('tests/test_model_variants.py', 'tests/test_diagnostics_storage.py'), 'impl', 'none')
-
-    impl: Literal["none", "unfused_slice", "unfused_contig", "weight_fused", "gate_scaled"] = setting(
-        "none", "implementation (gate_scaled: the non-equivalent control)", flag="presub-gains")
-    param: Literal["linear", "stopexp"] = setting("linear", "gain parametrisation", flag="presub-param")
-    lr_mult: float = setting(0.04, "gains' AdamW lr as a multiple of scalar_lr (seed 000's 0.04)", flag="presub-lr-mult")
-
-    def inactive(self) -> dict[str, str]:
-        return {"param": METHOD_OFF, "lr_mult": METHOD_OFF} if self.impl == "none" else {}
-
-    def variant_configs(self, cfg) -> tuple:
-        """The model's variant config(s) for this section of the run config `cfg` (none when off)."""
-        return () if self.impl == "none" else (PresubGainsConfig(self.impl, self.param, self.lr_mult),)

@@ -22,14 +22,14 @@ freeze mask, the non-persistent 0/1 buffer `qk_mask`; own AdamW group, lr = scal
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar, Literal
 
 import torch
 from torch import nn
 
-from muonlab.model.extensions import ModelVariant, register_variant
-from typing import ClassVar, Literal
 from muonlab.errors import UsageError
-from muonlab.settings import METHOD_OFF, MethodInfo, Section, setting
+from muonlab.model.extensions import ModelVariant, VariantConfig, register_variant
+from muonlab.settings import MethodInfo, setting
 
 QK_SCALES = ("none", "pair_tied_linear", "pair_tied_stopexp", "pair_tied_exp", "untied_stopexp", "head_temp")
 
@@ -103,26 +103,38 @@ def apply_qk_scale(q: torch.Tensor, k: torch.Tensor, raw: torch.Tensor, kind: st
 
 
 @dataclass(frozen=True)
-class QKScaleConfig:
-    kind: str = "pair_tied_stopexp"  # pair_tied_linear | pair_tied_stopexp | pair_tied_exp | untied_stopexp | head_temp
-    freeze_layers: tuple[int, ...] = ()  # seed 002 QMASK: layers whose scales stay at 1
-    freeze_planes: int = 0  # ... and RoPE planes c < this, in every layer
-    lr_mult: float = 0.04
+class QKScaleConfig(VariantConfig):
+    """Seed 000 §3.2, seed 002 §2.1 (Tier 2), §4.2.2: post-QK-norm scaling, plane c = channels c and c + 64.
+    The run config's `model.qk` section and the configuration QKScale reads."""
 
-    def __post_init__(self):
-        if self.kind not in QK_SCALES[1:]:
-            raise ValueError(f"qk_scale must be one of {', '.join(QK_SCALES)}, got {self.kind!r}")
-        object.__setattr__(self, "freeze_layers", tuple(self.freeze_layers))
+    METHOD: ClassVar[MethodInfo] = MethodInfo('qk_scale', 'seed 000 §3.2; seed 002 §2.1 (Tier 2), §4.2.2 (q_tau, QMASK)', __name__, ('tests/test_model_variants.py',), 'kind', 'none')
+
+    kind: Literal["none", "pair_tied_linear", "pair_tied_stopexp", "pair_tied_exp", "untied_stopexp", "head_temp"] = \
+        setting("none", "scaling rule", flag="qk-scale")
+    freeze_layers: str = setting("", "comma-separated layers whose scales stay 1 (seed 002 QMASK: 0)",
+                                 flag="qk-freeze-layers")
+    freeze_planes: int = setting(0, "RoPE planes c < this stay 1 in every layer (QMASK: 16)", flag="qk-freeze-planes")
+    lr_mult: float = setting(0.04, "scales' AdamW lr as a multiple of scalar_lr", flag="qk-lr-mult")
+
+    def layers(self) -> tuple[int, ...]:
+        try:
+            return tuple(int(v) for v in self.freeze_layers.split(",") if v.strip())
+        except ValueError:
+            raise UsageError(f"qk_freeze_layers must be comma-separated integers, got {self.freeze_layers!r}") from None
+
+    def validate(self) -> None:
+        self.layers()
         if self.lr_mult < 0:
-            raise ValueError(f"qk_lr_mult must be >= 0, got {self.lr_mult}")
+            raise UsageError(f"qk_lr_mult must be >= 0, got {self.lr_mult}")
 
     def shape(self, config) -> tuple[int, ...]:
         return qk_param_shape(self.kind, config.n_layer, config.n_head, config.head_dim)
 
     def mask(self, config) -> torch.Tensor | None:
-        return qk_freeze_mask(self.kind, self.shape(config), self.freeze_layers, self.freeze_planes)
+        return qk_freeze_mask(self.kind, self.shape(config), self.layers(), self.freeze_planes)
 
-    def validate(self, config) -> None:
+    def check_model(self, config) -> None:
+        super().check_model(config)
         if self.kind == "pair_tied_linear" and config.n_kv_head != config.n_head:
             raise ValueError("qk_scale=pair_tied_linear scales k per query head: it needs n_kv_head == n_head")
         with torch.device("meta"):  # the mask's own range checks, without allocating
@@ -154,36 +166,3 @@ class QKScale(ModelVariant):
     def qk(self, i, q, k):
         mask = self.model.qk_mask[i] if self.masked else None
         return apply_qk_scale(q, k, self.model.qk_scales[i], self.cfg.kind, mask)
-
-
-# run-config settings of this method: its flags, their help, which options act when
-@dataclass
-class QKScaleSettings(Section):
-    """Seed 000 §3.2, seed 002 §2.1 (Tier 2), §4.2.2: post-QK-norm scaling, plane c = channels c and c + 64."""
-
-    METHOD: ClassVar[MethodInfo] = MethodInfo('qk_scale', 'seed 000 §3.2; seed 002 §2.1 (Tier 2), §4.2.2 (q_tau, QMASK)', __name__, ('tests/test_model_variants.py',), 'kind', 'none')
-
-    kind: Literal["none", "pair_tied_linear", "pair_tied_stopexp", "pair_tied_exp", "untied_stopexp", "head_temp"] = \
-        setting("none", "scaling rule", flag="qk-scale")
-    freeze_layers: str = setting("", "comma-separated layers whose scales stay 1 (seed 002 QMASK: 0)",
-                                 flag="qk-freeze-layers")
-    freeze_planes: int = setting(0, "RoPE planes c < this stay 1 in every layer (QMASK: 16)", flag="qk-freeze-planes")
-    lr_mult: float = setting(0.04, "scales' AdamW lr as a multiple of scalar_lr", flag="qk-lr-mult")
-
-    def layers(self) -> tuple[int, ...]:
-        try:
-            return tuple(int(v) for v in self.freeze_layers.split(",") if v.strip())
-        except ValueError:
-            raise UsageError(f"qk_freeze_layers must be comma-separated integers, got {self.freeze_layers!r}") from None
-
-    def inactive(self) -> dict[str, str]:
-        return {"freeze_layers": METHOD_OFF, "freeze_planes": METHOD_OFF, "lr_mult": METHOD_OFF} if self.kind == "none" else {}
-
-    def validate(self) -> None:
-        self.layers()
-
-    def variant_configs(self, cfg) -> tuple:
-        """The model's variant config(s) for this section of the run config `cfg` (none when off)."""
-        if self.kind == "none":
-            return ()
-        return (QKScaleConfig(self.kind, self.layers(), self.freeze_planes, self.lr_mult),)

@@ -24,13 +24,14 @@ own AdamW group, lr = scalar_lr x lr_mult (the lr is unstated in seed 003: seed 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar, Literal
 
 import torch
 from torch import nn
 
-from muonlab.model.extensions import ModelVariant, register_variant
-from typing import ClassVar, Literal
-from muonlab.settings import METHOD_OFF, MethodInfo, Section, setting
+from muonlab.errors import UsageError
+from muonlab.model.extensions import ModelVariant, VariantConfig, register_variant
+from muonlab.settings import MethodInfo, setting
 
 RADIUS_GATES = ("none", "state", "branch", "neutral")
 
@@ -59,16 +60,27 @@ def radius_gate_scale(v: torch.Tensor, a: torch.Tensor, b: torch.Tensor, eps: fl
 
 
 @dataclass(frozen=True)
-class RadiusGateConfig:
-    kind: str = "state"  # state | branch | neutral
-    lr_mult: float = 0.04
-    detach_stats: bool = False  # seed 003: ordinary autograd through z
+class RadiusGateConfig(VariantConfig):
+    """Seed 003: y = u + exp(a + b z_t) f with z_t the causal prefix-standardised log RMS. The run
+    config's `model.gate` section and the configuration RadiusGate reads."""
 
-    def __post_init__(self):
-        if self.kind not in RADIUS_GATES[1:]:
-            raise ValueError(f"radius_gate must be one of {', '.join(RADIUS_GATES)}, got {self.kind!r}")
+    METHOD: ClassVar[MethodInfo] = MethodInfo('radius_gate', 'seed 003 (radius gates)', __name__, ('tests/test_residual.py',), 'kind', 'none')
+
+    kind: Literal["none", "state", "branch", "neutral"] = setting("none", "what the gate reads (neutral: frozen at 0)",
+                                                                 flag="radius-gate")
+    lr_mult: float = setting(0.04, "gates' AdamW lr as a multiple of scalar_lr (unstated in seed 003)",
+                             flag="gate-lr-mult")
+    detach_stats: bool = setting(False, "detach the prefix statistics z_t from v (seed 003 uses ordinary autograd "
+                                        "through them: off)", flag="gate-detach-stats")
+
+    def inactive(self) -> dict[str, str]:
+        # a frozen neutral gate has a = b = 0, so no gradient reaches z either way
+        return {"lr_mult": "the neutral gate is frozen", "detach_stats": "the neutral gate is frozen"} \
+            if self.kind == "neutral" else super().inactive()
+
+    def validate(self) -> None:
         if self.lr_mult < 0:
-            raise ValueError(f"gate_lr_mult must be >= 0, got {self.lr_mult}")
+            raise UsageError(f"gate_lr_mult must be >= 0, got {self.lr_mult}")
 
 
 @register_variant("radius_gate", RadiusGateConfig, paper="seed 003",
@@ -95,29 +107,3 @@ class RadiusGate(ModelVariant):
         gate = self.model.radius_gates[i]
         a, b = gate[slot, 0], gate[slot, 1]
         return radius_gate_scale(u if self.on_state else f, a, b, detach_stats=self.cfg.detach_stats) * f
-
-
-# run-config settings of this method: its flags, their help, which options act when
-@dataclass
-class RadiusGateSettings(Section):
-    """Seed 003: y = u + exp(a + b z_t) f with z_t the causal prefix-standardised log RMS."""
-
-    METHOD: ClassVar[MethodInfo] = MethodInfo('radius_gate', 'seed 003 (radius gates)', __name__, ('tests/test_residual.py',), 'kind', 'none')
-
-    kind: Literal["none", "state", "branch", "neutral"] = setting("none", "what the gate reads (neutral: frozen at 0)",
-                                                                 flag="radius-gate")
-    lr_mult: float = setting(0.04, "gates' AdamW lr as a multiple of scalar_lr (unstated in seed 003)",
-                             flag="gate-lr-mult")
-    detach_stats: bool = setting(False, "detach the prefix statistics z_t from v (seed 003 uses ordinary autograd "
-                                        "through them: off)", flag="gate-detach-stats")
-
-    def inactive(self) -> dict[str, str]:
-        if self.kind == "none":
-            return {"lr_mult": METHOD_OFF, "detach_stats": METHOD_OFF}
-        # a frozen neutral gate has a = b = 0, so no gradient reaches z either way
-        return {"lr_mult": "the neutral gate is frozen", "detach_stats": "the neutral gate is frozen"} \
-            if self.kind == "neutral" else {}
-
-    def variant_configs(self, cfg) -> tuple:
-        """The model's variant config(s) for this section of the run config `cfg` (none when off)."""
-        return () if self.kind == "none" else (RadiusGateConfig(self.kind, self.lr_mult, self.detach_stats),)

@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from typing import ClassVar, Literal
 
 import torch
 
-from muonlab.model.extensions import ModelVariant, register_variant
-from typing import ClassVar, Literal
-from muonlab.settings import MethodInfo, Section, setting
+from muonlab.model.extensions import ModelVariant, VariantConfig, register_variant
+from muonlab.settings import MethodInfo, setting
 
 RESIDUAL_RULES = ("ordinary", "branch_tangent", "whole_state_tangent", "grad_mag_control")
 
@@ -104,12 +104,14 @@ def residual_add(u: torch.Tensor, f: torch.Tensor, rule: str = "ordinary") -> to
 
 
 @dataclass(frozen=True)
-class ResidualRuleConfig:
-    rule: str = "branch_tangent"  # branch_tangent | whole_state_tangent | grad_mag_control
+class ResidualRuleConfig(VariantConfig):
+    """Seed 003: backward rules at every residual addition (the forward stays bit-identical). The run
+    config's `model.residual` section and the configuration ResidualRule reads."""
 
-    def __post_init__(self):
-        if self.rule not in RESIDUAL_RULES[1:]:
-            raise ValueError(f"residual_rule must be one of {', '.join(RESIDUAL_RULES)}, got {self.rule!r}")
+    METHOD: ClassVar[MethodInfo] = MethodInfo('residual_rule', 'seed 003 (backward rules)', __name__, ('tests/test_residual.py', 'tests/test_diagnostics_replay.py'), 'rule', 'ordinary')
+
+    rule: Literal["ordinary", "branch_tangent", "whole_state_tangent", "grad_mag_control"] = setting(
+        "ordinary", "backward rule", flag="residual-rule")
 
 
 @register_variant("residual_rule", ResidualRuleConfig, paper="seed 003",
@@ -132,18 +134,3 @@ def use_rule(model, rule: str):
         yield model
     finally:
         points.residual_add = previous
-
-
-# run-config settings of this method: its flags, their help, which options act when
-@dataclass
-class ResidualRuleSettings(Section):
-    """Seed 003: backward rules at every residual addition (the forward stays bit-identical)."""
-
-    METHOD: ClassVar[MethodInfo] = MethodInfo('residual_rule', 'seed 003 (backward rules)', __name__, ('tests/test_residual.py', 'tests/test_diagnostics_replay.py'), 'rule', 'ordinary')
-
-    rule: Literal["ordinary", "branch_tangent", "whole_state_tangent", "grad_mag_control"] = setting(
-        "ordinary", "backward rule", flag="residual-rule")
-
-    def variant_configs(self, cfg) -> tuple:
-        """The model's variant config(s) for this section of the run config `cfg` (none when off)."""
-        return () if self.rule == "ordinary" else (ResidualRuleConfig(self.rule),)

@@ -11,27 +11,31 @@ forward) and join x0_lambdas' AdamW settings (lr scalar_lr, betas (0.96, 0.95)).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar, Literal
 
 import torch
 from torch import nn
 
 from muonlab.model import gpt
-from muonlab.model.extensions import ModelVariant, register_variant
-from typing import ClassVar, Literal
-from muonlab.settings import METHOD_OFF, MethodInfo, Section, setting
+from muonlab.model.extensions import ModelVariant, VariantConfig, register_variant
+from muonlab.settings import MethodInfo, setting
 
 KINDS = ("sepden", "shden")
 
 
 @dataclass(frozen=True)
-class RoutingConfig:
-    kind: str = "sepden"
-    out: bool = False
-    eps: float = 1e-6  # shden's denominator eps
+class RoutingConfig(VariantConfig):
+    """Seed 002 §2.1 (Tier 3): decoupled residual routing of the token embedding. The run config's
+    `model.routing` section and the configuration Routing reads."""
 
-    def __post_init__(self):
-        if self.kind not in KINDS:
-            raise ValueError(f"routing must be one of none, {', '.join(KINDS)}, got {self.kind!r}")
+    METHOD: ClassVar[MethodInfo] = MethodInfo('routing', 'seed 002 §2.1 (Tier 3)', __name__, ('tests/test_over_encoding_model.py',), 'kind', 'none')
+
+    kind: Literal["none", "sepden", "shden"] = setting("none", "separate or shared denominator anchor", flag="routing")
+    out: bool = setting(False, "also out_lambdas before the final norm", flag="routing-out")
+    eps: float = setting(1e-6, "shden: the anchor's epsilon (1e-6, or 2**-23 as F.rms_norm)", flag="routing-eps")
+
+    def inactive(self) -> dict[str, str]:
+        return {"eps": "only the shared-denominator anchor has an epsilon"} if self.kind == "sepden" else super().inactive()
 
 
 @register_variant("routing", RoutingConfig, paper="seed 002", section="decoupled x0 routing (§2.1 Tier 3)",
@@ -72,24 +76,3 @@ class Routing(ModelVariant):
         if not self.cfg.out:
             return x
         return x + self.model.out_lambdas[0] * x0 + self.model.out_lambdas[1] * a_w
-
-
-# run-config settings of this method: its flags, their help, which options act when
-@dataclass
-class RoutingSettings(Section):
-    """Seed 002 §2.1 (Tier 3): decoupled residual routing of the token embedding."""
-
-    METHOD: ClassVar[MethodInfo] = MethodInfo('routing', 'seed 002 §2.1 (Tier 3)', __name__, ('tests/test_over_encoding_model.py',), 'kind', 'none')
-
-    kind: Literal["none", "sepden", "shden"] = setting("none", "separate or shared denominator anchor", flag="routing")
-    out: bool = setting(False, "also out_lambdas before the final norm", flag="routing-out")
-    eps: float = setting(1e-6, "shden: the anchor's epsilon (1e-6, or 2**-23 as F.rms_norm)", flag="routing-eps")
-
-    def inactive(self) -> dict[str, str]:
-        if self.kind == "none":
-            return {"out": METHOD_OFF, "eps": METHOD_OFF}
-        return {"eps": "only the shared-denominator anchor has an epsilon"} if self.kind == "sepden" else {}
-
-    def variant_configs(self, cfg) -> tuple:
-        """The model's variant config(s) for this section of the run config `cfg` (none when off)."""
-        return () if self.kind == "none" else (RoutingConfig(self.kind, self.out, self.eps),)

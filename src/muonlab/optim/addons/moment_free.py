@@ -154,6 +154,13 @@ class TableWhitenSettings(Section):
         if self.tau < 0:
             raise UsageError("need table_whiten_tau >= 0")
 
+    def param_group_keys(self, optim) -> dict[str, dict]:
+        """The Over-Encoding tables' group (named by its model variant) takes table-Neumann's keys."""
+        if self.kind is None:
+            return {}
+        return {"over_encoding": dict(table_whiten=self.kind, table_whiten_tau=self.tau,
+                                      table_whiten_first_t=optim.homotopy_first_t)}
+
     def check_with(self, cfg) -> None:
         if self.kind is not None and cfg.model.oe.m == 0:
             raise UsageError("table_whiten acts on the Over-Encoding tables: set oe_m")
