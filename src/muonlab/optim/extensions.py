@@ -41,7 +41,8 @@ from typing import Any, Callable, ClassVar, NamedTuple
 
 import torch
 
-from muonlab.settings import option, option_fields  # a conditioner's option: flag --prepolar-<name>, key optim.prepolar.<name>
+from muonlab.errors import UsageError
+from muonlab.settings import Section, coerce, option, option_fields  # option: a conditioner's (--prepolar-<name>)
 
 POINTS = ("prepolar", "muon_stage", "adamw_grad", "adamw_state", "group_kind")
 
@@ -87,9 +88,49 @@ def info(point: str, name: str) -> AddonInfo:
     return _INFO[(point, name)]
 
 
-def options_of(group: dict, defaults: dict) -> dict:
-    """The group's values of `defaults`' keys (absent == default, so older groups load unchanged)."""
-    return {k: group.get(k, v) for k, v in defaults.items()}
+class GroupSection(Section):
+    """Base of a method whose settings are keys of the optimizer groups it acts on: one frozen
+    dataclass that is both the run config's section (settings, flags, help, which act when) and the
+    values its implementation reads from a group (`from_group`). A setting's group key is its flag
+    with underscores (--polar-dtype: `polar_dtype`), so the method has one name on the command line
+    and in the groups that checkpoints hold; an absent key is the default (older groups load)."""
+
+    @classmethod
+    def group_keys(cls) -> dict[str, str]:
+        """{field: group key}."""
+        return {f.name: (f.metadata.get("flag") or f.name).replace("-", "_") for f in dataclasses.fields(cls)}
+
+    @classmethod
+    def group_defaults(cls) -> dict[str, Any]:
+        """{group key: default}, the values a group without the key runs with."""
+        return {cls.group_keys()[f.name]: f.default for f in dataclasses.fields(cls)}
+
+    @classmethod
+    def from_group(cls, group: dict) -> "GroupSection":
+        """The group's values; ValueError naming the first bad one."""
+        hints, keys = _type_hints(cls), cls.group_keys()
+        values = {}
+        for f in dataclasses.fields(cls):
+            try:
+                values[f.name] = coerce(group.get(keys[f.name], f.default), hints[f.name], keys[f.name])
+            except UsageError as e:
+                raise ValueError(str(e)) from None
+        made = cls(**values)
+        try:
+            made.validate()
+        except UsageError as e:
+            raise ValueError(str(e)) from None
+        return made
+
+    def group_values(self) -> dict[str, Any]:
+        """{group key: value} of every setting."""
+        return {key: getattr(self, name) for name, key in self.group_keys().items()}
+
+    def group_options(self) -> dict[str, Any]:
+        """{group key: value} of the settings that differ from their defaults (a group at the
+        defaults carries none, as the groups recorded in checkpoints)."""
+        defaults = self.group_defaults()
+        return {key: value for key, value in self.group_values().items() if value != defaults[key]}
 
 
 # ---------------------------------------------------------------- pre-polar conditioners
@@ -206,23 +247,18 @@ def prepolars() -> dict[str, type[PrePolar]]:
 
 # ---------------------------------------------------------------- muon stages
 
-@dataclass(frozen=True)
-class MuonStageAddon:
-    """Options of a muon group that set its polar / post-polar stages."""
-
-    options: dict
-    configure: Callable[[dict, Any], Any]      # (option values, MuonStages) -> MuonStages
-    validate: Callable[[dict], None] = lambda options: None
-
-
-def register_muon_stage(name: str, addon: MuonStageAddon, *, paper: str, tests=(), summary: str = "",
-                        replace: bool = False) -> MuonStageAddon:
-    _register("muon_stage", name, addon, paper=paper, config_keys=tuple(addon.options), tests=tests,
+def register_muon_stage(name: str, cls: type[GroupSection], *, paper: str, tests=(), summary: str = "",
+                        replace: bool = False) -> type[GroupSection]:
+    """`cls`: a frozen GroupSection whose `configure(stages)` sets a muon group's polar / post-polar
+    stages from the group's values (`cls.from_group(group)`)."""
+    if not (isinstance(cls, type) and issubclass(cls, GroupSection) and callable(getattr(cls, "configure", None))):
+        raise TypeError(f"a muon stage add-on is a GroupSection with configure(stages), got {cls!r}")
+    _register("muon_stage", name, cls, paper=paper, config_keys=tuple(cls.group_defaults()), tests=tests,
               summary=summary, replace=replace)
-    return addon
+    return cls
 
 
-def muon_stage_addons() -> list[MuonStageAddon]:
+def muon_stage_addons() -> list[type[GroupSection]]:
     return list(_REGISTRY["muon_stage"].values())
 
 
@@ -350,6 +386,6 @@ def stacked_state_keys() -> tuple[str, ...]:
 
 
 __all__ = ["POINTS", "AddonInfo", "AdamWPrecision", "AdamWTransform", "GroupKind", "MuonContext",
-           "MuonStageAddon", "PrePolar", "addons", "info", "option", "options_of", "register_adamw_state",
+           "GroupSection", "PrePolar", "addons", "info", "option", "register_adamw_state",
            "register_adamw_transform", "register_group_kind", "register_muon_stage", "register_prepolar",
            "unregister"]

@@ -50,7 +50,7 @@ def validate_group(group: dict) -> None:
     """Every muon add-on's check of a muon group's options."""
     _prepolar.validate_group(group)
     for addon in extensions.muon_stage_addons():
-        addon.validate(extensions.options_of(group, addon.options))
+        addon.from_group(group)
 
 
 def resolve(group: dict) -> MuonStages | None:
@@ -60,7 +60,7 @@ def resolve(group: dict) -> MuonStages | None:
     if cond is not None:
         stages = cond.stages(stages)
     for addon in extensions.muon_stage_addons():
-        stages = addon.configure(extensions.options_of(group, addon.options), stages)
+        stages = addon.from_group(group).configure(stages)
     return None if stages == MuonStages() else stages
 
 

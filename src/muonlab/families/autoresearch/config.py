@@ -23,9 +23,9 @@ from muonlab.model.variants.over_encoding import OverEncodingConfig
 from muonlab.model.variants.routing import RoutingConfig
 from muonlab.model.extensions import new_plugin_settings
 from muonlab.optim import prepolar
-from muonlab.optim.addons.polar_precision import PolarSettings
-from muonlab.optim.addons.neumann_whitening import WhitenSettings
-from muonlab.optim.addons.moment_free import TableWhitenSettings
+from muonlab.optim.addons.polar_precision import PolarPrecision
+from muonlab.optim.addons.neumann_whitening import NeumannWhitening
+from muonlab.optim.addons.moment_free import TableNeumann
 
 
 
@@ -145,7 +145,7 @@ class MuonAdamWConfig(Section):
     homotopy_first_t: int = setting(1, "t of the first update in every homotopy ramp (hbieq alpha_t, whiten and "
                                        "table_whiten beta_t): 1 = seed 000's stated counter, 0 = a_0 = 0")
     prepolar: Section = setting(factory=prepolar.new_settings)  # kind, scope and every conditioner's options
-    polar: PolarSettings = setting(factory=PolarSettings)
+    polar: PolarPrecision = setting(factory=PolarPrecision)
 
     # methods that are one setting of this section: (field, off value) -> what it is
     FIELD_METHODS: ClassVar[dict[str, MethodInfo]] = {
@@ -162,8 +162,8 @@ class MuonAdamWConfig(Section):
         "matrix_optimizer": MethodInfo("adamw_only_control", "muonlab control (every block matrix on AdamW)",
                                        "muonlab.model.gpt", ("tests/test_lab_sweep.py",), "matrix_optimizer", "muon"),
     }
-    whiten: WhitenSettings = setting(factory=WhitenSettings)
-    table_whiten: TableWhitenSettings = setting(factory=TableWhitenSettings)
+    whiten: NeumannWhitening = setting(factory=NeumannWhitening)
+    table_whiten: TableNeumann = setting(factory=TableNeumann)
 
     def step_hooks(self, model) -> list:
         """Seed 002 §4.5 item 2: the step-0 controls on the routing scalars."""

@@ -42,15 +42,16 @@ Choices (where the paper is silent or the brief asked to decide):
 
 from __future__ import annotations
 
-import torch
-
-from muonlab.optim.addons.neumann_whitening import neumann_whiten
-from muonlab.optim.extensions import GroupKind, register_group_kind
-from muonlab.optim.homotopy import homotopy_alpha, homotopy_t
 from dataclasses import dataclass
 from typing import ClassVar, Literal
+
+import torch
+
 from muonlab.errors import UsageError
-from muonlab.settings import METHOD_OFF, MethodInfo, Section, setting
+from muonlab.optim.addons.neumann_whitening import neumann_whiten
+from muonlab.optim.extensions import GroupKind, GroupSection, register_group_kind
+from muonlab.optim.homotopy import homotopy_alpha, homotopy_t
+from muonlab.settings import METHOD_OFF, MethodInfo, setting
 
 OE_TABLE_ROWS = (150855, 150857, 150859, 150861)  # seed 002 §2.1, m + 2j for m = 150,855
 
@@ -93,8 +94,36 @@ def moment_free_step(table: torch.Tensor, grad: torch.Tensor | None, counts: tor
     return stats
 
 
-# seed 002 §2.1 (Family A): no weight decay, no moments; table-Neumann (§4.3 item 1) off
-OE_MFREE_DEFAULTS = dict(lr=0.0, weight_decay=0.0, table_whiten=None, table_whiten_tau=80.0, table_whiten_first_t=1)
+@dataclass(frozen=True)
+class TableNeumann(GroupSection):
+    """Seed 002 §4.3 item 1: Neumann-Gram whitening of the Over-Encoding tables' visited rows. The run
+    config's `optim.table_whiten` section and the Over-Encoding group's `table_whiten*` keys."""
+
+    METHOD: ClassVar[MethodInfo] = MethodInfo('table_neumann', 'seed 002 §4.3 item 1', __name__, ('tests/test_table_update.py',), 'kind', None)
+
+    kind: Literal[None, "neumann"] = setting(None, "none | neumann", flag="table-whiten")
+    tau: float = setting(80.0, "homotopy horizon", flag="table-whiten-tau")
+
+    def inactive(self) -> dict[str, str]:
+        return {"tau": METHOD_OFF} if self.kind is None else {}
+
+    def validate(self) -> None:
+        if self.tau < 0:
+            raise UsageError("need table_whiten_tau >= 0")
+
+    def param_group_keys(self, optim) -> dict[str, dict]:
+        """The Over-Encoding tables' group (named by its model variant) takes table-Neumann's keys."""
+        if self.kind is None:
+            return {}
+        return {"over_encoding": dict(self.group_values(), table_whiten_first_t=optim.homotopy_first_t)}
+
+    def check_with(self, cfg) -> None:
+        if self.kind is not None and cfg.model.oe.m == 0:
+            raise UsageError("table_whiten acts on the Over-Encoding tables: set oe_m")
+
+
+# seed 002 §2.1 (Family A): no weight decay, no moments; table-Neumann (§4.3 item 1) off (t = 1 first)
+OE_MFREE_DEFAULTS = dict(lr=0.0, weight_decay=0.0, **TableNeumann.group_defaults(), table_whiten_first_t=1)
 
 
 def table_neumann_beta(group: dict, optimizer_state, p) -> float | None:
@@ -135,32 +164,3 @@ class MomentFreeKind(GroupKind):
 register_group_kind("oe_mfree", MomentFreeKind(), paper="seed 002 §2.1 (Family A) (table-Neumann §4.3 item 1)",
                     tests=("tests/test_table_update.py", "tests/test_over_encoding_model.py"),
                     summary="moment-free, count-normalised update of the Over-Encoding tables")
-
-
-# run-config settings of this method: its flags, their help, which options act when
-@dataclass
-class TableWhitenSettings(Section):
-    """Seed 002 §4.3 item 1: Neumann-Gram whitening of the Over-Encoding tables' visited rows."""
-
-    METHOD: ClassVar[MethodInfo] = MethodInfo('table_neumann', 'seed 002 §4.3 item 1', __name__, ('tests/test_table_update.py',), 'kind', None)
-
-    kind: Literal[None, "neumann"] = setting(None, "none | neumann", flag="table-whiten")
-    tau: float = setting(80.0, "homotopy horizon", flag="table-whiten-tau")
-
-    def inactive(self) -> dict[str, str]:
-        return {"tau": METHOD_OFF} if self.kind is None else {}
-
-    def validate(self) -> None:
-        if self.tau < 0:
-            raise UsageError("need table_whiten_tau >= 0")
-
-    def param_group_keys(self, optim) -> dict[str, dict]:
-        """The Over-Encoding tables' group (named by its model variant) takes table-Neumann's keys."""
-        if self.kind is None:
-            return {}
-        return {"over_encoding": dict(table_whiten=self.kind, table_whiten_tau=self.tau,
-                                      table_whiten_first_t=optim.homotopy_first_t)}
-
-    def check_with(self, cfg) -> None:
-        if self.kind is not None and cfg.model.oe.m == 0:
-            raise UsageError("table_whiten acts on the Over-Encoding tables: set oe_m")

@@ -36,21 +36,18 @@ Choices where the paper is silent (seed 002 §2.1 gives only the U_w formula), a
 
 from __future__ import annotations
 
-import torch
-
-from muonlab.optim.extensions import AdamWTransform, register_adamw_transform
-from muonlab.optim.homotopy import homotopy_alpha, homotopy_t
 from dataclasses import dataclass
 from typing import ClassVar, Literal
+
+import torch
+
 from muonlab.errors import UsageError
-from muonlab.settings import METHOD_OFF, MethodInfo, Section, setting
+from muonlab.optim.extensions import AdamWTransform, GroupSection, register_adamw_transform
+from muonlab.optim.homotopy import homotopy_alpha, homotopy_t
+from muonlab.settings import METHOD_OFF, MethodInfo, setting
 
 WHITENS = ("neumann",)
 
-# every option an adamw group may carry, with its default (read with .get: absent == default)
-WHITEN_DEFAULTS = dict(
-    whiten=None, whiten_tau=80.0, whiten_terms=1, whiten_mean_addback=False, whiten_first_t=1, whiten_eps=1e-30,
-)
 
 
 def binomial_coefficients(terms: int) -> list[float]:
@@ -86,6 +83,39 @@ def neumann_whiten(G: torch.Tensor, beta, terms: int = 1, mean_addback: bool = F
     if mean_addback:
         out.add_(g_bar)
     return out
+
+
+@dataclass(frozen=True)
+class NeumannWhitening(GroupSection):
+    """Seed 002 §2.1 (Tier 1): right-projected Neumann-Gram whitening of wte, lm_head and value-embedding
+    updates. The run config's `optim.whiten` section and the adamw groups' `whiten*` keys."""
+
+    METHOD: ClassVar[MethodInfo] = MethodInfo('neumann_whitening', 'seed 002 §2.1 (Tier 1)', __name__, ('tests/test_whitening.py',), 'kind', None)
+
+    kind: Literal[None, "neumann"] = setting(None, "none | neumann", flag="whiten")
+    tau: float = setting(80.0, "homotopy horizon of beta_t", flag="whiten-tau")
+    terms: int = setting(1, "series terms (1 = the paper's first-order form)", flag="whiten-terms")
+    mean_addback: bool = setting(False, "add the mean row back (the paper is silent; off = its formula)",
+                                 flag="whiten-mean-addback")
+
+    def inactive(self) -> dict[str, str]:
+        return {"tau": METHOD_OFF, "terms": METHOD_OFF, "mean_addback": METHOD_OFF} if self.kind is None else {}
+
+    def param_group_keys(self, optim) -> dict[str, dict]:
+        """The vocabulary tables' AdamW groups' keys (the homotopy's first t is the optimizer's)."""
+        if self.kind is None:
+            return {}
+        keys = dict(self.group_values(), whiten_first_t=optim.homotopy_first_t)
+        return {"lm_head": keys, "wte": dict(keys), "value_embeds": dict(keys)}
+
+    def validate(self) -> None:
+        if self.terms < 1 or self.tau < 0:
+            raise UsageError("need whiten_terms >= 1 and whiten_tau >= 0")
+
+
+# every option an adamw group may carry, with its default (absent == default): the settings' keys,
+# the homotopy's first t (the run's optim.homotopy_first_t) and the Gram norm's epsilon
+WHITEN_DEFAULTS = dict(NeumannWhitening.group_defaults(), whiten_first_t=1, whiten_eps=1e-30)
 
 
 def options(group: dict) -> dict:
@@ -128,32 +158,3 @@ register_adamw_transform("neumann", AdamWTransform(
     validate=validate_group, whole_tensor=True),
     paper="seed 002 §2.1 (Tier 1)", tests=("tests/test_whitening.py", "tests/test_prepolar_arms.py"),
     summary="right-projected Neumann-Gram whitening of the vocabulary tables' AdamW gradients")
-
-
-# run-config settings of this method: its flags, their help, which options act when
-@dataclass
-class WhitenSettings(Section):
-    """Seed 002 §2.1 (Tier 1): right-projected Neumann-Gram whitening of wte, lm_head and value-embedding updates."""
-
-    METHOD: ClassVar[MethodInfo] = MethodInfo('neumann_whitening', 'seed 002 §2.1 (Tier 1)', __name__, ('tests/test_whitening.py',), 'kind', None)
-
-    kind: Literal[None, "neumann"] = setting(None, "none | neumann", flag="whiten")
-    tau: float = setting(80.0, "homotopy horizon of beta_t", flag="whiten-tau")
-    terms: int = setting(1, "series terms (1 = the paper's first-order form)", flag="whiten-terms")
-    mean_addback: bool = setting(False, "add the mean row back (the paper is silent; off = its formula)",
-                                 flag="whiten-mean-addback")
-
-    def inactive(self) -> dict[str, str]:
-        return {"tau": METHOD_OFF, "terms": METHOD_OFF, "mean_addback": METHOD_OFF} if self.kind is None else {}
-
-    def param_group_keys(self, optim) -> dict[str, dict]:
-        """The vocabulary tables' AdamW groups' keys (the homotopy's first t is the optimizer's)."""
-        if self.kind is None:
-            return {}
-        keys = dict(whiten=self.kind, whiten_tau=self.tau, whiten_terms=self.terms, whiten_mean_addback=self.mean_addback,
-                    whiten_first_t=optim.homotopy_first_t)
-        return {"lm_head": keys, "wte": dict(keys), "value_embeds": dict(keys)}
-
-    def validate(self) -> None:
-        if self.terms < 1 or self.tau < 0:
-            raise UsageError("need whiten_terms >= 1 and whiten_tau >= 0")

@@ -8,42 +8,21 @@ the bf16 rounding of beta2 0.95 -> 0.94921875 and of lr; upstream train.py's cas
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import ClassVar, Literal
 
 import torch
 
-from muonlab.optim.extensions import MuonStageAddon, register_muon_stage
-from dataclasses import dataclass
-from typing import ClassVar, Literal
-from muonlab.settings import MethodInfo, Section, setting
+from muonlab.optim.extensions import GroupSection, register_muon_stage
+from muonlab.settings import MethodInfo, setting
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
-OPTIONS = dict(polar_dtype="bf16", post_polar_dtype=None)
 
 
-def validate(o: dict) -> None:
-    if o["polar_dtype"] not in DTYPES:
-        raise ValueError(f"polar_dtype must be one of {tuple(DTYPES)}, got {o['polar_dtype']!r}")
-    if o["post_polar_dtype"] is not None and o["post_polar_dtype"] not in DTYPES:
-        raise ValueError(f"post_polar_dtype must be None or one of {tuple(DTYPES)}, got {o['post_polar_dtype']!r}")
-
-
-def configure(o: dict, stages):
-    post = o["post_polar_dtype"]
-    return replace(stages, polar=replace(stages.polar, dtype=DTYPES[o["polar_dtype"]]),
-                   post_polar_dtype=None if post is None else DTYPES[post])
-
-
-register_muon_stage("polar_precision", MuonStageAddon(OPTIONS, configure, validate),
-                    paper="seed 002 §2.1 (Tier 1) (NS5 in FP32); seed 000 exp40 (post-polar fp32)",
-                    tests=("tests/test_prepolar.py", "tests/test_prepolar_arms.py"),
-                    summary="Polar Express and the post-polar update in bf16 or fp32")
-
-
-# run-config settings of this method: its flags, their help, which options act when
-@dataclass
-class PolarSettings(Section):
-    """Seed 002 §2.1 (Tier 1), seed 000: the precision of Polar Express and of its output."""
+@dataclass(frozen=True)
+class PolarPrecision(GroupSection):
+    """Seed 002 §2.1 (Tier 1), seed 000: the precision of Polar Express and of its output. The run
+    config's `optim.polar` section and the muon groups' `polar_dtype` / `post_polar_dtype`."""
 
     METHOD: ClassVar[MethodInfo] = MethodInfo('polar_precision', 'seed 002 §2.1 (Tier 1); seed 000 (post-polar fp32)', __name__, ('tests/test_prepolar.py', 'tests/test_extensions.py'), None, None)
 
@@ -54,5 +33,16 @@ class PolarSettings(Section):
 
     def param_group_keys(self, optim) -> dict[str, dict]:
         """The muon groups' keys that differ from upstream's (none at the defaults)."""
-        keys = {k: v for k, v in dict(polar_dtype=self.dtype, post_polar_dtype=self.post_dtype).items() if v != OPTIONS[k]}
+        keys = self.group_options()
         return {"muon": keys} if keys else {}
+
+    def configure(self, stages):
+        """The muon_variant.MuonStages with this precision."""
+        return replace(stages, polar=replace(stages.polar, dtype=DTYPES[self.dtype]),
+                       post_polar_dtype=None if self.post_dtype is None else DTYPES[self.post_dtype])
+
+
+register_muon_stage("polar_precision", PolarPrecision,
+                    paper="seed 002 §2.1 (Tier 1) (NS5 in FP32); seed 000 exp40 (post-polar fp32)",
+                    tests=("tests/test_prepolar.py", "tests/test_prepolar_arms.py"),
+                    summary="Polar Express and the post-polar update in bf16 or fp32")
