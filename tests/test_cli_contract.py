@@ -49,6 +49,12 @@ def _file(tmp: Path, name: str, text: str) -> Path:
     return path
 
 
+def _study(tmp: Path, extra: str = "", preset: str = '"cpu-tiny"', seeds: str = "[1]",
+           arms: str = "[arms.baseline]") -> Path:
+    """An experiment file, with one line changed for a case."""
+    return _file(tmp, "study.toml", f"preset = {preset}\nseeds = {seeds}\n{extra}\n{arms}\n")
+
+
 # (id, argv, exit code, a fragment the one-line message must contain). An argv item "{tmp}"
 # is the test's scratch folder for inputs; callables build an input there and return its path.
 CASES = [
@@ -235,6 +241,43 @@ CASES = [
     ("resume-not-a-run", lambda t: ["train", "--resume", str(_run_dir(t, None))], USAGE, "not a run directory"),
     ("resume-format-1", lambda t: ["train", "--resume", str(_run_dir(t, {"config": {"depth": 2, "arm": "baseline"}}))],
      USAGE, "older muonlab"),
+    # --- ad-hoc arms (--arm-name) and experiment files
+    ("arm-name-not-a-file-name", TINY + ["--arm-name", "a/b", "--prepolar", "hbieq"], USAGE, "names files"),
+    ("arm-name-taken", TINY + ["--arm-name", "exp05_gains_qk_linear", "--prepolar", "hbieq"], USAGE,
+     "already defined with other overrides"),
+    ("arm-name-recorded", lambda t: TINY + ["--arm-name", "mine", "--prepolar", "hbieq", "--runs-dir", str(
+        _ledger_line(t, {"run_id": "r", "arm": "mine", "seed": 42, "status": "ok", "config": {"layers": [
+            {"origin": "arm", "values": {"optim.prepolar.kind": "zeta"}}]}}).parent)], USAGE, "recorded in"),
+    ("arm-name-with-config", lambda t: ["train", "--arm-name", "x", "--config", str(_file(t, "c.json", json.dumps(
+        {"model": {"depth": 2}})))], USAGE, "--config starts from a saved config"),
+    ("arm-name-nothing", TINY + ["--arm-name", "x", "--num-steps", "2"], USAGE, "none was given"),
+    ("experiment-and-arms", lambda t: ["sweep", "--experiment", str(_study(t)), "--arms", "baseline"], USAGE,
+     "drop --arms"),
+    ("experiment-and-preset", lambda t: ["sweep", "--experiment", str(_study(t)), "--preset", "gpu-d6"], USAGE,
+     "drop --preset gpu-d6"),
+    ("experiment-missing", ["sweep", "--experiment", "/nonexistent/study.toml"], USAGE, "experiment file not found"),
+    ("experiment-not-toml", lambda t: ["sweep", "--dry-run", "--experiment", str(_file(t, "s.toml", "preset = "))],
+     USAGE, "not a TOML experiment file"),
+    ("experiment-unknown-key", lambda t: ["sweep", "--dry-run", "--experiment", str(_study(t, 'colour = "red"'))],
+     USAGE, "unknown key 'colour'"),
+    ("experiment-no-preset", lambda t: ["sweep", "--dry-run", "--experiment", str(_study(t, preset="3"))], USAGE,
+     "`preset` must name a preset"),
+    ("experiment-no-arms", lambda t: ["sweep", "--dry-run", "--experiment", str(_file(
+        t, "s.toml", 'preset = "cpu-tiny"'))], USAGE, "[arms.NAME]"),
+    ("experiment-bad-seeds", lambda t: ["sweep", "--dry-run", "--experiment", str(_study(t, seeds="[1, 1]"))],
+     USAGE, "distinct integers"),
+    ("experiment-bad-baseline", lambda t: ["sweep", "--dry-run", "--experiment", str(_study(
+        t, 'baseline = "other"'))], USAGE, "is not one of the file's arms"),
+    ("experiment-bad-settings", lambda t: ["sweep", "--dry-run", "--experiment", str(_study(t, 'settings = 3'))],
+     USAGE, "must be a table of settings"),
+    ("experiment-bad-plugins", lambda t: ["sweep", "--dry-run", "--experiment", str(_study(t, 'plugins = "a.py"'))],
+     USAGE, "`plugins` must be a list"),
+    ("experiment-arm-not-table", lambda t: ["sweep", "--dry-run", "--experiment", str(_study(
+        t, arms='arms = { baseline = 3 }'))], USAGE, "arms.baseline must be a table"),
+    ("experiment-arm-base-type", lambda t: ["sweep", "--dry-run", "--experiment", str(_study(
+        t, arms='[arms.mine]\nbase = 3\ndepth = 3'))], USAGE, "`base` and `description` are strings"),
+    ("experiment-arm-bad-value", lambda t: ["sweep", "--dry-run", "--experiment", str(_study(
+        t, arms='[arms.mine]\ndepth = "deep"'))], USAGE, "arms.mine: model.depth expects int"),
     # --- report
     ("report-no-ledger", ["report", "--ledger", "/nonexistent/ledger.jsonl"], USAGE, "ledger not found"),
     ("report-no-ok-run", lambda t: ["report", "--ledger", str(_ledger_line(
@@ -328,7 +371,7 @@ CHECKED_MODULES = ["settings.py", "config/__init__.py", "config/run.py", "data/c
                    "families/autoresearch/__init__.py", "families/tied/__init__.py", "optim/prepolar.py",
                    "optim/addons/moment_free.py", "optim/addons/neumann_whitening.py",
                    "model/variants/memory.py", "model/variants/over_encoding.py", "model/variants/qk_scale.py",
-                   "arms.py", "plugins.py", "lab/sweep.py", "lab/executors.py", "device.py", "cli.py"]
+                   "arms.py", "plugins.py", "lab/experiment.py", "lab/sweep.py", "lab/executors.py", "device.py", "cli.py"]
 # Branches no case can reach on this machine, with the reason.
 UNREACHABLE = {
     ("device.py", "CUDA is not available"): "only on a machine without CUDA (tested where that holds)",

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from muonlab.arms import resolve_config
-from muonlab.config import RunConfig, all_presets, apply_overrides, build_config, load_config_file
+from muonlab.config import RunConfig, all_presets, apply_overrides, build_config, load_config_file, protocol_of
 from muonlab.lab.report import build_report
 from muonlab.lab.stats import paired_contrast
 from muonlab.lab.sweep import plan_sweep
@@ -38,7 +38,7 @@ def line(arm: str, seed: int, val: float, preset: str = "cpu-tiny", old: bool = 
            "config_hash": cfg.config_hash(), "protocol": cfg.protocol_id(), "config": config,
            "metrics": {"val_bpb": val, "holdout_bpb": val + 0.0004} if status == "ok" else {}}
     if old:
-        del rec["protocol"], config["protocol"]
+        del rec["protocol"], config["protocol"], config["layers"]  # neither existed then
     return rec
 
 
@@ -77,12 +77,17 @@ def test_the_protocol_travels_with_the_config_and_is_dropped_when_it_is_no_longe
     back = RunConfig.from_dict(saved)
     assert back.protocol_id() == pid and back.to_dict() == cfg.to_dict()
     assert apply_overrides(back, {"quiet": True, "seed": 9}).protocol_id() == pid  # bookkeeping, seed
-    assert apply_overrides(back, {"depth": 3}).protocol_id() is None  # a saved config's arm is baked in
+    # the record holds its layers: its protocol is a function of the record alone, and a loaded
+    # config follows overrides exactly; one saved with only the id keeps it while no setting changes
+    assert protocol_of(saved) == pid and [x["origin"] for x in saved["layers"]][:2] == ["preset", "arm"]
+    assert apply_overrides(back, {"depth": 3}).protocol_id() == expected_protocol("cpu-tiny", depth=3)
+    id_only = RunConfig.from_dict({k: v for k, v in saved.items() if k != "layers"})
+    assert id_only.protocol_id() == pid and apply_overrides(id_only, {"depth": 3}).protocol_id() is None
     # a config still holding its layers follows the overrides exactly
     assert apply_overrides(cfg, {"depth": 3}).protocol_id() == expected_protocol("cpu-tiny", depth=3)
     cfg.train.num_steps = 2  # changed in place: no longer the protocol it was resolved under
     assert cfg.protocol_id() is None and "protocol" not in cfg.to_dict()
-    stripped = {k: v for k, v in saved.items() if k != "protocol"}
+    stripped = {k: v for k, v in saved.items() if k not in ("protocol", "layers")}
     assert RunConfig.from_dict(stripped).protocol_id() is None
 
 

@@ -8,12 +8,17 @@ arms here, next to the module where their variant acts. Arms never carry a prese
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from muonlab.config import RunConfig, all_presets, build_config, canonical_overrides
 from muonlab.errors import UsageError
 from muonlab.families import get_family
+from muonlab.record.ledger import read_records_tolerant
+from muonlab.record.protocol import recorded_arm_overrides
+from muonlab.settings import coerce, leaves
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,65 @@ def register(arm: Arm) -> Arm:
     arm = Arm(**{**arm.to_dict(), "overrides": canonical_overrides(arm.overrides)})
     ARMS[arm.name] = arm
     return arm
+
+
+ARM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")  # a name that is also a file name (run dirs, job files)
+METHOD_SECTIONS = ("model.", "optim.")  # the settings an arm given on the command line takes (define_arm)
+
+
+def define_arm(name: str, overrides: dict[str, Any], base: str = "baseline", description: str = "",
+               ledger: str | Path | None = None) -> Arm:
+    """An arm defined outside the registry (an experiment file, `muonlab train --arm-name`): the
+    registered arm `base`'s overrides plus `overrides`, registered for this process. Values are
+    checked against their settings' types, so "25" and 25 are one arm. A name already taken by
+    an arm with other overrides, here or in `ledger`'s lines, is refused (UsageError) before
+    anything is registered."""
+    if not isinstance(name, str) or not ARM_NAME.fullmatch(name):
+        raise UsageError(f"arm name {name!r} must be letters, digits and _.+- (it names files)")
+    parent = get_arm(base)
+    merged = normalized_overrides({**parent.overrides, **canonical_overrides(overrides)})
+    if name in ARMS:
+        if normalized_overrides(ARMS[name].overrides) != merged:
+            raise UsageError(f"arm {name!r} is already defined with other overrides "
+                             f"({_show_overrides(ARMS[name].overrides)}); choose another name")
+        return ARMS[name]
+    if ledger is not None:
+        _check_recorded(name, merged, ledger)
+    arm = Arm(name=name, description=description or f"{base} + {_show_overrides(canonical_overrides(overrides))}",
+              overrides=merged, group="user", seeds=parent.seeds, model_families=parent.model_families)
+    ARMS[name] = arm
+    return arm
+
+
+def normalized_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
+    """Dotted-key overrides with each value checked and converted to its setting's type (under
+    the model family they set, or the default one)."""
+    family = overrides.get("family", "autoresearch")
+    types = {leaf.key: leaf.type for leaf in leaves(RunConfig.for_family(family))}
+    out = {}
+    for key, value in overrides.items():
+        out[key] = value if key not in types else coerce(value, types[key], key)
+    return out
+
+
+def check_against_ledger(arm_names, ledger) -> None:
+    """Refuse (UsageError) an arm whose name the ledger's lines already record with other overrides:
+    one name, one arm, across every process that writes the ledger."""
+    for name in arm_names:
+        _check_recorded(name, normalized_overrides(get_arm(name).overrides), ledger)
+
+
+def _check_recorded(name: str, overrides: dict[str, Any], ledger) -> None:
+    if not Path(ledger).is_file():
+        return
+    recorded = recorded_arm_overrides(read_records_tolerant(ledger)[0])
+    if name in recorded and normalized_overrides(recorded[name]) != overrides:
+        raise UsageError(f"arm {name!r} is recorded in {ledger} with other overrides "
+                         f"({_show_overrides(recorded[name])}); choose another name")
+
+
+def _show_overrides(overrides: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in overrides.items()) or "none"
 
 
 def check_arm(arm: Arm) -> None:

@@ -61,9 +61,27 @@ def _resolve_config(args: argparse.Namespace):
     if overrides.get("num_steps") not in (None, "none") and "time_budget" not in overrides:
         implied["train.time_budget"] = None
     if getattr(args, "config", None):
+        if getattr(args, "arm_name", None):
+            raise UsageError("--arm-name defines an arm on a preset; --config starts from a saved config")
         cfg = apply_overrides(load_config_file(args.config), implied, origin="implied")
         return apply_overrides(cfg, overrides, origin="command line")
-    return resolve_config(getattr(args, "arm", "baseline"), args.preset, overrides, implied)
+    arm = getattr(args, "arm", "baseline")
+    if getattr(args, "arm_name", None):  # the model and optimizer settings given are the new arm's
+        from muonlab.arms import METHOD_SECTIONS, define_arm
+        from muonlab.config import canonical_overrides
+        from muonlab.record.rundir import ledger_path
+
+        given = canonical_overrides(overrides)
+        own = {k: v for k, v in given.items() if k.startswith(METHOD_SECTIONS)}
+        if not own:
+            raise UsageError("--arm-name names the model and optimizer settings given with it (--prepolar, "
+                             "--qk-scale, ...); none was given")
+        overrides = {k: v for k, v in given.items() if k not in own}
+        preset = args.preset or DEFAULT_PRESET
+        ledger = ledger_path(resolve_config(arm, preset, overrides, implied))  # where the name is recorded
+        arm = define_arm(args.arm_name, own, base=arm, ledger=ledger).name
+        return resolve_config(arm, preset, overrides, implied)
+    return resolve_config(arm, args.preset or DEFAULT_PRESET, overrides, implied)
 
 
 def _emit(args, payload: dict, text: str) -> None:
@@ -150,20 +168,16 @@ def _parse_slurm_options(items: list[str]) -> dict[str, Any]:
 
 
 def cmd_sweep(args) -> int:
-    from muonlab.arms import default_seeds, get_arm
-    from muonlab.lab.sweep import format_outcomes, parse_seeds, run_sweep
+    from muonlab.lab.sweep import dry_run, format_dry_run, format_outcomes, run_sweep
 
     if args.status:
         return _sweep_status(args)
-    if not args.arms:
-        raise UsageError("muonlab sweep needs --arms (or --status, to see where a sweep stands)")
-    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
-    for arm in arms:
-        get_arm(arm)
-    seeds = parse_seeds(args.seeds) if args.seeds is not None else default_seeds(arms)
-    overrides = collect_overrides(args)
-    overrides.setdefault("quiet", True)
-    outcomes = run_sweep(arms, seeds, args.preset, overrides, executor=args.executor, parallel=args.parallel,
+    arms, seeds, preset, overrides = _sweep_plan(args)
+    if args.dry_run:
+        plan = dry_run(arms, seeds, preset, overrides, retry_failed=args.retry_failed, log=_log_for(args))
+        _emit(args, {"runs": plan}, format_dry_run(plan))
+        return 0
+    outcomes = run_sweep(arms, seeds, preset, overrides, executor=args.executor, parallel=args.parallel,
                          retry_failed=args.retry_failed, slurm=_parse_slurm_options(args.slurm),
                          log=_log_for(args), gpus_per_run=args.gpus_per_run, nodes=args.nodes, detach=args.detach)
     payload = [dict(arm=o.job.arm, seed=o.job.seed, config_hash=o.job.config_hash, action=o.action,
@@ -173,13 +187,44 @@ def cmd_sweep(args) -> int:
     return 0 if all(o.status in ("ok", "queued", "running") for o in outcomes) else 1
 
 
+def _sweep_plan(args) -> tuple[list[str], list[int], str, dict]:
+    """(arms, seeds, preset, overrides) of a sweep: from --arms/--seeds/--preset, or an --experiment
+    file (its settings under the command line's); an experiment's arm recorded in the ledger with
+    other overrides is refused."""
+    from muonlab.arms import check_against_ledger, default_seeds, get_arm, resolve_config
+    from muonlab.config import canonical_overrides
+    from muonlab.lab.sweep import parse_seeds
+    from muonlab.record.rundir import ledger_path
+
+    given = canonical_overrides(collect_overrides(args))
+    if getattr(args, "experiment", None):
+        from muonlab.lab.experiment import load_experiment
+
+        if args.arms or args.seeds:
+            raise UsageError("--experiment names the arms and seeds: drop --arms and --seeds")
+        study = load_experiment(args.experiment)
+        if args.preset not in (None, study.preset):
+            raise UsageError(f"{args.experiment} runs preset {study.preset}: drop --preset {args.preset}")
+        arms, seeds, preset, overrides = list(study.arms), list(study.seeds), study.preset, {**study.settings, **given}
+        overrides.setdefault("record.quiet", True)
+        check_against_ledger(arms, ledger_path(resolve_config(arms[0], preset, overrides)))
+        return arms, seeds, preset, overrides
+    if not args.arms:
+        raise UsageError("muonlab sweep needs --arms or --experiment (or --status, to see where a sweep stands)")
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    for arm in arms:
+        get_arm(arm)
+    seeds = parse_seeds(args.seeds) if args.seeds is not None else default_seeds(arms)
+    given.setdefault("record.quiet", True)
+    return arms, seeds, args.preset or DEFAULT_PRESET, given
+
+
 def _sweep_status(args) -> int:
     """`muonlab sweep --status`: each (arm, seed) of the sweep the other arguments name, or of every
     run of --ledger's study: missing, queued, running, done, failed or interrupted."""
     from pathlib import Path
 
-    from muonlab.arms import default_seeds, get_arm
-    from muonlab.lab.sweep import latest_records, parse_seeds, plan_sweep
+    from muonlab.lab.sweep import latest_records, plan_sweep
     from muonlab.lab.sweep_status import format_status, sweep_status
     from muonlab.record.rundir import ledger_path
 
@@ -187,19 +232,15 @@ def _sweep_status(args) -> int:
         if getattr(args, name):
             raise UsageError(f"--status only reads where a sweep stands; drop --{name.replace('_', '-')}")
     overrides = collect_overrides(args)
-    if args.arms:
-        arms = [a.strip() for a in args.arms.split(",") if a.strip()]
-        for arm in arms:
-            get_arm(arm)
-        seeds = parse_seeds(args.seeds) if args.seeds is not None else default_seeds(arms)
-        jobs = plan_sweep(arms, seeds, args.preset, overrides)
+    if args.arms or args.experiment:
+        jobs = plan_sweep(*_sweep_plan(args))
         ledger = ledger_path(jobs[0].config)
         planned = [(j.arm, j.seed, j.config_hash, j.config.train.num_steps) for j in jobs]
     elif overrides.get("ledger"):
         ledger, planned = Path(overrides["ledger"]).expanduser(), None
     else:
-        raise UsageError("muonlab sweep --status needs the sweep's --arms (with its --seeds, --preset and settings) "
-                         "or its --ledger")
+        raise UsageError("muonlab sweep --status needs the sweep's --arms (with its --seeds, --preset and settings), "
+                         "its --experiment or its --ledger")
     log = _log_for(args)
     states = sweep_status(ledger, latest_records(ledger, log), planned, warn=log)
     rows = [dict(arm=s.arm, seed=s.seed, config_hash=s.config_hash, state=s.state, detail=s.detail, job_id=s.job_id,
@@ -273,10 +314,19 @@ def cmd_report(args) -> int:
             raise MuonlabError(f"no run has finished yet: {len(out)} submitted run(s) are still out "
                                f"(muonlab sweep --status --ledger {ledger})")
         raise UsageError(f"ledger not found: {ledger}")
-    report = run_report(ledger, baseline=args.baseline, metric=args.metric, threshold=args.threshold,
+    only, baseline = None, args.baseline
+    if args.experiment:  # exactly the runs the file plans: its arms and seeds under its protocol
+        from muonlab.lab.experiment import load_experiment
+        from muonlab.lab.sweep import plan_sweep
+
+        study = load_experiment(args.experiment)
+        jobs = plan_sweep(list(study.arms), list(study.seeds), study.preset, study.settings)
+        only = {(j.arm, j.seed, j.config.protocol_id()) for j in jobs}
+        baseline = study.baseline if args.baseline is None else args.baseline
+    report = run_report(ledger, baseline=baseline or "baseline", metric=args.metric, threshold=args.threshold,
                         out_dir=args.out, rule=args.rule, where=args.where, protocol=args.protocol,
                         contrasts=args.contrast, dods=args.dod, retentions=args.retention,
-                        single_seed=args.single_seed, across=args.across)
+                        single_seed=args.single_seed, across=args.across, only=only)
     if args.tsv:
         records, _ = read_records_tolerant(ledger)
         write_text(args.tsv, results_tsv(sorted(records, key=lambda r: r["_line"])))
@@ -332,6 +382,7 @@ def cmd_verify_reference(args) -> int:
     return 0 if report.passed else 1
 
 
+DEFAULT_PRESET = "gpu-d8"  # the paper's protocol; the CPU presets are named explicitly
 DESCRIPTION = "muonlab: controlled small-scale LLM pretraining research with the Muon optimizer family"
 REPORT_DESCRIPTION = """Statistics of a run ledger, one study per protocol.
 
@@ -381,11 +432,11 @@ def _first_pass(argv: list[str] | None):
 
         if known.config:
             return load_config_file(known.config)
-        return resolve_config(known.arm or "baseline", known.preset or "gpu-d8")
+        return resolve_config(known.arm or "baseline", known.preset or DEFAULT_PRESET)
     except MuonlabError:  # the real parse reports it; defaults are the plain preset's meanwhile
         from muonlab.config import preset
 
-        return preset("gpu-d8")
+        return preset(DEFAULT_PRESET)
 
 
 def _chosen_verb(argv: list[str] | None) -> str | None:
@@ -437,7 +488,7 @@ def build_parser(argv: list[str] | None = None, only: str | None = None) -> argp
 
     def with_config(p, data_only: bool = False):
         base, presets, families = config_context()
-        p.add_argument("--preset", default="gpu-d8", choices=presets,
+        p.add_argument("--preset", default=DEFAULT_PRESET, choices=presets,
                        help="protocol preset the flags override (default: gpu-d8; a GPU preset on a machine "
                             "without one needs --device cpu)")
         from muonlab.settings import leaves
@@ -455,6 +506,10 @@ def build_parser(argv: list[str] | None = None, only: str | None = None) -> argp
     p = verb("train", help="train one run and evaluate val/holdout BPB")
     if p:
         p.add_argument("--arm", default="baseline", help="registered arm to train (see `muonlab arms`)")
+        p.add_argument("--arm-name", default=None, metavar="NAME",
+                       help="record the run as a new arm NAME: --arm (default baseline) plus the model and optimizer "
+                            "settings given here (the run's other settings stay its protocol's, so `report` "
+                            "contrasts NAME with the baseline); a NAME recorded with other settings is refused")
         p.add_argument("--config", default=None, help="start from a saved config (a run's config.json) instead of --preset/--arm")
         p.add_argument("--resume", default=None, metavar="RUN_DIR",
                        help="continue an interrupted run from its newest checkpoint, in its own directory")
@@ -483,15 +538,25 @@ def build_parser(argv: list[str] | None = None, only: str | None = None) -> argp
         p.add_argument("--status", action="store_true",
                        help="print where each (arm, seed) of the sweep stands (the same arguments, or --ledger): "
                             "missing, queued, running (step, loss, ETA), done, failed or interrupted")
+        p.add_argument("--experiment", default=None, metavar="FILE",
+                       help="run the study a TOML file describes (its preset, seeds, arms, plug-ins and settings; "
+                            "see docs/experiments.md) instead of --arms/--seeds/--preset")
+        p.add_argument("--dry-run", action="store_true",
+                       help="list every (arm, seed) with its config hash, protocol and what the sweep would do "
+                            "(run, resume, done, skip); run nothing")
         with_config(p)
-        p.set_defaults(func=cmd_sweep)
+        p.set_defaults(func=cmd_sweep, preset=None)
 
     p = verb("report", help="per-protocol studies: per-arm statistics, paired contrasts, Markdown/JSON/PNG",
              description=REPORT_DESCRIPTION, epilog=REPORT_EPILOG,
              formatter_class=argparse.RawDescriptionHelpFormatter)
     if p:
         p.add_argument("--ledger", default=None, help="ledger to analyse (default <cache>/runs/ledger.jsonl)")
-        p.add_argument("--baseline", default="baseline", help="reference arm of the contrasts (default baseline)")
+        p.add_argument("--baseline", default=None,
+                       help="reference arm of the contrasts (default baseline, or the --experiment file's)")
+        p.add_argument("--experiment", default=None, metavar="FILE",
+                       help="report exactly the runs a TOML experiment file plans (its arms and seeds, under its "
+                            "protocol), its baseline the reference")
         p.add_argument("--metric", default="auto", help="metrics key to compare: val_bpb, holdout_bpb, val_ce, ...; "
                        "auto (default): the runs' family metric (val_bpb; val_ce for seed 004's families)")
         p.add_argument("--threshold", type=float, default=0.0005,

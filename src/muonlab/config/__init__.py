@@ -29,6 +29,7 @@ from muonlab.errors import UsageError
 from muonlab.data.config import TEXT_SOURCES
 from muonlab.families import all_families, get_family
 from muonlab.families.autoresearch.config import AutoresearchModelConfig, MuonAdamWConfig
+from muonlab.plugins import load_plugins
 from muonlab.record.config import RecordConfig
 from muonlab.record.protocol import PROTOCOL_KEY, protocol_hash
 from muonlab.settings import (Section, flatten, hashed_values, inactive_keys, leaves, set_dotted, setting, to_dict,
@@ -40,6 +41,8 @@ _FORMAT2_SECTIONS = ("model", "optim", "schedule", "train", "runtime", "record")
 _FORMAT1_BOOKKEEPING = frozenset({"format"})
 CHECKED_ORIGINS = ("arm", "command line", "override")  # whose settings must act
 ARM_ORIGIN = "arm"  # the layer a run's protocol leaves out (see protocol_values)
+LAYERS_KEY = "layers"  # a saved config's resolution layers (beside `format` and `protocol`)
+_RECORD_KEYS = ("format", PROTOCOL_KEY, LAYERS_KEY)  # a saved config's own keys, not settings
 
 
 @dataclass
@@ -75,24 +78,35 @@ class RunConfig(Section):
         return self
 
     def to_dict(self) -> dict[str, Any]:
-        protocol = self.protocol_id()
-        return {"format": CONFIG_FORMAT, **({PROTOCOL_KEY: protocol} if protocol else {}), **to_dict(self)}
+        """The config as saved: its format, its protocol id and the layers it was resolved from
+        (where known: a record holds what its protocol is a function of), then every setting."""
+        resolution = self.resolution()
+        protocol = None if resolution is None else resolution.id(self)
+        layers = None if resolution is None or resolution.layers is None else resolution.saved_layers()
+        return {"format": CONFIG_FORMAT, **({PROTOCOL_KEY: protocol} if protocol else {}),
+                **({LAYERS_KEY: layers} if layers else {}), **to_dict(self)}
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "RunConfig":
         if is_legacy(values):
             return from_legacy(values)
-        cfg = build_config([("saved", {k: v for k, v in values.items() if k not in ("format", PROTOCOL_KEY)})])
-        if isinstance(values.get(PROTOCOL_KEY), str):  # a sweep job's or a resumed run's: as resolved
-            cfg._protocol = _Protocol(_guard(cfg), known=values[PROTOCOL_KEY])
+        cfg = build_config([("saved", {k: v for k, v in values.items() if k not in _RECORD_KEYS})])
+        known = values.get(PROTOCOL_KEY) if isinstance(values.get(PROTOCOL_KEY), str) else None
+        layers = Resolution.read_layers(values.get(LAYERS_KEY))
+        if known or layers:  # a sweep job's or a resumed run's: as resolved
+            cfg.resolved_from = Resolution(_guard(cfg), layers, known)
         return cfg
 
+    def resolution(self) -> "Resolution | None":
+        """How this config was resolved (its layers, its protocol), or None where that is not known:
+        a config read from a file that recorded neither, or changed in place since."""
+        source: Resolution | None = self.__dict__.get("resolved_from")
+        return source if source is not None and source.guard == _guard(self) else None
+
     def protocol_id(self) -> str | None:
-        """The id of the protocol this run belongs to (protocol_values), or None where it is not
-        known: a config read from a file without one, or changed in place since it was resolved.
-        (`_protocol`, set where the config is resolved, is an attribute, not a setting.)"""
-        source: _Protocol | None = self.__dict__.get("_protocol")
-        return source.id(self) if source is not None and source.guard == _guard(self) else None
+        """The id of the protocol this run belongs to (protocol_values), or None where it is not known."""
+        resolution = self.resolution()
+        return None if resolution is None else resolution.id(self)
 
     def hashed_values(self) -> dict[str, Any]:
         return hashed_values(self)
@@ -216,15 +230,19 @@ def build_config(layers: list[tuple[str, dict[str, Any]]]) -> RunConfig:
             if key == inert or key.startswith(inert + "."):
                 raise UsageError(f"--{flag_of(key, family)} ({key}) does not act: {why} (set by the {origin})")
     if all(origin != "saved" for origin, _ in flat_layers):  # a saved config's arm is baked in
-        cfg._protocol = _Protocol(_guard(cfg), [(o, {k: v for k, (v, _) in vals.items()}) for o, vals in flat_layers])
+        cfg.resolved_from = Resolution(_guard(cfg), [(o, {k: v for k, (v, _) in vals.items()})
+                                                     for o, vals in flat_layers])
     return cfg
 
 
 # ----------------------------------------------------------------------------- protocol
 @dataclass
-class _Protocol:
-    """How a config's protocol id is found: from the layers it was resolved from (computed on
-    first use), or as saved. `guard` is the config's settings (seed aside) when it was known."""
+class Resolution:
+    """How a config was resolved: its layers [(origin, {dotted key: value})] in order ("preset",
+    "arm", "implied", "command line", "override"), and its protocol id, computed from them on first
+    use (protocol_of) or as a record saved it. `guard` is the config's settings (seed aside) when it
+    was resolved: a config changed in place since has no known resolution. A run's config.json and
+    ledger line hold the layers, so its protocol is a function of the record itself."""
 
     guard: str
     layers: list[tuple[str, dict[str, Any]]] | None = None
@@ -236,10 +254,42 @@ class _Protocol:
             self.known = "" if values is None else protocol_hash(values)
         return self.known or None
 
+    def layer(self, origin: str) -> dict[str, Any]:
+        """The settings one layer gave (merged where several layers share the origin)."""
+        out: dict[str, Any] = {}
+        for o, values in self.layers or ():
+            if o == origin:
+                out.update(values)
+        return out
+
+    def saved_layers(self) -> list[dict[str, Any]]:
+        return [{"origin": origin, "values": dict(values)} for origin, values in self.layers or ()]
+
+    @staticmethod
+    def read_layers(saved: Any) -> list[tuple[str, dict[str, Any]]] | None:
+        if not isinstance(saved, list) or not all(isinstance(x, dict) and isinstance(x.get("origin"), str)
+                                                  and isinstance(x.get("values"), dict) for x in saved):
+            return None
+        return [(x["origin"], dict(x["values"])) for x in saved]
+
 
 def _guard(cfg: RunConfig) -> str:
     values = {k: v for k, v in cfg.hashed_values().items() if k != "seed"}
     return json.dumps(values, sort_keys=True, default=str)
+
+
+def protocol_of(saved: dict[str, Any]) -> str | None:
+    """The protocol id of a saved config (a run's config.json "config", a ledger line's "config"),
+    from the layers it records alone: None where it records none or they no longer resolve."""
+    layers = Resolution.read_layers(saved.get(LAYERS_KEY))
+    if layers is None:
+        return None
+    try:
+        resolved = build_config(layers)
+    except UsageError:
+        return None
+    values = protocol_values(layers, resolved)
+    return None if values is None else protocol_hash(values)
 
 
 def protocol_values(layers: list[tuple[str, dict[str, Any]]], resolved: RunConfig) -> dict[str, Any] | None:
@@ -285,11 +335,11 @@ def apply_overrides(cfg: RunConfig, overrides: dict[str, Any], origin: str = "ov
         base = {k: v for k, v in base.items() if k in keys}
     base.pop("family", None)
     out = build_config([("saved", {"family": cfg.family, **base}), (origin, flat)])
-    source: _Protocol | None = cfg.__dict__.get("_protocol")
-    if source is not None and source.guard == _guard(cfg):  # the protocol follows the overrides
-        # from layers: recomputed with these on top; as saved: kept while no setting changed
-        out._protocol = (_Protocol(_guard(out), source.layers + [(origin, flat)]) if source.layers is not None
-                         else _Protocol(source.guard, known=source.known))
+    source = cfg.resolution()
+    if source is not None:  # the protocol follows the overrides
+        # from layers: recomputed with these on top; only an id: kept while no setting changed
+        out.resolved_from = (Resolution(_guard(out), source.layers + [(origin, flat)]) if source.layers is not None
+                             else Resolution(source.guard, known=source.known))
     return out
 
 
@@ -310,8 +360,10 @@ def read_config_values(path) -> dict[str, Any]:
 
 def load_config_file(path, values: dict[str, Any] | None = None) -> RunConfig:
     """A RunConfig from a JSON file (read_config_values; `values`: already read from it),
-    resolved and validated."""
+    resolved and validated, the plug-ins it names (record.plugins) imported first."""
     values = read_config_values(path) if values is None else values
+    record = values.get("record")
+    load_plugins(record.get("plugins", "") if isinstance(record, dict) else "")  # they register its methods
     try:
         if is_legacy(values):
             return from_legacy(values, strict=True)

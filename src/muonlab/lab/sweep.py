@@ -178,6 +178,37 @@ def run_sweep(arms: list[str], seeds: list[int], preset_name: str, overrides: di
     return sorted(skipped + ran, key=lambda o: order[o.job.key])
 
 
+def dry_run(arms: list[str], seeds: list[int], preset_name: str, overrides: dict[str, Any] | None = None,
+            retry_failed: bool = False, log: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    """What `run_sweep` would do, run by run, without running, submitting or writing anything:
+    each (arm, seed) with its config hash, protocol id, the arm's overrides and the action."""
+    from muonlab.arms import get_arm
+
+    jobs = plan_sweep(arms, seeds, preset_name, overrides)
+    ledger = ledger_path(jobs[0].config)
+    latest = latest_records(ledger, log)
+    to_run, skipped = select(jobs, latest, retry_failed, in_queue(ledger, latest, log))
+    actions = {o.job.key: {"skipped-ok": "done (ok)", "skipped-failed": f"skip ({o.status}; --retry-failed runs it)",
+                           "skipped-queued": "skip (queued on SLURM)", "skipped-running": "skip (running on SLURM)"
+                           }[o.action] for o in skipped}
+    actions.update({j.key: f"resume {Path(j.resume_dir).name}" if j.resume_dir else "run" for j in to_run})
+    return [dict(arm=j.arm, seed=j.seed, config_hash=j.config_hash, protocol=j.config.protocol_id(),
+                 action=actions[j.key], overrides=get_arm(j.arm).overrides, ledger=str(ledger)) for j in jobs]
+
+
+def format_dry_run(plan: list[dict[str, Any]]) -> str:
+    lines = [f"{'arm':<20} {'seed':>5}  {'config hash':<16}  {'protocol':<16}  action",
+             *(f"{p['arm']:<20} {p['seed']:>5}  {p['config_hash']:<16}  {str(p['protocol']):<16}  {p['action']}"
+               for p in plan)]
+    arms = dict.fromkeys(p["arm"] for p in plan)
+    lines += ["", "arms:"] + [f"  {arm}: " + (", ".join(f"{k}={v!r}" for k, v in
+                                                          next(p for p in plan if p["arm"] == arm)["overrides"].items())
+                                              or "the baseline, no overrides") for arm in arms]
+    todo = sum(p["action"] == "run" or p["action"].startswith("resume") for p in plan)
+    lines.append(f"\n{todo} of {len(plan)} run(s) to do; ledger {plan[0]['ledger']} (dry run: nothing was run)")
+    return "\n".join(lines)
+
+
 def format_outcomes(outcomes: list[SweepOutcome]) -> str:
     # bits per byte where the runs have it, else seed 004's validation loss
     bpb = any("val_bpb" in o.metrics for o in outcomes) or not any("val_ce" in o.metrics for o in outcomes)

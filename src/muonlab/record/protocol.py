@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 PROTOCOL_FORMAT = 1  # bump when the settings a protocol covers change meaning
 PROTOCOL_KEY = "protocol"
@@ -33,3 +33,17 @@ def recorded_protocol(record: Mapping[str, Any]) -> str | None:
     if not value and isinstance(config, Mapping):
         value = config.get(PROTOCOL_KEY)
     return value if isinstance(value, str) and value else None
+
+
+def recorded_arm_overrides(records: Iterable[dict]) -> dict[str, dict[str, Any]]:
+    """arm -> the overrides its lines recorded (the "arm" layer of their saved config), for every
+    arm whose lines hold one: what an arm defined outside the registry is."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in records:
+        config = r.get("config")
+        layers = config.get("layers") if isinstance(config, dict) else None
+        if isinstance(layers, list) and isinstance(r.get("arm"), str):
+            values = {k: v for x in layers if isinstance(x, dict) and x.get("origin") == "arm"
+                      and isinstance(x.get("values"), dict) for k, v in x["values"].items()}
+            out.setdefault(r["arm"], values)
+    return out

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Collection, Iterable, Mapping, Sequence
 
 from muonlab.errors import MuonlabError, UsageError
 from muonlab.lab.report.across import across_protocols
 from muonlab.lab.report.grouping import Protocol, agree, distinguishing, group_protocols
 from muonlab.lab.report.loading import Curve, load_ledger, metric_value
 from muonlab.lab.report.protocol import recorded_settings
+from muonlab.record.protocol import recorded_arm_overrides, recorded_protocol
 from muonlab.lab.report.requests import Requests
 from muonlab.lab.report.selection import parse_where, select_records
 from muonlab.lab.report.study import HIGHER_IS_BETTER, analyse_study, failed_dict, not_ok_runs
@@ -37,7 +38,8 @@ STATISTICS = ("per arm mean ± sample SD (n−1); paired Δ = arm − reference 
 
 def analyse(ledger: Path, baseline: str, metric: str, threshold: float, rule_kind: str,
             arm_overrides: Mapping[str, Any] | None, where: Sequence[str] | Mapping[str, Any] | None = None,
-            protocol: str | None = None, requests: Requests | None = None
+            protocol: str | None = None, requests: Requests | None = None,
+            only: Collection[tuple[str, int, str | None]] | None = None
             ) -> tuple[dict, dict[str, dict[str, list[Curve]]]]:
     """(the report dict, the training-loss curves per study id and arm) of one ledger.
 
@@ -49,8 +51,15 @@ def analyse(ledger: Path, baseline: str, metric: str, threshold: float, rule_kin
         raise UsageError(f"metric must be a metrics key such as val_bpb, got {metric!r}")
     requests = requests or Requests()
     filters = parse_where(where)
-    overrides = _override_keys(arm_overrides)
     records, problems = load_ledger(ledger)
+    if only is not None:  # an experiment file's runs: its arms and seeds under its protocol
+        records = [r for r in records if (r.get("arm"), r.get("seed"), recorded_protocol(r)) in only]
+        if not records:
+            raise MuonlabError(f"none of the experiment's {len(only)} planned run(s) is in {ledger} yet "
+                               "(muonlab sweep --experiment FILE runs them)")
+    # arms the ledger's own lines define (ad-hoc and experiment-file arms record their overrides)
+    arm_overrides = {**recorded_arm_overrides(records), **(_registry() if arm_overrides is None else arm_overrides)}
+    overrides = _override_keys(arm_overrides)
     if metric == AUTO_METRIC:
         metric = family_metric(records)
     rule = DecisionRule(threshold, rule_kind, higher_is_better=metric in HIGHER_IS_BETTER)
@@ -78,8 +87,8 @@ def analyse(ledger: Path, baseline: str, metric: str, threshold: float, rule_kin
                         f"{older[0].get('config_hash')}...): their configs were converted to today's "
                         "settings for the protocol checks; a sweep will not recognise them as done")
     shown = distinguishing(protocols)
-    studies = [analyse_study(p, baseline, metric, threshold, rule_kind, requests, arm_overrides
-                             if arm_overrides is not None else _registry(), ledger.parent, shown[p.id])
+    studies = [analyse_study(p, baseline, metric, threshold, rule_kind, requests, arm_overrides, ledger.parent,
+                             shown[p.id])
                for p in protocols]
     across, across_notes = across_protocols(studies, requests, metric, threshold, rule_kind)
     notes += across_notes

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
 from muonlab.errors import MuonlabError
 from muonlab.lab.report.analysis import DEFAULT_THRESHOLD, analyse
@@ -25,7 +25,8 @@ def build_report(ledger_path: str | os.PathLike, baseline: str = "baseline", met
                  rule: str = "ci+threshold", arm_overrides: Mapping[str, Any] | None = None,
                  where: Sequence[str] | Mapping[str, Any] | None = None, protocol: str | None = None,
                  contrasts: Sequence[str] = (), dods: Sequence[str] = (), retentions: Sequence[str] = (),
-                 single_seed: Sequence[str] = (), across: str | None = None) -> dict[str, Any]:
+                 single_seed: Sequence[str] = (), across: str | None = None,
+                 only: Collection[tuple[str, int, str | None]] | None = None) -> dict[str, Any]:
     """Analyse a ledger and return the report as a JSON-ready dict, one study per protocol; with
     `out_dir`, also write report.md, report.json and the PNG plots there (see `write_report`).
 
@@ -33,14 +34,15 @@ def build_report(ledger_path: str | os.PathLike, baseline: str = "baseline", met
     (or the override dict) the arm changes (default: the registered arms'). `where` keeps the
     runs whose config holds each KEY=VALUE; `protocol` keeps the one protocol whose id starts
     so. `contrasts`, `dods`, `retentions`, `single_seed` and `across` take the command line's
-    texts (muonlab.lab.report.requests: "A:B", "A:B,C:D", "A:B@SEED", "KEY" or "KEY=v1,v2").
+    texts (muonlab.lab.report.requests: "A:B", "A:B,C:D", "A:B@SEED", "KEY" or "KEY=v1,v2"). `only`
+    keeps the lines whose (arm, seed, protocol id) it lists (an experiment file's planned runs).
     Raises UsageError for a missing ledger, an unknown baseline, metric, arm or setting, and a
     filter nothing matches; MuonlabError when the ledger has no ok run.
     """
     requests = parse_requests(contrasts, dods, retentions, single_seed, across)
     try:
         report, curves = analyse(Path(ledger_path), baseline, metric, threshold, rule, arm_overrides,
-                                 where=where, protocol=protocol, requests=requests)
+                                 where=where, protocol=protocol, requests=requests, only=only)
     except MuonlabError as exc:  # nothing reportable yet: say what is still on its way
         out = still_out(Path(ledger_path))
         if not out:

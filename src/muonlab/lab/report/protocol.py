@@ -73,7 +73,7 @@ def _read(config_json: str) -> RecordedSettings:
         cfg = RunConfig.from_dict(config)
         return RecordedSettings(flatten(to_dict(cfg)), countable_values(cfg), cfg.hashed_values(), is_legacy(config))
     except (MuonlabError, TypeError, ValueError):  # compared as written
-        flat = {k: v for k, v in flatten(config).items() if k not in ("format", "protocol", "arm")}
+        flat = {k: v for k, v in flatten(config).items() if k not in ("format", "protocol", "layers", "arm")}
         countable = {k: v for k, v in flat.items() if not k.startswith("record.")}
         return RecordedSettings(flat, countable, countable, is_legacy(config))
 
