@@ -130,6 +130,14 @@ def cmd_train(args) -> int:
     return 0
 
 
+def cmd_config(args) -> int:
+    from muonlab.config.show import describe, to_toml
+
+    cfg = _resolve_config(args)
+    _emit(args, describe(cfg), to_toml(cfg).rstrip())
+    return 0
+
+
 def cmd_arms(args) -> int:
     from muonlab.arms import ARMS
 
@@ -528,6 +536,16 @@ def build_parser(argv: list[str] | None = None, only: str | None = None) -> argp
         p.add_argument("--plugin", default=None, help="comma-separated plug-in modules or .py files to list too")
         p.add_argument("--json", action="store_true", help="print the registry as JSON")
         p.set_defaults(func=cmd_methods)
+
+    p = verb("config", help="print the resolved config of a preset, arm and flags: each value with the layer it "
+                            "came from, its hash and protocol id (TOML, or --json)")
+    if p:
+        p.add_argument("--arm", default="baseline", help="registered arm (see `muonlab arms`)")
+        p.add_argument("--arm-name", default=None, metavar="NAME",
+                       help="as `train --arm-name`: NAME is --arm plus the model and optimizer settings given")
+        p.add_argument("--config", default=None, help="a saved config (a run's config.json) instead of --preset/--arm")
+        with_config(p)
+        p.set_defaults(func=cmd_config)
 
     p = verb("sweep", help="run arms x seeds under one preset, resumable from the ledger")
     if p:
