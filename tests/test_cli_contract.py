@@ -278,6 +278,14 @@ CASES = [
         t, arms='[arms.mine]\nbase = 3\ndepth = 3'))], USAGE, "`base` and `description` are strings"),
     ("experiment-arm-bad-value", lambda t: ["sweep", "--dry-run", "--experiment", str(_study(
         t, arms='[arms.mine]\ndepth = "deep"'))], USAGE, "arms.mine: model.depth expects int"),
+    # --- eval (train/rescore.py)
+    ("eval-not-a-run", ["eval", "/nonexistent/run"], USAGE, "is not a run directory"),
+    ("eval-bad-splits", lambda t: ["eval", str(_run_dir(t, {"model": {"depth": 2}})), "--splits", "train"], USAGE,
+     "--splits takes val and/or holdout"),
+    ("eval-legacy", lambda t: ["eval", str(_run_dir(t, {"depth": 2}))], USAGE, "config format 1"),
+    ("eval-no-weights", lambda t: ["eval", str(_run_dir(t, {"model": {"depth": 2}}))], USAGE, "has no final weights"),
+    ("eval-no-checkpoint", lambda t: ["eval", str(_run_dir(t, {"model": {"depth": 2}})), "--step", "3"], USAGE,
+     "has no checkpoint after step 3 (it kept no checkpoint)"),
     # --- report
     ("report-no-ledger", ["report", "--ledger", "/nonexistent/ledger.jsonl"], USAGE, "ledger not found"),
     ("report-no-ok-run", lambda t: ["report", "--ledger", str(_ledger_line(
@@ -371,7 +379,7 @@ CHECKED_MODULES = ["settings.py", "config/__init__.py", "config/run.py", "data/c
                    "families/autoresearch/__init__.py", "families/tied/__init__.py", "optim/prepolar.py",
                    "optim/addons/moment_free.py", "optim/addons/neumann_whitening.py",
                    "model/variants/memory.py", "model/variants/over_encoding.py", "model/variants/qk_scale.py",
-                   "arms.py", "plugins.py", "lab/experiment.py", "lab/sweep.py", "lab/executors.py", "device.py", "cli.py"]
+                   "arms.py", "plugins.py", "lab/experiment.py", "lab/sweep.py", "train/rescore.py", "lab/executors.py", "device.py", "cli.py"]
 # Branches no case can reach on this machine, with the reason.
 UNREACHABLE = {
     ("device.py", "CUDA is not available"): "only on a machine without CUDA (tested where that holds)",

@@ -138,6 +138,15 @@ def cmd_config(args) -> int:
     return 0
 
 
+def cmd_eval(args) -> int:
+    from muonlab.train.rescore import rescore_run
+
+    splits = tuple(s.strip() for s in args.splits.split(",") if s.strip())
+    result = rescore_run(args.run, step=args.step, splits=splits, device=args.device, log=_log_for(args))
+    _emit(args, result.to_dict(), result.format())
+    return 0 if result.equal is not False else 1
+
+
 def cmd_arms(args) -> int:
     from muonlab.arms import ARMS
 
@@ -546,6 +555,17 @@ def build_parser(argv: list[str] | None = None, only: str | None = None) -> argp
         p.add_argument("--config", default=None, help="a saved config (a run's config.json) instead of --preset/--arm")
         with_config(p)
         p.set_defaults(func=cmd_config)
+
+    p = verb("eval", help="score a run's final weights or a checkpoint again, in a process of its own, and compare "
+                          "with what the run recorded (equal bit for bit on the machine that trained it)")
+    if p:
+        p.add_argument("run", metavar="RUN_DIR", help="a run directory (holding config.json)")
+        p.add_argument("--step", type=int, default=None, metavar="N",
+                       help="the checkpoint after N steps (checkpoints/step-NNNNNN.pt) instead of the final weights")
+        p.add_argument("--splits", default="val,holdout", help="val, holdout or both (default: both)")
+        p.add_argument("--device", default=None, help="score on this device instead of the run's (cpu, cuda, ...)")
+        p.add_argument("--json", action="store_true", help="print the scores and the recorded values as JSON")
+        p.set_defaults(func=cmd_eval)
 
     p = verb("sweep", help="run arms x seeds under one preset, resumable from the ledger")
     if p:

@@ -88,12 +88,12 @@ class Setup:
     source: dict[str, Any]
 
     def describe(self) -> dict[str, Any]:
-        from muonlab.train.run import _use_compile  # noqa: PLC0415 (training's own decision)
+        from muonlab.train.run import use_compile  # noqa: PLC0415 (training's own decision)
 
         c = self.cfg
         return {**self.source, "preset_or_run": self.source.get("preset") or self.source.get("run"),
                 "arm": c.arm, "seed": c.seed, "device": str(self.runtime.device), "precision": self.runtime.precision,
-                "compile": _use_compile(c, self.runtime), "depth": c.model.depth, "width": c.model.model_dim,
+                "compile": use_compile(c, self.runtime), "depth": c.model.depth, "width": c.model.model_dim,
                 "vocab": self.data.vocab_size, "sequence_len": c.train.sequence_len,
                 "micro_batch": c.train.device_batch_size, "accum": c.train.accum_steps_per_rank(1),
                 "num_steps": c.train.num_steps, "data_source": c.data.source, "step0_mode": c.optim.step0_mode,
@@ -239,7 +239,7 @@ def first_steps(s: Setup, steps: int, step0_mode: str | None = None, keep_init: 
     from muonlab.config import apply_overrides  # noqa: PLC0415
     from muonlab.train.build import build_model, build_optimizer  # noqa: PLC0415
     from muonlab.train.loop import RunInterrupted, train_loop  # noqa: PLC0415
-    from muonlab.train.run import _use_compile  # noqa: PLC0415
+    from muonlab.train.run import use_compile  # noqa: PLC0415
 
     cfg = s.cfg if step0_mode is None else apply_overrides(s.cfg, {"step0_mode": step0_mode})
     if cfg.train.num_steps is not None and cfg.train.num_steps < steps:
@@ -251,7 +251,7 @@ def first_steps(s: Setup, steps: int, step0_mode: str | None = None, keep_init: 
         torch.manual_seed(cfg.seed)
         if cuda:
             torch.cuda.manual_seed(cfg.seed)
-        compile_on = _use_compile(cfg, rt)
+        compile_on = use_compile(cfg, rt)
         model = build_model(cfg, s.data.vocab_size, rt)
         optimizer = build_optimizer(model, cfg, compile_step=compile_on)
         init = copy.deepcopy(model) if keep_init else None

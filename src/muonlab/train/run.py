@@ -77,7 +77,7 @@ def format_summary(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def _use_compile(cfg: RunConfig, runtime: Runtime) -> bool:
+def use_compile(cfg: RunConfig, runtime: Runtime) -> bool:
     return cfg.runtime.compile == "on" or (cfg.runtime.compile == "auto" and runtime.device.type == "cuda")
 
 
@@ -272,7 +272,7 @@ def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx: 
         torch.cuda.manual_seed(cfg.seed)
         torch.cuda.reset_peak_memory_stats(runtime.device)
         torch.set_float32_matmul_precision("high")
-    compile_on = _use_compile(cfg, runtime)
+    compile_on = use_compile(cfg, runtime)
     model = build_model(cfg, data.vocab_size, runtime)
     family = get_family(cfg.family)
     attention = record["attention_backend"] = family.attention_backend(model)  # "fa3" | "sdpa"

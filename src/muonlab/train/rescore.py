@@ -1,0 +1,149 @@
+"""`muonlab eval RUN`: score a saved run again, in a process of its own, and compare with its record.
+
+Seed 000 re-measured its checkpoints independently of the training process (its measure_loss.py,
+difference 0.0) and seed 002 scored old checkpoints on the held-out split. This builds the run's
+model from its config.json (its plug-ins imported), loads its final weights (`model.pt`) or the
+checkpoint after `step` steps (`checkpoints/step-NNNNNN.pt`), and scores the splits with the run's
+own data, tokenizer, precision and compile setting, as the run scored them:
+
+- the final weights: every split over `train.eval_tokens` tokens, compared with summary.json
+  (and the ledger line's metrics where the summary leaves a figure out);
+- a checkpoint: the val split as the run's periodic evaluation scored it (`train.eval_every_tokens`,
+  compared with the metrics.jsonl line of that step where the run evaluated there), the holdout
+  split over `train.eval_tokens`.
+
+On the machine and precision that trained the run the scores are equal to the record bit for bit;
+elsewhere they differ by the rounding of another machine's kernels.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from muonlab.config import is_legacy, load_config_file, read_config_values
+from muonlab.device import Runtime, resolve_precision
+from muonlab.errors import UsageError
+from muonlab.families import get_family
+from muonlab.record.ledger import read_records_tolerant
+from muonlab.record.rundir import ledger_path
+from muonlab.train.build import build_model
+from muonlab.train.checkpoint import checkpoint_dir, list_checkpoints, load_checkpoint
+from muonlab.train.distributed import Dist
+from muonlab.train.run import COUNT_KEYS, use_compile, evaluate_splits, training_device
+
+SPLITS = ("val", "holdout")
+
+
+@dataclass
+class Rescore:
+    run_dir: str
+    weights: str  # the file scored
+    step: int | None  # None: the final weights
+    scores: dict[str, float] = field(default_factory=dict)  # val_bpb, holdout_ce, ...
+    recorded: dict[str, float] = field(default_factory=dict)  # the same keys as the run recorded them
+
+    @property
+    def equal(self) -> bool | None:
+        """Every recorded figure equal bit for bit (None: nothing recorded to compare with)."""
+        shared = [k for k in self.scores if k in self.recorded]
+        return None if not shared else all(_same(self.scores[k], self.recorded[k]) for k in shared)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(run_dir=self.run_dir, weights=self.weights, step=self.step, scores=self.scores,
+                    recorded=self.recorded, equal=self.equal)
+
+    def format(self) -> str:
+        lines = [f"{'metric':<14} {'scored':>14} {'recorded':>14}  difference"]
+        for key, value in self.scores.items():
+            rec = self.recorded.get(key)
+            diff = "-" if rec is None else ("equal" if _same(value, rec) else f"{value - rec:+.3e}")
+            lines.append(f"{key:<14} {value:>14.9f} {'-' if rec is None else f'{rec:.9f}':>14}  {diff}")
+        verdict = {True: "equal to the record, bit for bit", False: "NOT equal to the record",
+                   None: "nothing recorded at this point to compare with"}[self.equal]
+        where = "final weights" if self.step is None else f"the checkpoint after step {self.step}"
+        return "\n".join([f"{self.run_dir}: {where} ({self.weights})", *lines, verdict])
+
+
+def _same(a: float, b: float) -> bool:
+    return a == b or (math.isnan(a) and math.isnan(b))
+
+
+def rescore_run(run_dir: str | Path, step: int | None = None, splits: tuple[str, ...] = SPLITS,
+                device: str | None = None, log: Callable[[str], None] = print) -> Rescore:
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.json").is_file():
+        raise UsageError(f"{run_dir} is not a run directory (no config.json)")
+    bad = [s for s in splits if s not in SPLITS]
+    if bad or not splits:
+        raise UsageError(f"--splits takes {' and/or '.join(SPLITS)}, got {','.join(splits) or 'none'}")
+    saved = read_config_values(run_dir / "config.json")
+    if is_legacy(saved):
+        raise UsageError(f"{run_dir} was written by an older muonlab (config format 1): it cannot be re-scored")
+    cfg = load_config_file(run_dir / "config.json", values=saved)
+    if device is not None:
+        cfg.runtime.device = device
+    weights_path, weights = _weights(run_dir, step)
+    family = get_family(cfg.family)
+    where = training_device(cfg)
+    runtime = Runtime(where, resolve_precision(cfg.runtime.precision, where))
+    torch.manual_seed(cfg.seed)
+    data = family.prepare_data(cfg, log=log)
+    model = build_model(cfg, data.vocab_size, runtime)
+    model.load_state_dict(weights)
+    scored = torch.compile(model, dynamic=False) if use_compile(cfg, runtime) else model  # as the run scored
+    evaluate = family.evaluate or evaluate_splits
+    result = Rescore(str(run_dir), str(weights_path), step)
+    for split in splits:
+        # a checkpoint's val split as the periodic evaluation scores it; everything else as at the end
+        tokens = cfg.train.eval_every_tokens if step is not None and split == "val" else None
+        out = evaluate(scored, data, cfg, runtime, Dist(), splits=(split,), tokens=tokens)[split]
+        result.scores.update({f"{split}_{k}": v for k, v in out.metrics().items() if k not in COUNT_KEYS})
+    result.recorded = _recorded(run_dir, cfg, step, set(result.scores))
+    return result
+
+
+def _weights(run_dir: Path, step: int | None) -> tuple[Path, dict]:
+    if step is None:
+        path = run_dir / "model.pt"
+        if not path.is_file():
+            raise UsageError(f"{run_dir} has no final weights (model.pt): the run did not finish; give --step N "
+                             f"for one of its checkpoints ({_steps(run_dir)})")
+        return path, torch.load(path, map_location="cpu", weights_only=True)
+    path = checkpoint_dir(run_dir) / f"step-{step:06d}.pt"
+    if not path.is_file():
+        raise UsageError(f"{run_dir} has no checkpoint after step {step} ({_steps(run_dir)})")
+    return path, load_checkpoint(path)["model"]
+
+
+def _steps(run_dir: Path) -> str:
+    steps = [int(p.stem.split("-")[1]) for p in list_checkpoints(run_dir)]
+    return "checkpoints after steps " + ", ".join(map(str, steps)) if steps else "it kept no checkpoint"
+
+
+def _recorded(run_dir: Path, cfg, step: int | None, keys: set[str]) -> dict[str, float]:
+    """The run's own figures for `keys`: summary.json and its ledger line (final), or the
+    metrics.jsonl line of the step (a metrics line's `step` counts from 0: the line of the step
+    that completed `step` steps is step - 1)."""
+    out: dict[str, float] = {}
+    if step is None:
+        summary = run_dir / "summary.json"
+        if summary.is_file():
+            out.update({k: v for k, v in json.loads(summary.read_text()).items() if k in keys})
+        records, _ = read_records_tolerant(ledger_path(cfg)) if ledger_path(cfg).is_file() else ([], [])
+        line = next((r for r in reversed(records) if r.get("run_id") == run_dir.name and r.get("status") == "ok"), None)
+        if line is not None:
+            out.update({k: v for k, v in line.get("metrics", {}).items() if k in keys and k not in out})
+        return out
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.is_file():
+        for text in metrics.read_text().splitlines():
+            rec = json.loads(text)
+            if rec.get("step") == step - 1:
+                out.update({k: v for k, v in rec.items() if k in keys})
+    return out
