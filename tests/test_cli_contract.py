@@ -288,6 +288,10 @@ CASES = [
      "has no checkpoint after step 3 (it kept no checkpoint)"),
     # --- report
     ("report-no-ledger", ["report", "--ledger", "/nonexistent/ledger.jsonl"], USAGE, "ledger not found"),
+    ("report-two-points", lambda t: ["report", "--ledger", str(_ledger_line(t, {"arm": "baseline", "seed": 1,
+     "status": "ok"})), "--at-step", "5", "--at-tokens", "5k"], USAGE, "not both"),
+    ("report-bad-tokens", lambda t: ["report", "--ledger", str(_ledger_line(t, {"arm": "baseline", "seed": 1,
+     "status": "ok"})), "--at-tokens", "lots"], USAGE, "--at-tokens expects a token count"),
     ("report-no-ok-run", lambda t: ["report", "--ledger", str(_ledger_line(
         t, {"arm": "baseline", "seed": 1, "status": "failed"}))], RUNTIME, "no runs with status 'ok'"),
     ("report-unknown-baseline", lambda t: ["report", "--ledger", str(_ledger_line(

@@ -45,14 +45,23 @@ def test_the_per_seed_numbers_give_the_printed_tests(table_id):
 
 
 def _ledger(shift: dict[str, float] | None = None, preset_of=lambda t: t.preset) -> list[dict]:
-    """The papers' own per-seed numbers as ledger lines (status ok, the protocol of the table's preset)."""
+    """The papers' own per-seed numbers as ledger lines (status ok, the protocol of the table's preset).
+    Where the paper compares before the end (`at_tokens`), the number is the periodic evaluation at that
+    point, and the final value is another (the scorecard must not read it)."""
     lines = []
     for t in TABLES.values():
         for a in t.arms:
             protocol = expected_protocol(a.arm, preset_of(t))
             for seed, value in a.values.items():
-                lines.append({"arm": a.arm, "seed": seed, "status": "ok", "protocol": protocol,
-                              "metrics": {t.metric: value + (shift or {}).get(a.arm, 0.0)}})
+                value += (shift or {}).get(a.arm, 0.0)
+                line = {"arm": a.arm, "seed": seed, "status": "ok", "protocol": protocol,
+                        "metrics": {t.metric: value}}
+                if t.at_tokens and preset_of(t) == t.preset:
+                    line["metrics"] = {t.metric: value - 0.5}  # trained on past the comparison point
+                    line["evals"] = [{"step": 1, "tokens": t.at_tokens // 2, t.metric: value + 1.0},
+                                     {"step": 2, "tokens": t.at_tokens, t.metric: value},
+                                     {"step": 3, "tokens": t.at_tokens + 1, t.metric: value - 0.5}]
+                lines.append(line)
     return lines
 
 
@@ -134,9 +143,26 @@ def test_the_difference_is_counted_in_the_papers_seed_sd():
     lines = _ledger()
     for r in lines:
         if r["arm"] == "t1_afmuon" and r["seed"] == 45 and r["protocol"] == expected_protocol("t1_afmuon", "nanogpt-124m"):
-            r["metrics"]["val_ce"] += 0.03
+            at = TABLES["004-t1-nanogpt"].at_tokens  # the paper compares at 2.62B tokens: that evaluation moves
+            next(e for e in r["evals"] if e["tokens"] == at)["val_ce"] += 0.03
     (t,) = scorecard([TABLES["004-t1-nanogpt"]], lines)["tables"]
     row = next(r for r in t["rows"] if r["arm"] == "t1_afmuon")
     assert row["difference"] == pytest.approx(0.01, abs=1e-12)
     assert row["measured"]["sd"] > 5 * row["paper"]["sd"]
     assert row["difference_in_paper_sd"] == pytest.approx(0.01 / row["paper"]["sd"], rel=1e-9)
+
+
+def test_a_table_with_a_comparison_point_reads_the_evaluation_there_and_says_so():
+    t = TABLES["004-t1-protein"]
+    assert t.at_tokens == 875 * 524288 and "458.8M" in t.at_source
+    card = scorecard([t], _ledger())
+    (scored,) = card["tables"]
+    assert scored["compared_at"].startswith("compared at 458,752,000 tokens")
+    assert all(abs(r["difference"]) < 1e-12 for r in scored["rows"] if r["paper"]["mean"] is not None)
+    # a run that evaluated only after the point has no value there
+    late = [dict(line, evals=[e for e in line["evals"] if e["tokens"] > t.at_tokens]) for line in _ledger()
+            if "evals" in line and line["arm"] in {a.arm for a in t.arms}]
+    assert all(r["measured"]["n"] == 0 for r in scorecard([t], late)["tables"][0]["rows"])
+    # another preset's runs are read at their end, and the card says where the paper compares
+    other = scorecard([t], _ledger(preset_of=lambda _: "tied-cpu"), preset="tied-cpu")["tables"][0]
+    assert other["compared_at"].startswith("final values: the paper compares at 458,752,000 tokens")

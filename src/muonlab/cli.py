@@ -343,7 +343,7 @@ def cmd_report(args) -> int:
     report = run_report(ledger, baseline=baseline or "baseline", metric=args.metric, threshold=args.threshold,
                         out_dir=args.out, rule=args.rule, where=args.where, protocol=args.protocol,
                         contrasts=args.contrast, dods=args.dod, retentions=args.retention,
-                        single_seed=args.single_seed, across=args.across, only=only)
+                        single_seed=args.single_seed, across=args.across, only=only, at=_point(args))
     if args.tsv:
         records, _ = read_records_tolerant(ledger)
         write_text(args.tsv, results_tsv(sorted(records, key=lambda r: r["_line"])))
@@ -352,6 +352,27 @@ def cmd_report(args) -> int:
         text += f"\nresults.tsv: {args.tsv}"
     _emit(args, report, text)
     return 0
+
+
+def _point(args):
+    """report --at-step / --at-tokens as a comparison point (None: the final values)."""
+    from muonlab.lab.report.loading import Point
+
+    if args.at_step is None and args.at_tokens is None:
+        return None
+    if args.at_step is not None and args.at_tokens is not None:
+        raise UsageError("give --at-step or --at-tokens, not both")
+    return Point(step=args.at_step) if args.at_step is not None else Point(tokens=_tokens(args.at_tokens))
+
+
+def _tokens(text: str) -> int:
+    """A token count: 458752000, 458.752M, 2.62B."""
+    scale = {"k": 10**3, "m": 10**6, "b": 10**9}.get(text.strip()[-1:].lower(), 1)
+    try:
+        value = float(text.strip()[:-1] if scale > 1 else text)
+    except ValueError:
+        raise UsageError(f"--at-tokens expects a token count such as 458752000 or 458.8M, got {text!r}") from None
+    return int(round(value * scale))
 
 
 def cmd_diagnose(args) -> int:
@@ -604,6 +625,11 @@ def build_parser(argv: list[str] | None = None, only: str | None = None) -> argp
         p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
                        help="keep the runs whose config holds KEY=VALUE (a flag name such as depth or num-steps, or a "
                             "dotted key such as model.depth); repeatable, all must hold")
+        p.add_argument("--at-step", type=int, default=None, metavar="N",
+                       help="compare each run at its last periodic evaluation at or before step N (val_ metrics; "
+                            "the paper's comparison point) instead of its final value")
+        p.add_argument("--at-tokens", default=None, metavar="T",
+                       help="the same at T training tokens (458752000, 458.8M, 2.62B)")
         p.add_argument("--protocol", default=None, metavar="ID",
                        help="keep the one protocol whose id starts with ID (ids are printed per study)")
         p.add_argument("--contrast", action="append", default=[], metavar="A:B",

@@ -97,3 +97,23 @@ def metrics_writer(path: Path) -> Iterator[Callable[[dict], None]]:
         yield write
     finally:
         os.close(fd)
+
+
+def periodic_evals(metrics_path: Path, tokens_per_step: int) -> list[dict]:
+    """The periodic evaluations of a run's metrics.jsonl, in order: {"step": steps done, "tokens":
+    tokens trained, "val_bpb": ..., ...} (a metrics line's `step` counts from 0, so the evaluation
+    after N steps sits on the line of step N - 1). Unreadable lines are skipped."""
+    out = []
+    if not Path(metrics_path).is_file():
+        return out
+    with open(metrics_path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            try:
+                row = json.loads(line)
+                step = int(row["step"]) + 1
+            except (ValueError, KeyError, TypeError):
+                continue
+            scores = {k: v for k, v in row.items() if k.startswith("val_") and isinstance(v, (int, float))}
+            if scores:
+                out.append({"step": step, "tokens": step * tokens_per_step, **scores})
+    return out

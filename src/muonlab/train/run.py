@@ -36,7 +36,7 @@ from muonlab.optional import require
 from muonlab.plugins import load_plugins
 from muonlab.record import ledger, provenance
 from muonlab.record.optimizer_groups import optimizer_groups
-from muonlab.record.rundir import RunDir, ledger_path, metrics_writer, new_run_id, runs_dir
+from muonlab.record.rundir import RunDir, ledger_path, metrics_writer, new_run_id, periodic_evals, runs_dir
 from muonlab.record.sinks import SinkGroup, parse_sinks
 from muonlab.train.build import build_model, build_optimizer
 from muonlab.train.checkpoint import (latest_checkpoint, newest_complete_checkpoint, rng_state, save_checkpoint,
@@ -373,6 +373,8 @@ def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx: 
     }
     if ctx.is_main:
         run.write_summary(summary)
+        # the ledger line carries the periodic evaluations: reports compare at a step (report --at-step)
+        record["evals"] = periodic_evals(run.path / "metrics.jsonl", cfg.train.total_batch_size)
     sinks.close(summary)
     metrics = {
         **scores,

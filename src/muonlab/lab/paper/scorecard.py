@@ -16,7 +16,7 @@ from typing import Any, Iterable
 
 from muonlab.errors import UsageError
 from muonlab.lab.paper.tables import PaperTable
-from muonlab.lab.report.loading import metric_value
+from muonlab.lab.report.loading import Point, evaluation_at, metric_value
 from muonlab.lab.stats import DecisionRule, paired_contrast, summarize_arm
 from muonlab.lab.sweep_status import unfinished_text
 
@@ -36,18 +36,25 @@ def _protocol(arm: str, preset: str, overrides: tuple) -> str | None:
         return None
 
 
-def _measured(records: Iterable[dict], arm: str, protocol: str | None, metric: str) -> tuple[dict[int, float], int]:
-    """{seed: value} of the latest ok run per seed under the protocol; and the ok runs of other protocols."""
+def _measured(records: Iterable[dict], arm: str, protocol: str | None, metric: str,
+              point: Point | None = None) -> tuple[dict[int, float], int]:
+    """{seed: value} of the latest ok run per seed under the protocol (at `point`: its last periodic
+    evaluation at or before it); and the ok runs of other protocols."""
     values, elsewhere = {}, 0
     for rec in records:
         if rec.get("arm") != arm or rec.get("status") != "ok":
             continue
-        value = metric_value(rec, metric)
+        value = metric_value(rec, metric) if point is None else _value_at(rec, metric, point)
         if rec.get("protocol") != protocol or value is None:
             elsewhere += 1
             continue
         values[int(rec["seed"])] = value  # later lines win: the latest run of a seed
     return values, elsewhere
+
+
+def _value_at(record: dict, metric: str, point: Point) -> float | None:
+    found = evaluation_at(record, point, None)
+    return None if found is None else metric_value({"metrics": found}, metric)
 
 
 def _stats(values: dict[int, float]) -> dict[str, Any]:
@@ -61,11 +68,13 @@ def score_table(table: PaperTable, records: list[dict], preset: str | None = Non
                 rule: DecisionRule | None = None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     rule = rule or DecisionRule()
     preset = preset or table.preset
+    # the paper's comparison point holds for its own protocol; another preset's runs are read at their end
+    point = Point(tokens=table.at_tokens) if table.at_tokens and preset == table.preset else None
     rows, measured_values, missing = [], {}, []
     for paper_arm in table.arms:
         protocol = expected_protocol(paper_arm.arm, preset, overrides)
         seeds = paper_arm.run_seeds
-        found, elsewhere = _measured(records, paper_arm.arm, protocol, table.metric)
+        found, elsewhere = _measured(records, paper_arm.arm, protocol, table.metric, point)
         found = {s: v for s, v in found.items() if s in seeds}
         measured_values[paper_arm.arm] = found
         missing += [(paper_arm.arm, s) for s in seeds if s not in found] if protocol else []
@@ -92,7 +101,18 @@ def score_table(table: PaperTable, records: list[dict], preset: str | None = Non
             "paper_preset": table.preset, "preset": preset, "settings": overrides or {}, "protocol_differs": differs,
             "note": (f"protocol differs: these runs are preset {preset}{settings}, the paper's is {table.preset}; they "
                      "compare in kind, not in value") if differs else None,
+            "compared_at": _compared_at(table, point),
             "rows": rows, "contrasts": contrasts, "missing": [{"arm": a, "seed": s} for a, s in missing]}
+
+
+def _compared_at(table: PaperTable, point: Point | None) -> str:
+    if point is not None:
+        return (f"compared at {point.describe()}, each run's last periodic evaluation at or before it "
+                f"({table.at_source})")
+    if table.at_tokens:
+        return (f"final values: the paper compares at {table.at_tokens:,} tokens ({table.at_source}), a point of "
+                f"its own protocol, preset {table.preset}")
+    return "final values, as the paper compares"
 
 
 def _contrast(c) -> dict[str, Any]:
@@ -124,6 +144,7 @@ def format_scorecard(card: dict[str, Any]) -> str:
         lines += ["", f"## {t['id']}: {t['paper']}, {t['source']} ({t['metric']}, preset {t['preset']})"]
         if t["note"]:
             lines.append(f"_{t['note']}_")
+        lines.append(f"_{t['compared_at']}_")
         lines += ["", "| arm | paper | measured | difference | in paper SDs |", "| --- | --- | --- | --- | --- |"]
         for r in t["rows"]:
             measured = _pm(r["measured"]) if r["runs_under_preset"] else f"does not run under {t['preset']}"

@@ -1,7 +1,7 @@
 """The seed papers' result tables, shipped as data (`data/<seed>.json`), typed from the papers.
 
 A table: an id, where it is printed (`source`), the ledger metric it reports, the preset that is the
-paper's protocol, its arms (each either per-seed values {"43": v, ...} or a printed mean over n seeds,
+paper's protocol, where it compares when not at the end (`at_tokens`, with `at_source`), its arms (each either per-seed values {"43": v, ...} or a printed mean over n seeds,
 {"mean": v, "n": 3}, where the paper gives no per-seed numbers), and the contrasts the paper printed
 (gain = baseline - arm, as the papers state gains, and the paired t-test's p where printed).
 """
@@ -51,6 +51,10 @@ class PaperTable:
     preset: str
     arms: tuple[PaperArm, ...]
     contrasts: tuple[PrintedContrast, ...] = field(default=())
+    # where the paper compares, when not at the end of training (seed 004: the last scheduled
+    # evaluation before its budget), in training tokens, and where the paper says so
+    at_tokens: int | None = None
+    at_source: str | None = None
 
     def arm(self, name: str) -> PaperArm:
         return next(a for a in self.arms if a.arm == name)
@@ -65,7 +69,8 @@ def _table(paper: str, raw: dict) -> PaperTable:
             arms.append(PaperArm(name, {int(s): float(v) for s, v in entry.items()}))
     contrasts = tuple(PrintedContrast(c["arm"], c["baseline"], c.get("printed_gain"), c.get("printed_p"))
                       for c in raw.get("contrasts", ()))
-    return PaperTable(raw["id"], paper, raw["source"], raw["metric"], raw["preset"], tuple(arms), contrasts)
+    return PaperTable(raw["id"], paper, raw["source"], raw["metric"], raw["preset"], tuple(arms), contrasts,
+                      raw.get("at_tokens"), raw.get("at_source"))
 
 
 def load_tables() -> dict[str, PaperTable]:

@@ -20,7 +20,7 @@ from typing import Any, Collection, Iterable, Mapping, Sequence
 from muonlab.errors import MuonlabError, UsageError
 from muonlab.lab.report.across import across_protocols
 from muonlab.lab.report.grouping import Protocol, agree, distinguishing, group_protocols
-from muonlab.lab.report.loading import Curve, load_ledger, metric_value
+from muonlab.lab.report.loading import Curve, Point, evaluation_at, load_ledger, metric_value
 from muonlab.lab.report.protocol import recorded_settings
 from muonlab.record.protocol import recorded_arm_overrides, recorded_protocol
 from muonlab.lab.report.requests import Requests
@@ -39,7 +39,7 @@ STATISTICS = ("per arm mean ± sample SD (n−1); paired Δ = arm − reference 
 def analyse(ledger: Path, baseline: str, metric: str, threshold: float, rule_kind: str,
             arm_overrides: Mapping[str, Any] | None, where: Sequence[str] | Mapping[str, Any] | None = None,
             protocol: str | None = None, requests: Requests | None = None,
-            only: Collection[tuple[str, int, str | None]] | None = None
+            only: Collection[tuple[str, int, str | None]] | None = None, at: Point | None = None
             ) -> tuple[dict, dict[str, dict[str, list[Curve]]]]:
     """(the report dict, the training-loss curves per study id and arm) of one ledger.
 
@@ -65,6 +65,8 @@ def analyse(ledger: Path, baseline: str, metric: str, threshold: float, rule_kin
     rule = DecisionRule(threshold, rule_kind, higher_is_better=metric in HIGHER_IS_BETTER)
     warnings = [f"ledger {p}; skipped" for p in problems]
     notes: list[str] = []
+    if at is not None:
+        records = _at_point(records, at, metric, ledger.parent, warnings, notes)
     ok_all = [r for r in records if r["status"] == "ok"]
     if not ok_all:
         raise MuonlabError(f"no runs with status 'ok' in {ledger} ({len(records)} failed, diverged or interrupted, "
@@ -106,6 +108,7 @@ def analyse(ledger: Path, baseline: str, metric: str, threshold: float, rule_kin
         "single_seed_rule": SINGLE_SEED_RULE,
         "statistics": STATISTICS,
         "t_975_n3": t_quantile(3),
+        "compared_at": None if at is None else {"step": at.step, "tokens": at.tokens, "text": at.describe()},
         "selection": {"where": {f.key: f.raw for f in filters}, "protocol": protocol,
                       "across": requests.across.describe() if requests.across else None},
         "counts": {"records": len(records), "ok": len(ok_all),
@@ -144,6 +147,37 @@ def family_metric(records: list[dict]) -> str:
         raise UsageError(f"the ledger's runs score by different metrics ({', '.join(f'{k}: {v}' for k, v in metrics.items())}); "
                          "pass --metric")
     return chosen.pop()
+
+
+def _at_point(records: list[dict], at: Point, metric: str, ledger_dir: Path, warnings: list[str],
+              notes: list[str]) -> list[dict]:
+    """The records with each ok run's metrics read at its last periodic evaluation at or before
+    `at`; an ok run that evaluated nowhere before it is left out, and said so."""
+    if not metric.startswith("val_"):
+        raise UsageError(f"periodic evaluations score the val split only: compare {metric} at the end, or a "
+                         f"val_ metric at {at.describe()}")
+    out, missing, steps = [], [], set()
+    for r in records:
+        if r["status"] != "ok":
+            out.append(r)
+            continue
+        found = evaluation_at(r, at, ledger_dir)
+        if found is None:
+            missing.append(str(r.get("run_id", r["_line"])))
+            continue
+        steps.add(found["step"])
+        out.append({**r, "metrics": {k: v for k, v in found.items() if k.startswith("val_")},
+                    "compared_at_step": found["step"]})
+    if missing:
+        warnings.append(f"{len(missing)} ok run(s) have no periodic evaluation at or before {at.describe()} "
+                        f"(left out): {', '.join(missing[:8])}")
+    if steps:
+        notes.append(f"compared at {at.describe()}: each run's last periodic evaluation at or before it, after "
+                     f"step {', '.join(f'{s:,}' for s in sorted(steps))}")
+    if len(steps) > 1:
+        warnings.append(f"the runs evaluated at different steps before {at.describe()} "
+                        f"({', '.join(map(str, sorted(steps)))}): their values are not from one point")
+    return out
 
 
 def _registry() -> dict[str, Any]:

@@ -8,6 +8,7 @@ from typing import Any, Collection, Mapping, Sequence
 
 from muonlab.errors import MuonlabError
 from muonlab.lab.report.analysis import DEFAULT_THRESHOLD, analyse
+from muonlab.lab.report.loading import Point
 from muonlab.lab.report.output import write_report
 from muonlab.lab.report.requests import parse_requests
 
@@ -26,7 +27,8 @@ def build_report(ledger_path: str | os.PathLike, baseline: str = "baseline", met
                  where: Sequence[str] | Mapping[str, Any] | None = None, protocol: str | None = None,
                  contrasts: Sequence[str] = (), dods: Sequence[str] = (), retentions: Sequence[str] = (),
                  single_seed: Sequence[str] = (), across: str | None = None,
-                 only: Collection[tuple[str, int, str | None]] | None = None) -> dict[str, Any]:
+                 only: Collection[tuple[str, int, str | None]] | None = None,
+                 at: Point | None = None) -> dict[str, Any]:
     """Analyse a ledger and return the report as a JSON-ready dict, one study per protocol; with
     `out_dir`, also write report.md, report.json and the PNG plots there (see `write_report`).
 
@@ -35,14 +37,15 @@ def build_report(ledger_path: str | os.PathLike, baseline: str = "baseline", met
     runs whose config holds each KEY=VALUE; `protocol` keeps the one protocol whose id starts
     so. `contrasts`, `dods`, `retentions`, `single_seed` and `across` take the command line's
     texts (muonlab.lab.report.requests: "A:B", "A:B,C:D", "A:B@SEED", "KEY" or "KEY=v1,v2"). `only`
-    keeps the lines whose (arm, seed, protocol id) it lists (an experiment file's planned runs).
+    keeps the lines whose (arm, seed, protocol id) it lists (an experiment file's planned runs); `at`
+    reads each run at its last periodic evaluation at or before that point (loading.Point).
     Raises UsageError for a missing ledger, an unknown baseline, metric, arm or setting, and a
     filter nothing matches; MuonlabError when the ledger has no ok run.
     """
     requests = parse_requests(contrasts, dods, retentions, single_seed, across)
     try:
         report, curves = analyse(Path(ledger_path), baseline, metric, threshold, rule, arm_overrides,
-                                 where=where, protocol=protocol, requests=requests, only=only)
+                                 where=where, protocol=protocol, requests=requests, only=only, at=at)
     except MuonlabError as exc:  # nothing reportable yet: say what is still on its way
         out = still_out(Path(ledger_path))
         if not out:

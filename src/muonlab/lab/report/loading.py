@@ -17,6 +17,7 @@ from typing import Any, Mapping
 
 from muonlab.errors import UsageError
 from muonlab.record.ledger import STATUSES, read_records_tolerant
+from muonlab.record.rundir import periodic_evals
 
 CURVE_FILE = "metrics.jsonl"
 
@@ -133,3 +134,38 @@ def load_curves(runs_by_arm: Mapping[str, list[dict]], arms: list[str], ledger_d
             curves[arm] = found
         status[arm] = {"runs_with_curves": len(found), "runs_without": missing}
     return curves, status, notes
+
+
+@dataclass(frozen=True)
+class Point:
+    """Where in training a report compares: after `step` steps, or `tokens` training tokens. A run
+    is read at its last periodic evaluation at or before the point (seed 004 compares at the last
+    scheduled evaluation before its budget)."""
+
+    step: int | None = None
+    tokens: int | None = None
+
+    def __post_init__(self):
+        if (self.step is None) == (self.tokens is None):
+            raise UsageError("a comparison point is a step or a token count, not both")
+        if (self.step if self.step is not None else self.tokens) < 1:
+            raise UsageError(f"the comparison point must be >= 1, got {self.step or self.tokens}")
+
+    def describe(self) -> str:
+        return f"step {self.step:,}" if self.step is not None else f"{self.tokens:,} tokens"
+
+
+def evaluation_at(record: Mapping[str, Any], point: Point, ledger_dir: Path | None) -> dict[str, Any] | None:
+    """The run's periodic evaluation at the point ({"step", "tokens", "val_bpb", ...}), from its
+    ledger line (`evals`) or, for a line written before those were recorded, its metrics.jsonl;
+    None when it evaluated nowhere at or before the point."""
+    evals = record.get("evals")
+    if not isinstance(evals, list):
+        run_dir = find_run_dir(record, ledger_dir or Path("."))
+        config = record.get("config") if isinstance(record.get("config"), dict) else {}
+        per_step = (config.get("train") or {}).get("total_batch_size")
+        evals = periodic_evals(run_dir / CURVE_FILE, per_step) if run_dir is not None and per_step else []
+    key = "step" if point.step is not None else "tokens"
+    limit = point.step if point.step is not None else point.tokens
+    due = [e for e in evals if isinstance(e, dict) and isinstance(e.get(key), int) and e[key] <= limit]
+    return max(due, key=lambda e: e[key]) if due else None

@@ -201,7 +201,9 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     where = ", ".join(f"{k} = {v}" for k, v in selection["where"].items())
     lines = [f"# Experiment report: {Path(report['ledger']).name}", "",
              f"Ledger `{report['ledger']}`, generated {report['generated_at']}.", "", "## Method", "",
-             f"- Primary metric: `{report['metric']}`; baseline arm: `{report['baseline']}`.",
+             f"- Primary metric: `{report['metric']}`; baseline arm: `{report['baseline']}`"
+             + (f"; compared at {report['compared_at']['text']} (each run's last periodic evaluation at or "
+                "before it)." if report.get("compared_at") else "; each run's final value."),
              f"- Statistics: {report['statistics']} (t_0.975,2 = {report['t_975_n3']:.6f}).",
              f"- Decision rule: {report['decision_rule']['text']}. "
              f"A contrast with fewer than 2 paired seeds is not estimable.",

@@ -83,7 +83,8 @@ def format_text(report: Mapping[str, Any]) -> str:
     where = " ".join(f"{k}={v}" for k, v in report["selection"]["where"].items())
     out = [f"report of {report['ledger']}: metric {report['metric']}, baseline {report['baseline']}, "
            f"rule {report['decision_rule']['kind']} (θ = {report['threshold']:g})"
-           + (f", where {where}" if where else ""),
+           + (f", where {where}" if where else "")
+           + (f", at {report['compared_at']['text']}" if report.get("compared_at") else ""),
            f"{len(studies)} protocol(s): " + ("each is its own study; select one with --where KEY=VALUE or "
                                               "--protocol ID" if len(studies) > 1 else "one study"), ""]
     for i, study in enumerate(studies, 1):
@@ -96,7 +97,7 @@ def format_text(report: Mapping[str, Any]) -> str:
         rets = [x for x in across if x["kind"] == "retention"]
         out += _retention_lines(rets, w) if rets else []
         out.append("")
-    notes = [n for n in report["notes"] if n.startswith("--across")]
+    notes = [n for n in report["notes"] if n.startswith(("--across", "compared at"))]
     out += [f"note: {n}" for n in notes]
     if report["warnings"]:
         out += [f"warnings ({len(report['warnings'])}):"] + [f"  - {x}" for x in report["warnings"]]
