@@ -141,6 +141,21 @@ def test_shapes_dtypes_and_epochs():
     assert epochs == sorted(epochs) and epochs[0] == 1 and epochs[-1] > 2
 
 
+def test_the_epoch_shown_is_the_pass_the_trained_rows_reach_not_the_buffers_read_ahead():
+    """A buffer of 1000 documents holds many passes of a 50-document corpus: the epoch the loader
+    yields counts the tokens of the rows produced, in units of one pass's tokens."""
+    docs = random_docs(50, seed=3, max_len=10)
+    per_epoch = sum(len(d) + 1 for d in docs)  # BOS + characters
+    loader = BestFitLoader(cycling(docs, batch=16), CharTokenizer(), B=4, T=32, buffer_size=1000)
+    x, y, epoch = next(loader)
+    assert loader.packer.epoch > 10 and epoch == 1  # the buffer read far ahead; 4 rows trained
+    seen = [epoch]
+    for _ in range(20):
+        seen.append(next(loader)[2])
+    rows_tokens = [4 * 33 * (i + 1) for i in range(21)]
+    assert seen == [1 + t // per_epoch for t in rows_tokens]
+
+
 @pytest.mark.parametrize("k,m", [(0, 5), (3, 7), (11, 4)])
 @pytest.mark.parametrize("takes_start", [True, False])
 def test_resume_is_exact(k, m, takes_start, tmp_path):

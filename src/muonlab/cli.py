@@ -343,7 +343,8 @@ def cmd_report(args) -> int:
     report = run_report(ledger, baseline=baseline or "baseline", metric=args.metric, threshold=args.threshold,
                         out_dir=args.out, rule=args.rule, where=args.where, protocol=args.protocol,
                         contrasts=args.contrast, dods=args.dod, retentions=args.retention,
-                        single_seed=args.single_seed, across=args.across, only=only, at=_point(args))
+                        single_seed=args.single_seed, across=args.across, only=only, at=_point(args),
+                        protocol_free=args.protocol_free)
     if args.tsv:
         records, _ = read_records_tolerant(ledger)
         write_text(args.tsv, results_tsv(sorted(records, key=lambda r: r["_line"])))
@@ -625,6 +626,9 @@ def build_parser(argv: list[str] | None = None, only: str | None = None) -> argp
         p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
                        help="keep the runs whose config holds KEY=VALUE (a flag name such as depth or num-steps, or a "
                             "dotted key such as model.depth); repeatable, all must hold")
+        p.add_argument("--protocol-free", action="store_true",
+                       help="pool the lines that record neither a protocol id nor a config (results imported from "
+                            "elsewhere) into one protocol: you vouch that they ran alike (default: each its own)")
         p.add_argument("--at-step", type=int, default=None, metavar="N",
                        help="compare each run at its last periodic evaluation at or before step N (val_ metrics; "
                             "the paper's comparison point) instead of its final value")

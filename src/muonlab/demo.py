@@ -8,8 +8,9 @@ its own holdout text has learned little; beating it shows the stack works end to
 
 It trains in bf16 autocast where the CPU multiplies bf16 natively (AVX512-BF16 or AMX) and in
 fp32 elsewhere (bf16 products are emulated there and slower than fp32). It ends with what the
-tool is for: the loss curve (`loss_curve.png` in the run directory), the run's line in the
-ledger, and the commands that turn one run into a multi-seed comparison.
+tool is for: a picture of the validation BPB at the periodic evaluations falling past xz's bits per
+byte on the same bytes (`bpb_vs_xz.png` in the run directory), the run's line in the ledger, and
+the commands that turn one run into a multi-seed comparison.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from muonlab.record.rundir import ledger_path
 from muonlab.train import run_training
 from muonlab.train.run import format_summary
 
+# periodic evaluations for the picture: every 65 of the 650 steps, on 32K validation tokens
+DEMO_EVALS = {"train.eval_every": 65, "train.eval_every_tokens": 2**15}
 NEXT_COMMANDS = (
     ("compare two arms over three seeds (resumable; the ledger keeps every run)",
      "muonlab sweep --preset cpu-demo --arms baseline,adamw_only --seeds 1,2,3"),
@@ -42,21 +45,18 @@ def demo_precision() -> str:
     return "bf16" if cpu_has_native_bf16() else "fp32"
 
 
-def write_loss_curve(record: dict, ledger: Path) -> Path:
-    """The run's training loss (raw and smoothed) per step, as loss_curve.png in its directory."""
-    from muonlab.lab.plots import plot_loss_curves
-    from muonlab.lab.report.loading import load_curve
+def write_bpb_curve(record: dict, val_bytes: bytes, path: Path) -> tuple[Path, float]:
+    """The run's validation BPB at its periodic evaluations against xz -9e on exactly the bytes they
+    scored, as bpb_vs_xz.png in its directory; returns the path and xz's bits per byte."""
+    from muonlab.lab.plots import plot_bpb_against_compressor
 
-    curves = {}
-    for label, key in (("loss", "loss"), ("smoothed loss (EMA)", "smooth_loss")):
-        curve, note = load_curve(record, ledger.parent, key)
-        if curve is None:
-            raise RuntimeError(note)
-        curves[label] = [(curve.seed, curve.steps, curve.values)]
-    run_dir = Path(record["run_dir"])
-    path = run_dir / "loss_curve.png"
-    plot_loss_curves(curves, path, ylabel="training loss (nats per token)", title=f"muonlab demo: {run_dir.name}")
-    return path
+    evals = record.get("evals") or []
+    if not evals:
+        raise RuntimeError(f"run {record.get('run_id')}: no periodic evaluation recorded")
+    xz_bpb = compress_bits_per_byte(val_bytes)
+    plot_bpb_against_compressor([e["step"] for e in evals], [e["val_bpb"] for e in evals], xz_bpb, path,
+                                title=f"muonlab demo: validation BPB vs xz on the same {len(val_bytes):,} bytes")
+    return path, xz_bpb
 
 
 def ledger_line(ledger: Path, run_id: str) -> dict:
@@ -71,10 +71,10 @@ def run_demo(cache_dir: str | None = None, log: Callable[[str], None] = print, q
              overrides: dict | None = None) -> dict:
     t0 = time.time()
     cfg = apply_overrides(preset("cpu-demo"), {"arm": "baseline", "quiet": quiet, "precision": demo_precision(),
-                                               **(overrides or {})})
+                                               **DEMO_EVALS, **(overrides or {})})
     cfg.data.cache_dir = cache_dir
     cfg.validate()
-    require("matplotlib", "the demo's loss-curve plot")  # before minutes of training, not after
+    require("matplotlib", "the demo's picture")  # before minutes of training, not after
     data = prepare_data(cfg.data, log=log)
     prepare_seconds = time.time() - t0
     result = run_training(cfg, log=log, data=data)
@@ -82,6 +82,8 @@ def run_demo(cache_dir: str | None = None, log: Callable[[str], None] = print, q
     xz_bpb = compress_bits_per_byte(holdout)
     run_dir, ledger = Path(result.run_dir), ledger_path(cfg)
     record = ledger_line(ledger, run_dir.name)
+    val_bytes = data.eval_bytes("val", cfg.train.sequence_len, cfg.train.eval_every_tokens or cfg.train.eval_tokens)
+    curve, xz_val_bpb = write_bpb_curve(record, val_bytes, run_dir / "bpb_vs_xz.png")
     return {
         "val_bpb": result.summary["val_bpb"],
         "holdout_bpb": result.summary["holdout_bpb"],
@@ -91,7 +93,8 @@ def run_demo(cache_dir: str | None = None, log: Callable[[str], None] = print, q
         "prepare_seconds": prepare_seconds,
         "total_seconds": time.time() - t0,
         "run_dir": str(run_dir),
-        "loss_curve": str(write_loss_curve(record, ledger)),
+        "bpb_curve": str(curve),
+        "xz_val_bpb": xz_val_bpb,
         "ledger": str(ledger),
         "ledger_line": {k: record.get(k) for k in ("run_id", "arm", "seed", "status", "protocol", "config_hash")}
         | {"val_bpb": record.get("metrics", {}).get("val_bpb")},
@@ -110,7 +113,7 @@ def format_demo(report: dict) -> str:
         f"({report['holdout_bpb']:.4f} vs {report['xz_holdout_bpb']:.4f} bits per byte); "
         f"data preparation {report['prepare_seconds']:.0f}s, total {report['total_seconds']:.0f}s",
         f"run directory: {report['run_dir']}",
-        f"loss curve:    {report['loss_curve']}",
+        f"BPB vs xz:     {report['bpb_curve']}",
         f"ledger line:   {json.dumps(report['ledger_line'])}",
         f"               (in {report['ledger']})",
         "next:",

@@ -53,7 +53,11 @@ class RowPacker:
         self.buffer_size = buffer_size
         self.batches_consumed = 0  # document batches taken from the factory so far
         self.rows_produced = 0
-        self.epoch = 1
+        self.epoch = 1  # the epoch of the documents read into the buffer last (it reads ahead)
+        # the first epoch's document tokens, complete once the second epoch's first batch arrives:
+        # the unit of `trained_epoch`
+        self.first_epoch_tokens = 0
+        self.tokens_per_epoch: int | None = None
         self.exhausted = False
         self._docs: dict[int, np.ndarray] = {}  # arrival number -> tokens (BOS first)
         self._keys: list[tuple[int, int]] = []  # sorted (length, arrival)
@@ -74,8 +78,12 @@ class RowPacker:
                 docs, self.epoch = item.docs, item.epoch
             else:
                 docs = item
+            if self.epoch > 1 and self.tokens_per_epoch is None:
+                self.tokens_per_epoch = self.first_epoch_tokens
             keys = self._keys
             for ids in self.tokenizer.encode_batch(list(docs), prepend_bos=True):
+                if self.epoch == 1:
+                    self.first_epoch_tokens += len(ids)
                 arrival = self._next_arrival
                 self._next_arrival += 1
                 self._docs[arrival] = np.asarray(ids, dtype=np.int32)
@@ -116,6 +124,15 @@ class RowPacker:
         self.rows_produced += 1
         return row
 
+    @property
+    def trained_epoch(self) -> int:
+        """The pass over the corpus the rows produced so far reach (1-based): their tokens over one
+        epoch's tokens, once an epoch is known to have ended; 1 before that. Not `epoch`, which is
+        the buffer's read-ahead (a 1000-document buffer holds several epochs of a small corpus)."""
+        if not self.tokens_per_epoch:
+            return 1
+        return 1 + (self.rows_produced * self.capacity) // self.tokens_per_epoch
+
     def skip_rows(self, n: int) -> int:
         """Produce and discard up to `n` rows; return how many were skipped."""
         for k in range(n):
@@ -135,6 +152,8 @@ class RowPacker:
             "batches_consumed": self.batches_consumed,
             "rows_produced": self.rows_produced,
             "epoch": self.epoch,
+            "first_epoch_tokens": self.first_epoch_tokens,
+            "tokens_per_epoch": self.tokens_per_epoch,
             "exhausted": self.exhausted,
             "buffer_tokens": torch.from_numpy(flat.astype(np.int32, copy=True)),
             "buffer_lengths": torch.tensor([len(d) for d in docs], dtype=torch.int64),
@@ -149,6 +168,8 @@ class RowPacker:
         self.batches_consumed = int(state["batches_consumed"])
         self.rows_produced = int(state["rows_produced"])
         self.epoch = int(state["epoch"])
+        self.first_epoch_tokens = int(state.get("first_epoch_tokens", 0))  # absent in older checkpoints
+        self.tokens_per_epoch = state.get("tokens_per_epoch")
         self.exhausted = bool(state["exhausted"])
         flat = state["buffer_tokens"].numpy().astype(np.int32)
         lengths = state["buffer_lengths"].tolist()
@@ -221,7 +242,7 @@ class BestFitLoader:
             y = y.pin_memory().to(self.device, non_blocking=True)
         elif self.device.type != "cpu":
             x, y = x.to(self.device), y.to(self.device)
-        return x, y, self.packer.epoch
+        return x, y, self.packer.trained_epoch
 
     def state_dict(self) -> dict:
         state = self.packer.state_dict()

@@ -91,8 +91,15 @@ class LocalExecutor:
                 "-m", "muonlab"]
 
     def run(self, jobs, workdir: Path, log: Callable[[str], None]) -> None:
+        from muonlab.lab.progress import SweepProgress
+        from muonlab.record.rundir import runs_dir
+
         queue = list(jobs)
         running: dict[int, tuple[subprocess.Popen, Any, Any]] = {}  # slot index -> (proc, job, logfile)
+        shown = SweepProgress(len(queue), len(self.slots), log)
+        # where each run writes (named before it starts: run_sweep), for the live line
+        where_of = {job.name: job.resume_dir or str(runs_dir(job.config) / str(job.config.record.run_name))
+                    for job in queue}
         try:
             while queue or running:
                 for i, slot in enumerate(self.slots):
@@ -109,12 +116,14 @@ class LocalExecutor:
                         running[i] = (proc, job, logfile)
                         where = (f"GPU {slot}" if slot is not None else "CPU") + (
                             f" ({self.per_run} processes)" if self.per_run > 1 else "")
-                        log(f"start {job.name} on {where} (log {logfile.name})")
+                        shown.start(job.name, f"{where} (log {logfile.name})")
                 for i, (proc, job, logfile) in list(running.items()):
                     if proc.poll() is not None:
                         logfile.close()
                         del running[i]
-                        log(f"done  {job.name}: exit {proc.returncode}")
+                        shown.done(job.name, proc.returncode)
+                shown.live([(job.name, where_of[job.name], job.config.train.num_steps)
+                            for _proc, job, _logfile in running.values()])
                 time.sleep(0.2)
         except KeyboardInterrupt:
             stop_runs([proc for proc, _job, _logfile in running.values()], log)

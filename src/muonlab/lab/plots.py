@@ -76,6 +76,28 @@ def plot_loss_curves(curves: Mapping[str, Sequence[tuple[int, Sequence[int], Seq
     _save(fig, path)
 
 
+def plot_bpb_against_compressor(steps: Sequence[int], bpb: Sequence[float], compressor_bpb: float,
+                                path: str | os.PathLike, compressor: str = "xz -9e", title: str = "") -> None:
+    """Validation bits per byte at the periodic evaluations, with a compressor's bits per byte on
+    the same bytes as a horizontal line: where the model's curve falls below it, it compresses
+    that text better than the compressor does."""
+    fig = _figure(8.0, 4.8)
+    ax = fig.add_subplot(1, 1, 1)
+    ax.plot(steps, bpb, marker="o", markersize=3, linewidth=1.6, color=_palette(0), label="model: validation BPB")
+    ax.axhline(compressor_bpb, color="black", linestyle="--", linewidth=1.0,
+               label=f"{compressor} on the same bytes ({compressor_bpb:.3f})")
+    tail = list(bpb[len(bpb) // 5:]) + [compressor_bpb]  # the first evaluations (~log2 V) dwarf the rest
+    lo, hi = min(tail), max(tail)
+    pad = 0.08 * (hi - lo or 1.0)
+    ax.set_ylim(lo - pad, hi + pad)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("bits per byte (lower is better)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    _save(fig, path)
+
+
 def _threshold_band(ax, threshold: float, vertical: bool) -> None:
     span = ax.axvspan if vertical else ax.axhspan
     line = ax.axvline if vertical else ax.axhline

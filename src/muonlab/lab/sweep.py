@@ -22,7 +22,7 @@ from muonlab.arms import resolve_config
 from muonlab.config import RunConfig
 from muonlab.errors import UsageError
 from muonlab.record.ledger import read_records_tolerant
-from muonlab.record.rundir import ledger_path, runs_dir
+from muonlab.record.rundir import ledger_path, new_run_id, runs_dir
 
 
 @dataclass
@@ -161,6 +161,8 @@ def run_sweep(arms: list[str], seeds: list[int], preset_name: str, overrides: di
         log(f"sweep: {len(to_run)} run(s) to do, {len(skipped)} skipped; executor {executor}; ledger {ledger}")
         workdir = sweep_dir(to_run)
         for job in to_run:
+            if not job.resume_dir and not job.config.record.run_name:  # named now: progress reads its metrics
+                job.config.record.run_name = new_run_id(job.config)
             (workdir / f"{job.name}.json").write_text(json.dumps({"config": job.config.to_dict()}, indent=2))
         if executor == "slurm":
             runner.run(to_run, workdir, log, ledger=ledger)

@@ -37,12 +37,12 @@ class RunState:
         return (self.arm, self.seed, self.config_hash)
 
 
-def _eta_text(seconds: float) -> str:
+def eta_text(seconds: float) -> str:
     seconds = int(round(seconds))
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
 
 
-def _running_detail(run_dir: str, num_steps: int | None) -> str:
+def running_detail(run_dir: str, num_steps: int | None) -> str:
     now = progress(run_dir, num_steps)
     if not now:
         return "starting"
@@ -50,7 +50,7 @@ def _running_detail(run_dir: str, num_steps: int | None) -> str:
     if isinstance(now.get("loss"), (int, float)):
         parts.append(f"loss {now['loss']:.4f}")
     if "eta_s" in now:
-        parts.append(f"ETA {_eta_text(now['eta_s'])}")
+        parts.append(f"ETA {eta_text(now['eta_s'])}")
     return ", ".join(parts)
 
 
@@ -86,7 +86,7 @@ def sweep_status(ledger: Path, latest: dict[tuple, dict], planned: list[tuple[st
             states.append(RunState(arm, seed, config_hash, "queued", f"job {sub.job_id} {live[sub.job_id].lower()}",
                                    sub.job_id))
         elif in_queue == "running":
-            states.append(RunState(arm, seed, config_hash, "running", _running_detail(sub.run_dir, num_steps),
+            states.append(RunState(arm, seed, config_hash, "running", running_detail(sub.run_dir, num_steps),
                                    sub.job_id))
         elif sub is not None and not answers(rec, sub):
             states.append(RunState(arm, seed, config_hash, "interrupted",

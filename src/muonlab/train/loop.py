@@ -13,6 +13,7 @@ import gc
 import math
 import sys
 import time
+from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Callable
 
@@ -130,6 +131,7 @@ def train_loop(cfg: RunConfig, model, optimizer, loader, runtime: Runtime, flops
     state = state or LoopState()
     interactive = sys.stdout.isatty() and not cfg.record.quiet and dist.is_main
     x, y, state.epoch = pending if pending is not None else next(loader)
+    recent: deque = deque(maxlen=ETA_WINDOW)
     every_s = 60 * cfg.record.checkpoint_minutes
     last_checkpoint = time.monotonic()
     x, y = x.to(runtime.device), y.to(runtime.device)
@@ -195,8 +197,9 @@ def train_loop(cfg: RunConfig, model, optimizer, loader, runtime: Runtime, flops
                 record.update(periodic_eval())
             if on_step is not None and dist.is_main:
                 on_step(record)
+            recent.append(dt)
             if dist.is_main:
-                _print_progress(cfg, state, record, interactive)
+                _print_progress(cfg, state, record, interactive, recent)
 
             if step == 0:  # Python's GC causes long stalls; freeze the start-up garbage, as upstream
                 gc.collect()
@@ -218,15 +221,20 @@ def train_loop(cfg: RunConfig, model, optimizer, loader, runtime: Runtime, flops
     return state
 
 
-def _print_progress(cfg: RunConfig, state: LoopState, rec: dict, interactive: bool) -> None:
+ETA_WINDOW = 20  # steps whose mean time gives the ETA (one step's time jumps with compiles and evaluations)
+
+
+def _print_progress(cfg: RunConfig, state: LoopState, rec: dict, interactive: bool, recent: deque) -> None:
     if cfg.record.quiet or not (interactive or rec["step"] % cfg.record.log_every == 0):
         return
-    if cfg.train.num_steps is not None:
-        eta = (cfg.train.num_steps - state.step) * rec["dt"]
+    if cfg.train.num_steps is not None:  # steps done of steps to do; the ETA from the recent steps' mean time
+        done = state.step / cfg.train.num_steps
+        eta = (cfg.train.num_steps - state.step) * (sum(recent) / len(recent))
     else:
+        done = min(state.training_seconds / cfg.train.time_budget, 1.0)
         eta = cfg.train.time_budget - state.training_seconds
     mfu_text = f" | mfu {rec['mfu']:.1f}%" if rec["mfu"] is not None else ""
-    line = (f"step {rec['step']:05d} ({100 * rec['progress']:.1f}%) | loss {state.smooth_loss:.4f} | "
+    line = (f"step {rec['step']:05d} ({100 * done:.1f}%) | loss {state.smooth_loss:.4f} | "
             f"lrm {rec['lrm']:.2f} | dt {rec['dt'] * 1000:.0f}ms | tok/s {rec['tok_per_sec']:,.0f}"
             f"{mfu_text} | epoch {state.epoch} | eta {_format_eta(eta)}")
     print("\r" + line + "   " if interactive else line, end="" if interactive else "\n", flush=True)

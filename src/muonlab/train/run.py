@@ -73,6 +73,10 @@ def format_summary(summary: dict) -> str:
             text = f"{value:.{digits}f}"
         else:
             text = "n/a" if value is None else str(value)
+        if key == "total_tokens_M" and isinstance(value, float) and 0 < value < 1:
+            text = f"{value:.4f}"  # a short run's tokens, not 0.0
+        if key == "peak_vram_mb" and summary.get("peak_memory_kind") == "process":
+            key = "peak_rss_mb"  # on the CPU: the process's peak resident memory, not an accelerator's
         lines.append(f"{key + ':':<18}{text}")
     return "\n".join(lines)
 
@@ -370,6 +374,8 @@ def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx: 
         "entropy_bpb": data.entropy_bits_per_byte,
         "attention_backend": attention,
         "optimizer_groups": record["optimizer_groups"],
+        # what peak_vram_mb (upstream's key) measured: the accelerator's allocator, or on the CPU the process
+        "peak_memory_kind": "process" if runtime.device.type == "cpu" else "device",
     }
     if ctx.is_main:
         run.write_summary(summary)

@@ -39,8 +39,8 @@ STATISTICS = ("per arm mean ± sample SD (n−1); paired Δ = arm − reference 
 def analyse(ledger: Path, baseline: str, metric: str, threshold: float, rule_kind: str,
             arm_overrides: Mapping[str, Any] | None, where: Sequence[str] | Mapping[str, Any] | None = None,
             protocol: str | None = None, requests: Requests | None = None,
-            only: Collection[tuple[str, int, str | None]] | None = None, at: Point | None = None
-            ) -> tuple[dict, dict[str, dict[str, list[Curve]]]]:
+            only: Collection[tuple[str, int, str | None]] | None = None, at: Point | None = None,
+            protocol_free: bool = False) -> tuple[dict, dict[str, dict[str, list[Curve]]]]:
     """(the report dict, the training-loss curves per study id and arm) of one ledger.
 
     `arm_overrides` maps arm -> its override keys (or dict); None means the registered arms'.
@@ -72,14 +72,19 @@ def analyse(ledger: Path, baseline: str, metric: str, threshold: float, rule_kin
         raise MuonlabError(f"no runs with status 'ok' in {ledger} ({len(records)} failed, diverged or interrupted, "
                            f"{len(problems)} malformed line(s)); nothing to report")
     selected = select_records(records, filters)
-    protocols, orphans = group_protocols(selected, overrides)
+    protocols, orphans = group_protocols(selected, overrides, protocol_free)
     protocols = _choose(protocols, protocol)
     used = [r for p in protocols for r in p.records]
     _require_reportable(ledger, used, baseline, metric, requests)
     if orphans:
-        warnings.append(f"{len(orphans)} run(s) recorded neither a config nor a protocol id (lines "
-                        f"{', '.join(str(r['_line']) for r in orphans[:8])}): their protocol is unknown, so "
-                        f"they enter no study")
+        lines = ", ".join(str(r["_line"]) for r in orphans[:8]) + (" ..." if len(orphans) > 8 else "")
+        warnings.append(
+            f"{len(orphans)} run(s) recorded neither a config nor a protocol id (lines {lines}): nothing says "
+            f"they ran alike, so they were pooled as one protocol because --protocol-free vouches for them"
+            if protocol_free else
+            f"{len(orphans)} run(s) recorded neither a config nor a protocol id (lines {lines}): nothing says they "
+            f"ran alike, so each is a study of its own; --protocol-free pools them as one protocol if you vouch "
+            f"that they did")
     ambiguous, protocol_notes = _protocol_notes(protocols)
     warnings += ambiguous
     notes += protocol_notes
@@ -108,6 +113,7 @@ def analyse(ledger: Path, baseline: str, metric: str, threshold: float, rule_kin
         "single_seed_rule": SINGLE_SEED_RULE,
         "statistics": STATISTICS,
         "t_975_n3": t_quantile(3),
+        "protocol_free": protocol_free,
         "compared_at": None if at is None else {"step": at.step, "tokens": at.tokens, "text": at.describe()},
         "selection": {"where": {f.key: f.raw for f in filters}, "protocol": protocol,
                       "across": requests.across.describe() if requests.across else None},

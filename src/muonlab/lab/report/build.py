@@ -28,7 +28,7 @@ def build_report(ledger_path: str | os.PathLike, baseline: str = "baseline", met
                  contrasts: Sequence[str] = (), dods: Sequence[str] = (), retentions: Sequence[str] = (),
                  single_seed: Sequence[str] = (), across: str | None = None,
                  only: Collection[tuple[str, int, str | None]] | None = None,
-                 at: Point | None = None) -> dict[str, Any]:
+                 at: Point | None = None, protocol_free: bool = False) -> dict[str, Any]:
     """Analyse a ledger and return the report as a JSON-ready dict, one study per protocol; with
     `out_dir`, also write report.md, report.json and the PNG plots there (see `write_report`).
 
@@ -38,14 +38,16 @@ def build_report(ledger_path: str | os.PathLike, baseline: str = "baseline", met
     so. `contrasts`, `dods`, `retentions`, `single_seed` and `across` take the command line's
     texts (muonlab.lab.report.requests: "A:B", "A:B,C:D", "A:B@SEED", "KEY" or "KEY=v1,v2"). `only`
     keeps the lines whose (arm, seed, protocol id) it lists (an experiment file's planned runs); `at`
-    reads each run at its last periodic evaluation at or before that point (loading.Point).
+    reads each run at its last periodic evaluation at or before that point (loading.Point);
+    `protocol_free` pools lines that record neither a protocol nor a config into one protocol.
     Raises UsageError for a missing ledger, an unknown baseline, metric, arm or setting, and a
     filter nothing matches; MuonlabError when the ledger has no ok run.
     """
     requests = parse_requests(contrasts, dods, retentions, single_seed, across)
     try:
         report, curves = analyse(Path(ledger_path), baseline, metric, threshold, rule, arm_overrides,
-                                 where=where, protocol=protocol, requests=requests, only=only, at=at)
+                                 where=where, protocol=protocol, requests=requests, only=only, at=at,
+                                 protocol_free=protocol_free)
     except MuonlabError as exc:  # nothing reportable yet: say what is still on its way
         out = still_out(Path(ledger_path))
         if not out:

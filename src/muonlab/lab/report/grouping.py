@@ -29,6 +29,7 @@ class Protocol:
     shared: dict[str, Any] = field(default_factory=dict)
     ambiguous: bool = False
     unchecked: tuple[str, ...] = ()  # derived: settings some arm overrides, so not compared
+    unknown: bool = False  # lines with neither a protocol id nor a config (one each, or vouched for together)
 
 
 def known_settings(record: dict, overrides: Mapping[str, set[str]]) -> dict[str, Any]:
@@ -93,10 +94,12 @@ def _derived(lines: list[dict], overrides: Mapping[str, set[str]]) -> list[Proto
     return protocols
 
 
-def group_protocols(records: list[dict], overrides: Mapping[str, set[str]]
+def group_protocols(records: list[dict], overrides: Mapping[str, set[str]], protocol_free: bool = False
                     ) -> tuple[list[Protocol], list[dict]]:
-    """(the protocols, in order of their first ledger line; the lines that have no config and
-    no protocol id, which belong to none)."""
+    """(the protocols, in order of their first ledger line; the lines that have no config and no
+    protocol id, e.g. results imported from elsewhere). Such lines are each a protocol of their own
+    (nothing says two of them ran alike), or, with `protocol_free` (the user vouches that they did),
+    one protocol together."""
     exact: dict[str, list[dict]] = {}
     old, orphans = [], []
     for r in records:
@@ -109,6 +112,11 @@ def group_protocols(records: list[dict], overrides: Mapping[str, set[str]]
             orphans.append(r)
     protocols = [Protocol(pid, False, lines, shared_settings(lines, overrides)) for pid, lines in exact.items()]
     protocols += _derived(old, overrides) if old else []
+    if protocol_free and orphans:
+        protocols.append(Protocol(protocol_hash({"protocol_free": True}), True, orphans, {}, unknown=True))
+    else:
+        protocols += [Protocol(protocol_hash({"unknown": r.get("run_id"), "line": r["_line"]}), True, [r], {},
+                               unknown=True) for r in orphans]
     ids: set[str] = set()
     for p in protocols:  # a derived id equal to another protocol's would merge them in the output
         while p.id in ids:

@@ -39,7 +39,8 @@ def settings_text(settings: Mapping[str, Any]) -> str:
 
 
 def study_title(study: Mapping[str, Any]) -> str:
-    kind = " (derived from recorded configs)" if study["derived"] else ""
+    kind = (" (no protocol recorded)" if study.get("unknown") else
+            " (derived from recorded configs)" if study["derived"] else "")
     kind += " (ambiguous)" if study["ambiguous"] else ""
     return f"protocol {study['protocol']}{kind}"
 

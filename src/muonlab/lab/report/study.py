@@ -97,6 +97,7 @@ def analyse_study(protocol: Protocol, baseline: str, metric: str, threshold: flo
     report = {
         "protocol": protocol.id,
         "derived": protocol.derived,
+        "unknown": protocol.unknown,
         "ambiguous": protocol.ambiguous,
         "unchecked_settings": list(protocol.unchecked),
         "settings": dict(settings),
