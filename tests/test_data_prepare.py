@@ -54,7 +54,7 @@ def test_layout_manifest_and_reuse(cache, synth):
     assert synth.entropy_bits_per_byte == pytest.approx(chain.entropy_bits_per_byte())
     assert m["source_meta"]["doc_entropy_bits_per_byte"] == pytest.approx(chain.doc_entropy_bits_per_byte(64))
 
-    tok_file = synth.corpus_dir / "tokenizer-v400" / "tokenizer.json"
+    tok_file = synth.corpus_dir / "tokenizer-v400" / "muonlab-bpe.json"
     assert synth.tokenizer_hash == hashlib.sha256(tok_file.read_bytes()).hexdigest()
     assert synth.tokenizer.training["split"] == "train"
     assert synth.tokenizer.training["corpus_hash"] == synth.corpus_hash

@@ -84,7 +84,7 @@ def test_token_bytes(tok):
 
 def test_save_load_round_trip_without_pickle(tok, tmp_path):
     path = tok.save(tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["tokenizer.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["muonlab-bpe.json"]  # never Hugging Face's file name
     raw = path.read_bytes()
     obj = json.loads(raw)  # plain JSON, no pickle opcodes
     assert obj["format"] == "muonlab-bpe-v1" and len(obj["ranks"]) == 316
@@ -95,6 +95,14 @@ def test_save_load_round_trip_without_pickle(tok, tmp_path):
     assert torch.equal(loaded.token_bytes(), tok.token_bytes())
     assert loaded.training == {"note": "test"}
     assert loaded.fingerprint == tok.fingerprint == hashlib.sha256(raw).hexdigest()
+
+
+def test_a_cache_of_an_earlier_release_is_read_under_its_old_name(tok, tmp_path):
+    path = tok.save(tmp_path)
+    path.rename(tmp_path / "tokenizer.json")  # how caches written before the rename hold it
+    loaded = Tokenizer.load(tmp_path)
+    assert loaded.fingerprint == tok.fingerprint and loaded.encode("a b") == tok.encode("a b")
+    assert Tokenizer.stored(tmp_path).name == "tokenizer.json"
 
 
 def test_fingerprint_is_deterministic(tok, tmp_path):
@@ -113,6 +121,6 @@ def test_load_errors(tok, tmp_path):
     with pytest.raises(UsageError, match="no tokenizer"):
         Tokenizer.load(tmp_path / "missing")
     tok.save(tmp_path)
-    (tmp_path / "tokenizer.json").write_text('{"format": "muonlab-bpe-v1", "ranks": ["!!"]}')
+    (tmp_path / "muonlab-bpe.json").write_text('{"format": "muonlab-bpe-v1", "ranks": ["!!"]}')
     with pytest.raises(MuonlabError, match="corrupted tokenizer"):
         Tokenizer.load(tmp_path)

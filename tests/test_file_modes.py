@@ -58,6 +58,6 @@ def test_every_kind_of_file_a_run_a_sweep_prepare_and_report_write_is_0644_under
     # (JSON), the report's text and figures, results.tsv, the sweep's job files and logs
     assert {"json", "jsonl", "pt", "parquet", "md", "png", "tsv", "log"} <= kinds, sorted(kinds)
     assert any("ckpt" in name or "checkpoint" in name for name in found), sorted(found)
-    assert any(name.endswith("tokenizer.json") for name in found), sorted(found)
+    assert any(name.endswith("muonlab-bpe.json") for name in found), sorted(found)
     wrong = {name: mode for name, mode in found.items() if mode != oct(0o644)}
     assert not wrong, wrong

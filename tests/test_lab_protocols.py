@@ -211,11 +211,12 @@ def test_derived_protocols_leave_out_what_arms_override_and_isolate_lines_they_c
                    for s in unknown["studies"])
 
 
-def test_lines_without_a_config_enter_no_study(tmp_path):
+def test_a_line_without_a_config_is_a_study_of_its_own_never_pooled_with_known_ones(tmp_path):
     records = [line("baseline", s, 1.0 + s / 1000) for s in SEEDS]
     bare = {"run_id": "bare", "arm": "baseline", "seed": 4, "status": "ok", "metrics": {"val_bpb": 0.5}}
     report = build_report(ledger_of(tmp_path, records + [bare]))
-    (study,) = report["studies"]
-    assert study["arms"]["baseline"]["seeds"] == list(SEEDS)
+    known, alone = report["studies"]
+    assert known["arms"]["baseline"]["seeds"] == list(SEEDS) and not known["unknown"]
+    assert alone["arms"]["baseline"]["seeds"] == [4] and alone["unknown"]
     assert any("recorded neither a config nor a protocol id (lines 4)" in w for w in report["warnings"])
     assert report["counts"]["without_protocol"] == 1

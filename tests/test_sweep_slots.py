@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 import muonlab.lab.executors as executors
+from muonlab.arms import resolve_config
 from muonlab.lab.executors import LocalExecutor
 
 CAPS = ("OMP_NUM_THREADS", "TORCHINDUCTOR_COMPILE_THREADS")
@@ -83,7 +84,8 @@ def test_runs_start_in_a_session_of_their_own_with_their_slots_environment(machi
             return 0
 
     monkeypatch.setattr(executors.subprocess, "Popen", Finished)
-    jobs = [SimpleNamespace(name=f"run{i}", resume_dir=None) for i in range(2)]
+    cfg = resolve_config("baseline", "cpu-tiny")
+    jobs = [SimpleNamespace(name=f"run{i}", resume_dir=None, config=cfg) for i in range(2)]
     executor = LocalExecutor(gpus=["0", "1"])
     executor.run(jobs, tmp_path, log=lambda _: None)
     assert [kw["start_new_session"] for kw in started] == [True, True]  # no share in the terminal's Ctrl-C

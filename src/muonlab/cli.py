@@ -506,7 +506,7 @@ def build_parser(argv: list[str] | None = None, only: str | None = None) -> argp
     """The parser of every verb, or with `only` (what `main` passes: the verb the command line names) of
     that verb alone, the others listed by their one-line help: a verb's flags come from the config
     sections, which import torch and the families, so `muonlab --help` and `--version` need none of it."""
-    from muonlab import __version__
+    from muonlab.version import __version__
 
     parser = _Parser(prog="muonlab", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"muonlab {__version__}")

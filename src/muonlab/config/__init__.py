@@ -311,6 +311,16 @@ def protocol_values(layers: list[tuple[str, dict[str, Any]]], resolved: RunConfi
     return values
 
 
+def preset_of(saved: dict[str, Any]) -> str | None:
+    """The name of the preset a saved config was resolved from: the preset whose settings its
+    "preset" layer holds (None without layers, or when no preset holds exactly those)."""
+    layers = Resolution.read_layers(saved.get(LAYERS_KEY)) or []
+    values = next((v for origin, v in layers if origin == "preset"), None)
+    if values is None:
+        return None
+    return next((name for name, preset in all_presets().items() if canonical_overrides(preset) == values), None)
+
+
 def all_presets() -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for family in all_families().values():

@@ -3,7 +3,7 @@
 Layout under `cache_root()`:
   corpora/<source>-<hash12>/manifest.json     written last: its presence means complete
   corpora/<source>-<hash12>/{train,val,holdout}.parquet   (small corpora)
-  corpora/<source>-<hash12>/tokenizer-v<vocab>/tokenizer.json
+  corpora/<source>-<hash12>/tokenizer-v<vocab>/muonlab-bpe.json
   downloads/climbmix-<hash12 of base_url>/shard_*.parquet (shared by every num_shards)
 The hash covers the source's identity and the split settings, so changing either
 gives a fresh directory and an unchanged configuration reuses the old one.

@@ -213,7 +213,7 @@ def _ensure_tokenizer(cfg: DataConfig, corpus: Corpus, log: Callable[[str], None
     }
     tok_dir.mkdir(parents=True, exist_ok=True)
     with filelock.FileLock(str(tok_dir / ".lock")):
-        if (tok_dir / "tokenizer.json").exists():
+        if Tokenizer.stored(tok_dir) is not None:
             tok = Tokenizer.load(tok_dir)
             if tok.training == training:
                 log(f"data: reusing tokenizer at {tok_dir}")

@@ -1,6 +1,7 @@
 """BPE tokenizer: trained with rustbpe (optional: only training needs it), served by tiktoken, stored as plain JSON.
 
-The stored file `tokenizer.json` holds the split pattern, the mergeable ranks (token
+The stored file `muonlab-bpe.json` (named so that no tool mistakes it for a Hugging Face
+`tokenizer.json`; caches written before are read under that older name) holds the split pattern, the mergeable ranks (token
 bytes in base64, position = rank), the special tokens, the byte length of every token
 (for bits-per-byte) and how it was trained. No pickle anywhere, so loading a tokenizer
 from a shared cache can never execute code.
@@ -37,7 +38,8 @@ def _usable_cpus() -> int:
 
 SPECIAL_TOKENS = tuple(f"<|reserved_{i}|>" for i in range(4))
 BOS_TOKEN = SPECIAL_TOKENS[0]
-FILE_NAME = "tokenizer.json"
+FILE_NAME = "muonlab-bpe.json"
+OLD_FILE_NAME = "tokenizer.json"  # the same content, as caches of earlier releases named it
 FORMAT = "muonlab-bpe-v1"
 
 
@@ -95,7 +97,7 @@ class Tokenizer:
         }
 
     def save(self, directory: str | os.PathLike) -> Path:
-        """Write `directory/tokenizer.json` atomically; return its path."""
+        """Write `directory/muonlab-bpe.json` atomically; return its path."""
         path = Path(directory) / FILE_NAME
         data = _canonical_bytes(self.to_json())
         with atomic_open(path, "wb") as f:
@@ -103,9 +105,17 @@ class Tokenizer:
         self._fingerprint = hashlib.sha256(data).hexdigest()
         return path
 
+    @staticmethod
+    def stored(directory: str | os.PathLike) -> Path | None:
+        """The tokenizer file in `directory` (today's name, else the earlier one), or None."""
+        for name in (FILE_NAME, OLD_FILE_NAME):
+            if (Path(directory) / name).is_file():
+                return Path(directory) / name
+        return None
+
     @classmethod
     def load(cls, directory: str | os.PathLike) -> "Tokenizer":
-        path = Path(directory) / FILE_NAME
+        path = cls.stored(directory) or Path(directory) / FILE_NAME
         try:
             raw = path.read_bytes()
         except FileNotFoundError:
@@ -125,7 +135,7 @@ class Tokenizer:
 
     @property
     def fingerprint(self) -> str:
-        """sha256 of the stored tokenizer.json (of what save() would write, if unsaved)."""
+        """sha256 of the stored file (of what save() would write, if unsaved)."""
         if self._fingerprint is None:
             self._fingerprint = hashlib.sha256(_canonical_bytes(self.to_json())).hexdigest()
         return self._fingerprint

@@ -213,7 +213,7 @@ def _nvidia_smi() -> dict[str, Any]:
 def section_environment(check: Check) -> dict[str, Any]:
     import torch  # noqa: PLC0415
 
-    from muonlab import __version__  # noqa: PLC0415
+    from muonlab.version import __version__  # noqa: PLC0415
     from muonlab.device import peak_flops  # noqa: PLC0415
 
     device = torch.device("cuda")
@@ -455,7 +455,7 @@ def _json_safe(value: Any) -> Any:
 
 
 def build_report(check: Check) -> dict[str, Any]:
-    from muonlab import __version__  # noqa: PLC0415
+    from muonlab.version import __version__  # noqa: PLC0415
 
     sections = check.sections
     failed = [n for n, s in sections.items() if s["status"] == "failed"]

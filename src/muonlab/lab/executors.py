@@ -98,8 +98,8 @@ class LocalExecutor:
         running: dict[int, tuple[subprocess.Popen, Any, Any]] = {}  # slot index -> (proc, job, logfile)
         shown = SweepProgress(len(queue), len(self.slots), log)
         # where each run writes (named before it starts: run_sweep), for the live line
-        where_of = {job.name: job.resume_dir or str(runs_dir(job.config) / str(job.config.record.run_name))
-                    for job in queue}
+        where_of = {job.name: job.resume_dir or (str(runs_dir(job.config) / job.config.record.run_name)
+                                                 if job.config.record.run_name else None) for job in queue}
         try:
             while queue or running:
                 for i, slot in enumerate(self.slots):
@@ -123,7 +123,7 @@ class LocalExecutor:
                         del running[i]
                         shown.done(job.name, proc.returncode)
                 shown.live([(job.name, where_of[job.name], job.config.train.num_steps)
-                            for _proc, job, _logfile in running.values()])
+                            for _proc, job, _logfile in running.values() if where_of[job.name]])
                 time.sleep(0.2)
         except KeyboardInterrupt:
             stop_runs([proc for proc, _job, _logfile in running.values()], log)

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-import muonlab
+from muonlab.version import __version__
 
 
 def _git(*args: str, cwd: Path) -> str | None:
@@ -24,7 +24,7 @@ def _git(*args: str, cwd: Path) -> str | None:
 
 def code_provenance() -> dict[str, Any]:
     """Git commit of the muonlab checkout (if any) and a hash of its uncommitted diff."""
-    root = Path(muonlab.__file__).resolve().parent
+    root = Path(__file__).resolve().parents[1]  # the muonlab package
     commit = _git("rev-parse", "HEAD", cwd=root)
     if commit is None:
         return {"git_commit": None, "git_dirty": None, "git_diff_sha256": None}
@@ -40,7 +40,7 @@ def environment_provenance(device: torch.device | None = None) -> dict[str, Any]
     from muonlab.device import device_name
 
     return {
-        "muonlab_version": muonlab.__version__,
+        "muonlab_version": __version__,
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,

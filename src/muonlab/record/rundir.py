@@ -20,6 +20,7 @@ import torch
 
 from muonlab.atomic import append_whole, atomic_open, write_json, write_text
 from muonlab.paths import cache_root
+from muonlab.record.weights import save_safetensors
 
 # `cfg` below is a run config (muonlab.config.RunConfig): the record sits below the config layer,
 # so it reads a config's `record` and `data` sections and never imports the class
@@ -73,11 +74,13 @@ class RunDir:
     def write_summary(self, summary: dict) -> None:
         write_json(self.path / "summary.json", summary)
 
-    def save_weights(self, model) -> Path:
+    def save_weights(self, model, metadata: dict[str, str] | None = None) -> Path:
+        """model.pt (torch's format) and model.safetensors (record/weights.py) of the final weights."""
         target = self.path / "model.pt"
-        state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+        state = model.state_dict()
         with atomic_open(target, "wb") as f:
-            torch.save(state, f)
+            torch.save({k: v.detach().cpu() for k, v in state.items()}, f)
+        save_safetensors(state, self.path / "model.safetensors", metadata or {})
         return target
 
 

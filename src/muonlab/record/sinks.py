@@ -42,9 +42,12 @@ def _import(module: str, package: str):
 
 
 class WandbSink:
-    def __init__(self, run_id: str, run_dir: Path, config: dict[str, Any], project: str):
+    def __init__(self, run_id: str, run_dir: Path, config: dict[str, Any], project: str, group: str,
+                 tags: list[str]):
         wandb = _import("wandb", "wandb")
-        self.run = wandb.init(project=project, name=run_id, id=run_id, dir=str(run_dir), config=config)
+        # a resumed or requeued run keeps its id: resume="allow" continues the same wandb run
+        self.run = wandb.init(project=project, name=run_id, id=run_id, dir=str(run_dir), config=config,
+                              group=group, tags=tags, resume="allow")
 
     def log_step(self, record: dict[str, Any]) -> None:
         self.run.log({k: v for k, v in record.items() if isinstance(v, (int, float)) and v is not None},
@@ -58,10 +61,14 @@ class WandbSink:
 
 
 class TensorBoardSink:
-    def __init__(self, run_id: str, run_dir: Path, config: dict[str, Any], project: str):
+    def __init__(self, run_id: str, run_dir: Path, config: dict[str, Any], project: str, group: str,
+                 tags: list[str]):
         tb = _import("torch.utils.tensorboard", "tensorboard")
         self.writer = tb.SummaryWriter(log_dir=str(run_dir / "tensorboard"))
         self.writer.add_text("config", f"```\n{config}\n```")
+        # the settings as hyperparameters (TensorBoard's HParams view compares runs by them)
+        self.hparams = {k: v for k, v in _flat(config).items()
+                        if isinstance(v, (int, float, str, bool)) and k not in ("format", "layers")}
 
     def log_step(self, record: dict[str, Any]) -> None:
         for key, value in record.items():
@@ -69,19 +76,35 @@ class TensorBoardSink:
                 self.writer.add_scalar(f"train/{key}", value, record["step"])
 
     def close(self, summary: dict[str, Any]) -> None:
+        scores = {}
         for key, value in summary.items():
-            if isinstance(value, (int, float)) and value is not None:
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value is not None:
                 self.writer.add_scalar(f"summary/{key}", value, 0)
+                scores[f"hparam/{key}"] = value
+        self.writer.add_hparams(self.hparams, scores, run_name=".")
         self.writer.close()
+
+
+def _flat(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
 
 
 class SinkGroup:
     """Fan-out to the requested sinks; an empty group costs nothing."""
 
     def __init__(self, names: list[str], run_id: str, run_dir: Path, config: dict[str, Any],
-                 project: str = "muonlab"):
+                 project: str = "muonlab", group: str | None = None, tags: list[str] | None = None):
+        """`group` gathers runs on a dashboard (the arm: its seeds together); `tags` label the run
+        (train/run.py: model family, seed, preset, protocol id)."""
         classes = {"wandb": WandbSink, "tensorboard": TensorBoardSink}
-        self.sinks = [classes[n](run_id, run_dir, config, project) for n in names]
+        group = group or str(config.get("arm"))
+        self.sinks = [classes[n](run_id, run_dir, config, project, group, list(tags or [])) for n in names]
 
     def log_step(self, record: dict[str, Any]) -> None:
         for sink in self.sinks:

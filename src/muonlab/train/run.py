@@ -24,7 +24,7 @@ from typing import Callable
 
 import torch
 
-from muonlab.config import RunConfig, is_legacy, load_config_file, read_config_values
+from muonlab.config import RunConfig, is_legacy, load_config_file, preset_of, read_config_values
 from muonlab.data.prepare import PreparedData
 from muonlab.device import (Runtime, detect_device, mfu_percent, peak_flops, peak_memory_mb, resolve_precision,
                             use_expandable_segments)
@@ -300,8 +300,11 @@ def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx: 
         f"{ctx.world_size} process(es) x {cfg.train.accum_steps_per_rank(ctx.world_size)} micro-steps x "
         f"{cfg.train.tokens_per_micro_step:,} tokens, device {runtime.device}, "
         f"precision {runtime.precision}, attention {attention}, compile {compile_on}")
+    saved = cfg.to_dict()
+    tags = [f"family:{cfg.family}", f"seed:{cfg.seed}", *([f"preset:{p}"] if (p := preset_of(saved)) else []),
+            *([f"protocol:{saved['protocol']}"] if saved.get("protocol") else [])]
     sinks = SinkGroup(parse_sinks(cfg.record.sinks) if ctx.is_main else [], run.path.name, run.path,
-                      cfg.to_dict(), cfg.record.sink_project)
+                      saved, cfg.record.sink_project, group=cfg.arm, tags=tags)
 
     def save(loop_state: LoopState, next_batch: tuple) -> str | None:
         """Collective: every rank calls it; rank 0 writes one world-size-tagged checkpoint."""
@@ -342,8 +345,9 @@ def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx: 
                 exc.args = (f"{exc} ({stop.signal})",)
             raise
     evals = evaluate(train_model, data, cfg, runtime, ctx)  # compiled, as upstream scores it
-    if ctx.is_main:
-        run.save_weights(model)
+    if ctx.is_main:  # what a reader needs besides config.json to rebuild the model (muonlab.load_run)
+        run.save_weights(model, {"family": cfg.family, "vocab_size": str(data.vocab_size),
+                                 "config_hash": cfg.config_hash()})
     timed_steps = state.step - min(cfg.train.untimed_steps, state.step)
     mfu = mfu_percent(flops_per_token, cfg.train.total_batch_size * timed_steps, state.training_seconds,
                       peak_flops(runtime.device), ctx.world_size)
