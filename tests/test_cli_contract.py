@@ -129,6 +129,8 @@ CASES = [
      "max_doc_chars must be >= 16"),
     ("num-shards", TINY + ["--source", "climbmix", "--num-shards", "0"], USAGE, "num_shards"),
     ("download-workers", TINY + ["--source", "climbmix", "--download-workers", "0"], USAGE, "download_workers"),
+    ("base-url-not-a-hub-dataset", TINY + ["--source", "climbmix", "--base-url", "http://example.org/shards"], USAGE,
+     "must name a Hugging Face dataset"),
     ("download-retries", TINY + ["--source", "climbmix", "--download-retries", "0"], USAGE, "download_retries"),
     ("download-timeout", TINY + ["--source", "climbmix", "--download-timeout-s", "0"], USAGE, "download_timeout_s"),
     ("vocab-too-small", TINY + ["--vocab-size", "100"], USAGE, "vocab_size must be between"),

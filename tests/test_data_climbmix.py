@@ -1,5 +1,6 @@
 """ClimbMix download over loopback HTTP: arrival, atomicity, reuse, corruption, retries."""
 
+import hashlib
 import threading
 from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -37,7 +38,8 @@ def shard_dir(tmp_path_factory) -> Path:
 
 
 class ShardHandler(BaseHTTPRequestHandler):
-    """Serves files from `root`; `modes[name]` can be 'garbage', '500' or 'drop'."""
+    """Serves files from `root` as the Hugging Face Hub does (HEAD with an ETag, GET honouring a
+    Range); `modes[name]` can be 'garbage', '500' or 'drop' (the first GET closes mid-body)."""
 
     def __init__(self, *args, root: Path, modes: dict, hits: list, **kwargs):
         self.root, self.modes, self.hits = root, modes, hits
@@ -46,22 +48,48 @@ class ShardHandler(BaseHTTPRequestHandler):
     def log_message(self, *args):  # keep test output quiet
         pass
 
+    def _body(self, name: str) -> bytes | None:
+        path = self.root / name
+        if not path.exists():
+            return None
+        return b"PAR1 this is not a parquet file" * 100 if self.modes.get(name) == "garbage" else path.read_bytes()
+
+    def _head(self, name: str, data: bytes, status: int = 200, length: int | None = None) -> None:
+        self.send_response(status)
+        self.send_header("ETag", f'"{hashlib.sha256(data).hexdigest()}"')
+        self.send_header("X-Repo-Commit", "0" * 40)
+        self.send_header("Content-Length", str(len(data) if length is None else length))
+        self.end_headers()
+
+    def do_HEAD(self):
+        name = self.path.rsplit("/", 1)[-1]
+        data = self._body(name)
+        if self.modes.get(name) == "500":
+            self.send_error(500, "boom")
+        elif data is None:
+            self.send_error(404)
+        else:
+            self._head(name, data)
+
     def do_GET(self):
         name = self.path.rsplit("/", 1)[-1]
         self.hits.append(name)
-        mode = self.modes.get(name)
-        if mode == "500":
+        if self.modes.get(name) == "500":
             self.send_error(500, "boom")
             return
-        path = self.root / name
-        if not path.exists():
+        data = self._body(name)
+        if data is None:
             self.send_error(404)
             return
-        data = b"PAR1 this is not a parquet file" * 100 if mode == "garbage" else path.read_bytes()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data[: len(data) // 2] if mode == "drop" else data)  # 'drop' closes mid-body
+        start = int(self.headers["Range"].split("=")[1].split("-")[0]) if self.headers.get("Range") else 0
+        part = data[start:]
+        self._head(name, data, 206 if start else 200, len(part))
+        if self.modes.get(name) == "drop":  # once: the next request resumes where this one stopped
+            del self.modes[name]
+            self.wfile.write(part[: len(part) // 2])
+            self.close_connection = True
+            return
+        self.wfile.write(part)
 
 
 @pytest.fixture
@@ -71,7 +99,8 @@ def server(shard_dir):
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), partial(ShardHandler, root=shard_dir, modes=modes, hits=hits))
     thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
-    yield {"url": f"http://127.0.0.1:{httpd.server_address[1]}/resolve/main", "modes": modes, "hits": hits}
+    url = f"http://127.0.0.1:{httpd.server_address[1]}/datasets/karpathy/climbmix-400b-shuffle/resolve/main"
+    yield {"url": url, "modes": modes, "hits": hits}
     httpd.shutdown()
     httpd.server_close()
     thread.join()
@@ -96,11 +125,17 @@ def download_dir(cache: Path) -> Path:
     return d
 
 
+def shards_in(d: Path) -> list[str]:
+    """The files under their final names (huggingface_hub's staging folder `.partial` aside)."""
+    return sorted(p.name for p in d.iterdir() if p.name != ".partial")
+
+
 def test_download_validate_and_reuse(server, cache, shard_dir):
     logs: list[str] = []
     data = prepare_data(config(server), log=logs.append)
     d = download_dir(cache)
-    assert sorted(p.name for p in d.iterdir()) == sorted(SHARDS)  # nothing else: no .tmp left
+    assert shards_in(d) == sorted(SHARDS)
+    assert not [p for p in (d / ".partial").glob("*.parquet")]  # each moved out once checked
     for name in SHARDS:
         assert (d / name).read_bytes() == (shard_dir / name).read_bytes()
     assert sorted(server["hits"]) == sorted(SHARDS)
@@ -143,23 +178,66 @@ def test_corrupted_shard_names_the_file_and_leaves_nothing(server, cache):
     with pytest.raises(MuonlabError, match=r"shard_00001\.parquet.*not a readable parquet"):
         prepare_data(config(server), log=lambda s: None)
     d = download_dir(cache)
-    assert sorted(p.name for p in d.iterdir()) == ["shard_00000.parquet", "shard_06542.parquet"]
+    assert shards_in(d) == ["shard_00000.parquet", "shard_06542.parquet"]
     assert server["hits"].count("shard_00001.parquet") == 2  # retried, then gave up
+    assert not (d / ".partial" / "shard_00001.parquet").exists()
 
 
-@pytest.mark.parametrize("mode,match", [("500", "500"), ("drop", "IncompleteRead|Connection broken|closed after")])
-def test_server_errors_exhaust_retries(server, cache, mode, match):
-    server["modes"]["shard_06542.parquet"] = mode
-    with pytest.raises(MuonlabError, match=match) as info:
+def test_server_errors_exhaust_retries(server, cache, monkeypatch):
+    import huggingface_hub.utils._http as hub_http
+
+    monkeypatch.setattr(hub_http.time, "sleep", lambda s: None)  # the hub's own backoff between its retries
+    server["modes"]["shard_06542.parquet"] = "500"
+    with pytest.raises(MuonlabError, match="500") as info:
         prepare_data(config(server, download_retries=3), log=lambda s: None)
     assert "shard_06542.parquet" in str(info.value) and "after 3 attempts" in str(info.value)
-    assert server["hits"].count("shard_06542.parquet") == 3
     d = download_dir(cache)
     assert not (d / "shard_06542.parquet").exists()
-    assert not [p for p in d.iterdir() if p.name.endswith(".tmp")]
 
     # Once the server recovers, only the missing shard is fetched.
     server["modes"].clear()
     before = len(server["hits"])
     prepare_data(config(server), log=lambda s: None)
     assert server["hits"][before:] == ["shard_06542.parquet"]
+
+
+def test_a_dropped_download_resumes_where_it_stopped(server, cache, shard_dir):
+    server["modes"]["shard_06542.parquet"] = "drop"
+    prepare_data(config(server), log=lambda s: None)
+    d = download_dir(cache)
+    assert (d / "shard_06542.parquet").read_bytes() == (shard_dir / "shard_06542.parquet").read_bytes()
+    assert server["hits"].count("shard_06542.parquet") == 2  # the second request asked for the rest only
+
+
+def test_offline_mode_uses_what_is_here_and_says_what_is_missing(server, cache, monkeypatch):
+    from huggingface_hub import constants
+
+    prepare_data(config(server, num_shards=1), log=lambda s: None)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    hits = len(server["hits"])
+    prepare_data(config(server, num_shards=1), log=lambda s: None)  # all here: no request at all
+    with pytest.raises(MuonlabError, match="shard_00001.parquet is not downloaded and HF_HUB_OFFLINE is set"):
+        prepare_data(config(server, num_shards=2), log=lambda s: None)
+    assert len(server["hits"]) == hits
+
+
+def test_a_token_in_hf_token_is_sent(server, cache, monkeypatch):
+    from huggingface_hub import constants
+
+    seen = []
+    real = ShardHandler.do_GET
+
+    def spy(self):
+        seen.append(self.headers.get("Authorization"))
+        real(self)
+
+    monkeypatch.setattr(ShardHandler, "do_GET", spy)
+    monkeypatch.setenv("HF_TOKEN", "hf_test_token")
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(cache / "no-token-file"))
+    prepare_data(config(server, num_shards=1), log=lambda s: None)
+    assert seen and set(seen) == {"Bearer hf_test_token"}
+
+
+def test_a_base_url_that_is_no_hub_dataset_is_refused():
+    with pytest.raises(UsageError, match="must name a Hugging Face dataset"):
+        DataConfig(source="climbmix", base_url="http://example.org/shards").validate()

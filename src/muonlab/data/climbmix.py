@@ -1,18 +1,20 @@
 """The `climbmix` corpus: upstream's pre-shuffled ClimbMix parquet shards.
 
-URL scheme `{base_url}/shard_{i:05d}.parquet`. Shards 0..num_shards-1 are the training
-split; the last shard, 06542, is pinned for evaluation: val is the beginning of its
+The shards `shard_{i:05d}.parquet` of the Hugging Face dataset that `base_url` names
+(`{endpoint}/datasets/{owner}/{name}/resolve/{revision}`). Shards 0..num_shards-1 are the
+training split; the last shard, 06542, is pinned for evaluation: val is the beginning of its
 packed row stream and holdout the next equally long stretch of that same stream.
 
-Downloads run in a thread pool, retry with exponential backoff, stream into a `.tmp`
-file beside the target, check that it is a readable parquet file with a `text`
-column, and only then rename it to its final name: a file under a final name is
-always complete. Shards already present are skipped.
+Downloads go through huggingface_hub, in a thread pool: a partial file is resumed where it
+stopped, a token in HF_TOKEN (or `huggingface-cli login`) is sent, HF_HUB_OFFLINE=1 uses only
+what is already here, and a progress bar shows the bytes on a terminal. Each shard lands in a
+staging folder (`.partial/`), is checked to be a readable parquet file with a `text` column,
+and only then takes its final name: a file under a final name is always complete. Shards
+already present are skipped; a failed shard is tried again with exponential backoff.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from collections.abc import Callable
@@ -22,10 +24,8 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import requests
 
-from muonlab.atomic import create_temp_beside
-from muonlab.data.config import CLIMBMIX_MAX_SHARD
+from muonlab.data.config import CLIMBMIX_MAX_SHARD, hub_location
 from muonlab.errors import MuonlabError
 
 VAL_SHARD = CLIMBMIX_MAX_SHARD
@@ -58,6 +58,9 @@ def check_shard(path: Path) -> int:
         raise _BadShard(f"not a readable parquet file ({e})") from None
 
 
+STAGING = ".partial"  # huggingface_hub's downloads (and their resumable parts) before the check
+
+
 @dataclass
 class Downloader:
     base_url: str
@@ -69,48 +72,46 @@ class Downloader:
 
     def fetch(self, index: int) -> Path:
         """Download one shard unless present; MuonlabError after the last failed attempt."""
+        from huggingface_hub import constants  # noqa: PLC0415 (imported when a download is due)
+
         name = shard_name(index)
         final = self.dest / name
         if final.exists():
             return final
-        url = f"{self.base_url.rstrip('/')}/{name}"
         last = ""
         for attempt in range(1, self.retries + 1):
             try:
-                self._download_to(url, final)
+                self._download_to(name, final)
                 self.log(f"data: downloaded {name}")
                 return final
-            except (requests.RequestException, OSError, _BadShard) as e:
-                last = f"{type(e).__name__}: {e}" if not isinstance(e, _BadShard) else str(e)
-                self.log(f"data: attempt {attempt}/{self.retries} for {name} failed: {last}")
+            except (OSError, _BadShard, *_hub_errors()) as e:
+                if constants.HF_HUB_OFFLINE:
+                    raise MuonlabError(f"{name} is not downloaded and HF_HUB_OFFLINE is set: unset it to "
+                                       f"download from {self.base_url}") from None
+                last = str(e) if isinstance(e, _BadShard) else _cause(e)
+                self.log(f"data: attempt {attempt}/{self.retries} for {name} failed: {last.splitlines()[0]}")
                 if attempt < self.retries:
                     time.sleep(self.backoff_s * 2 ** (attempt - 1))
-        raise MuonlabError(f"could not download {name} from {url} after {self.retries} attempts: {last}")
+        raise MuonlabError(f"could not download {name} from {self.base_url} after {self.retries} attempts: "
+                           f"{last.splitlines()[0]}")
 
-    def _download_to(self, url: str, final: Path) -> None:
-        self.dest.mkdir(parents=True, exist_ok=True)
-        # A unique temp name, so concurrent preparers never write the same .tmp file.
-        fd, tmp_name = create_temp_beside(final)
-        tmp = Path(tmp_name)
+    def _download_to(self, name: str, final: Path) -> None:
+        from huggingface_hub import constants, hf_hub_download  # noqa: PLC0415
+
+        endpoint, repo, revision = hub_location(self.base_url)  # checked by DataConfig.validate
+        staging = self.dest / STAGING
+        constants.HF_HUB_DOWNLOAD_TIMEOUT = self.timeout_s  # read per request: a stalled body is retried
+        path = Path(hf_hub_download(repo, name, repo_type="dataset", revision=revision, endpoint=endpoint,
+                                    local_dir=staging, etag_timeout=self.timeout_s))
         try:
-            with os.fdopen(fd, "wb") as f, requests.get(url, stream=True, timeout=self.timeout_s) as r:
-                r.raise_for_status()
-                expected = r.headers.get("Content-Length")
-                received = 0
-                for chunk in r.iter_content(chunk_size=1 << 20):
-                    f.write(chunk)
-                    received += len(chunk)
-                if expected is not None and received != int(expected):
-                    raise requests.exceptions.ContentDecodingError(
-                        f"connection closed after {received} of {expected} bytes"
-                    )
-                f.flush()
-                os.fsync(f.fileno())
-            check_shard(tmp)
-            os.replace(tmp, final)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                tmp.unlink()
+            check_shard(path)
+        except _BadShard:
+            path.unlink(missing_ok=True)  # and its record, so the next attempt downloads it again
+            for record in (staging / ".cache" / "huggingface" / "download").glob(f"{name}.*"):
+                record.unlink(missing_ok=True)
+            raise
+        os.replace(path, final)
+
 
     def fetch_all(self, indices: list[int], workers: int) -> list[Path]:
         missing = [i for i in indices if not (self.dest / shard_name(i)).exists()]
@@ -128,3 +129,18 @@ class Downloader:
             more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
             raise MuonlabError(errors[0] + more)
         return [self.dest / shard_name(i) for i in indices]
+
+
+def _hub_errors() -> tuple[type[BaseException], ...]:
+    """huggingface_hub's and its HTTP client's errors (an HTTP status, a dropped connection)."""
+    import httpx2  # noqa: PLC0415
+    from huggingface_hub import errors  # noqa: PLC0415
+
+    return (errors.HfHubHTTPError, errors.LocalEntryNotFoundError, httpx2.HTTPError)
+
+
+def _cause(exc: BaseException) -> str:
+    """The first line of the innermost error (huggingface_hub wraps an HTTP status in a lookup error)."""
+    while exc.__cause__ is not None or (exc.__context__ is not None and not exc.__suppress_context__):
+        exc = exc.__cause__ or exc.__context__
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -17,6 +18,13 @@ PATH_SOURCES = ("local", "memmap", "images", "fasta")
 
 # Upstream's pre-shuffled ClimbMix shards on the Hugging Face hub.
 CLIMBMIX_URL = "https://huggingface.co/datasets/karpathy/climbmix-400b-shuffle/resolve/main"
+HUB_URL = re.compile(r"^(?P<endpoint>https?://.+?)/datasets/(?P<repo>[^/]+/[^/]+)/resolve/(?P<revision>[^/]+)/?$")
+
+
+def hub_location(base_url: str) -> tuple[str, str, str] | None:
+    """(endpoint, dataset repo, revision) of a Hugging Face dataset URL, or None."""
+    m = HUB_URL.match(base_url)
+    return None if m is None else (m["endpoint"], m["repo"], m["revision"])
 CLIMBMIX_MAX_SHARD = 6542  # the last shard, pinned as the validation shard
 
 TXT_MODES = ("file", "paragraph")
@@ -114,6 +122,9 @@ class DataConfig(Section):
             raise UsageError(f"max_doc_chars must be >= 16 or None, got {self.max_doc_chars}")
         if self.num_shards != -1 and self.num_shards < 1:
             raise UsageError(f"num_shards must be >= 1 or -1 (all), got {self.num_shards}")
+        if self.source == "climbmix" and hub_location(self.base_url) is None:
+            raise UsageError(f"base_url must name a Hugging Face dataset, <endpoint>/datasets/<owner>/<name>/resolve/"
+                             f"<revision> (huggingface_hub downloads it), got {self.base_url!r}")
         if self.download_workers < 1:
             raise UsageError(f"download_workers must be >= 1, got {self.download_workers}")
         if self.download_retries < 1:
