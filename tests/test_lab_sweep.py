@@ -151,6 +151,9 @@ def test_metric_sinks_mirror_steps(tmp_path, monkeypatch):
         def add_scalar(self, tag, value, step):
             seen.append((tag, step))
 
+        def add_hparams(self, hparams, metrics, run_name=None):
+            seen.append(("hparams", "hparam/val_bpb" in metrics))
+
         def close(self):
             seen.append(("closed",))
 
@@ -161,7 +164,7 @@ def test_metric_sinks_mirror_steps(tmp_path, monkeypatch):
                         lambda name, *a: object() if name == "tensorboard" else real_find_spec(name, *a))
     assert main(["train", "--preset", "cpu-tiny", "--sinks", "tensorboard", "--num-steps", "3"]) == 0
     assert {step for tag, *rest in seen if tag == "train/loss" for step in rest} == {0, 1, 2}
-    assert ("summary/val_bpb", 0) in seen and seen[-1] == ("closed",)
+    assert ("summary/val_bpb", 0) in seen and ("hparams", True) in seen and seen[-1] == ("closed",)
 
 
 def test_missing_sink_package_is_a_usage_error(tmp_path, monkeypatch, capsys):
