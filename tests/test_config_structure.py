@@ -223,3 +223,23 @@ def test_the_run_asks_its_family_for_data_and_evaluation(monkeypatch, capsys):
     assert main(["train", "--preset", "cpu-tiny", "--num-steps", "2", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert calls == ["data", "evaluate"] and out["summary"]["val_bpb"] == out["summary"]["holdout_bpb"] == 0.125
+
+
+def test_help_builds_the_config_it_shows_and_no_other_familys(monkeypatch, capsys):
+    """Every family's flags parse (another family's are refused by name at resolution), read from
+    the section classes: --help builds only the config whose defaults it shows."""
+    from muonlab.config import RunConfig, family_leaves
+    from muonlab.families import all_families
+    from muonlab.settings import leaves
+
+    for name in all_families():  # the classes give exactly what a built config holds
+        assert [(l.key, l.flag, l.help) for l in family_leaves(name)] == \
+            [(l.key, l.flag, l.help) for l in leaves(RunConfig.for_family(name))]
+    built = []
+    real = RunConfig.for_family.__func__
+
+    monkeypatch.setattr(RunConfig, "for_family", classmethod(lambda cls, name: built.append(name) or real(cls, name)))
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "--preset", "tied-cpu", "--help"])
+    assert exit_.value.code == 0 and "--af-cap" in capsys.readouterr().out
+    assert set(built) == {"tied"}

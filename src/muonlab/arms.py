@@ -13,12 +13,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from muonlab.config import RunConfig, all_presets, build_config, canonical_overrides
+from muonlab.config import RunConfig, all_presets, build_config, canonical_overrides, family_leaves
 from muonlab.errors import UsageError
 from muonlab.families import get_family
 from muonlab.record.ledger import read_records_tolerant
 from muonlab.record.protocol import recorded_arm_overrides
-from muonlab.settings import coerce, leaves
+from muonlab.settings import coerce
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,7 @@ def normalized_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
     """Dotted-key overrides with each value checked and converted to its setting's type (under
     the model family they set, or the default one)."""
     family = overrides.get("family", "autoresearch")
-    types = {leaf.key: leaf.type for leaf in leaves(RunConfig.for_family(family))}
+    types = {leaf.key: leaf.type for leaf in family_leaves(family)}
     out = {}
     for key, value in overrides.items():
         out[key] = value if key not in types else coerce(value, types[key], key)

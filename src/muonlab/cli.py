@@ -530,9 +530,9 @@ def build_parser(argv: list[str] | None = None, only: str | None = None) -> argp
         p.add_argument("--preset", default=DEFAULT_PRESET, choices=presets,
                        help="protocol preset the flags override (default: gpu-d8; a GPU preset on a machine "
                             "without one needs --device cpu)")
-        from muonlab.settings import leaves
+        from muonlab.config import family_leaves
 
-        skip = ("arm",) + tuple(l.key for f in families for l in leaves(_family_config(f))
+        skip = ("arm",) + tuple(l.key for f in families for l in family_leaves(f)
                                 if data_only and not l.key.startswith("data."))
         add_config_flags(p, base, families, skip=skip)
         p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -724,12 +724,6 @@ def build_parser(argv: list[str] | None = None, only: str | None = None) -> argp
         p.add_argument("--json", action="store_true", help="print every per-tensor figure as JSON")
         p.set_defaults(func=cmd_verify_reference)
     return parser
-
-
-def _family_config(name: str):
-    from muonlab.config import RunConfig
-
-    return RunConfig.for_family(name)
 
 
 def _sigterm_as_interrupt(signum, frame):

@@ -44,14 +44,14 @@ def _group_title(key: str, family: str) -> str:
 
 def add_config_flags(parser: argparse.ArgumentParser, base, families: dict, skip: tuple[str, ...] = ()) -> None:
     """Add one flag per setting of every family; help shows `base`'s family with its values."""
-    from muonlab.config import RunConfig  # noqa: PLC0415
+    from muonlab.config import family_leaves  # noqa: PLC0415
 
     groups: dict[str, Any] = {}
     seen: set[str] = set()
     ordered = [base.family] + [f for f in families if f != base.family]
     for family in ordered:
         shown = family == base.family  # another family's flags parse, hidden: resolution refuses them
-        for leaf in leaves(base if shown else RunConfig.for_family(family)):
+        for leaf in (leaves(base) if shown else family_leaves(family)):  # other families: from their classes
             if leaf.flag in seen or leaf.key in skip:
                 continue
             seen.add(leaf.flag)

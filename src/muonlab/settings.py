@@ -145,19 +145,32 @@ class Leaf:
     type: Any
 
 
-def leaves(obj, prefix: str = "") -> Iterator[Leaf]:
+def leaves(obj, prefix: str = "", classes: dict[str, type] | None = None) -> Iterator[Leaf]:
     """Every leaf setting of a section class or instance (sub-sections expanded), in declaration
-    order. A field annotated with the abstract `Section` (a family's model or optimizer) is
-    expanded from the instance's value."""
+    order, without building a config from a class. A field annotated with the abstract `Section`
+    (a family's model or optimizer, a registry's generated section) is expanded from the instance's
+    value, or from a class: `classes[field]` where given, else the class its default factory makes."""
     cls = obj if isinstance(obj, type) else type(obj)
     hints = _resolve_hints(cls)
     for f in dataclasses.fields(cls):
         tp = hints[f.name]
         key = f"{prefix}{f.name}"
         if _is_section_type(tp):
-            yield from leaves(tp if isinstance(obj, type) else getattr(obj, f.name), key + ".")
+            if not isinstance(obj, type):
+                below = getattr(obj, f.name)
+            elif tp is not Section:
+                below = tp
+            else:  # an abstract field of a class: the family's, or what its factory makes
+                below = (classes or {}).get(f.name) or _factory_class(f)
+            yield from leaves(below, key + ".")
             continue
         yield Leaf(key, f.metadata.get("flag") or f.name.replace("_", "-"), f.metadata.get("help", ""), tp)
+
+
+def _factory_class(f: dataclasses.Field) -> type:
+    factory = f.default_factory
+    # a registry's section (optim.prepolar, model.plugin_variants) names its class; else make one
+    return getattr(factory, "section_class", None)() if hasattr(factory, "section_class") else type(factory())
 
 
 def sections(obj: Section, prefix: str = "") -> Iterator[tuple[str, Section]]:

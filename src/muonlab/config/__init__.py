@@ -137,12 +137,18 @@ def _flags_for(_registry_state) -> tuple[dict[str, str], dict[str, frozenset[str
     owners: dict[str, set[str]] = {}
     by_key: dict[tuple[str, str], str] = {}
     for name in all_families():
-        for leaf in leaves(RunConfig.for_family(name)):
+        for leaf in family_leaves(name):
             if table.setdefault(leaf.flag, leaf.key) != leaf.key:
                 raise RuntimeError(f"flag --{leaf.flag} names both {table[leaf.flag]} and {leaf.key}")
             owners.setdefault(leaf.flag, set()).add(name)
             by_key[(name, leaf.key)] = leaf.flag
     return table, {k: frozenset(v) for k, v in owners.items()}, by_key
+
+
+def family_leaves(name: str) -> list:
+    """Every setting of a run of model family `name`, from the section classes (no config is built)."""
+    family = get_family(name)
+    return list(leaves(RunConfig, classes={"model": family.model_config, "optim": family.optim_config}))
 
 
 def flag_table() -> dict[str, str]:
@@ -341,7 +347,7 @@ def apply_overrides(cfg: RunConfig, overrides: dict[str, Any], origin: str = "ov
     flat = canonical_overrides(overrides)
     base = flatten(to_dict(cfg))
     if flat.get("family", cfg.family) != cfg.family:  # another family: keep only what it shares
-        keys = {l.key for l in leaves(RunConfig.for_family(flat["family"]))}
+        keys = {l.key for l in family_leaves(flat["family"])}
         base = {k: v for k, v in base.items() if k in keys}
     base.pop("family", None)
     out = build_config([("saved", {"family": cfg.family, **base}), (origin, flat)])
@@ -397,7 +403,7 @@ def from_legacy(values: dict[str, Any], strict: bool = False) -> RunConfig:
     values = copy.deepcopy(values)
     family = values.pop("model_family", "autoresearch")
     data = values.pop("data", {}) or {}
-    keys = {l.key for l in leaves(RunConfig.for_family(family))}
+    keys = {l.key for l in family_leaves(family)}
     table = flag_table()
     layer: dict[str, Any] = {"family": family}
     for name, value in [*values.items(), *((f"data.{k}", v) for k, v in data.items())]:

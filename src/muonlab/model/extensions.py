@@ -225,6 +225,9 @@ def new_plugin_settings():
     return plugin_settings_class()()
 
 
+new_plugin_settings.section_class = plugin_settings_class  # settings.leaves walks the class without making one
+
+
 def info_for(cfg: Any) -> VariantInfo:
     for info in REGISTRY.values():
         if type(cfg) is info.config:

@@ -185,3 +185,6 @@ def settings_class() -> type[PrepolarSettingsBase]:
 def new_settings() -> PrepolarSettingsBase:
     """A default `optim.prepolar` section (the factory of the optimizer config's field)."""
     return settings_class()()
+
+
+new_settings.section_class = settings_class  # settings.leaves walks the class without making one

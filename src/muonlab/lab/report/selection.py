@@ -33,13 +33,13 @@ def parse_setting(text: str, option: str) -> str:
 
 def coerce_setting(key: str, raw: Any, option: str) -> dict[str, Any]:
     """{family: the value as that family's config would hold it} for every family with `key`."""
-    from muonlab.config import TOP_LEVEL, RunConfig, families_with  # noqa: PLC0415
+    from muonlab.config import TOP_LEVEL, families_with, family_leaves  # noqa: PLC0415
     from muonlab.families import all_families  # noqa: PLC0415
-    from muonlab.settings import coerce, leaves  # noqa: PLC0415
+    from muonlab.settings import coerce  # noqa: PLC0415
 
     out, errors = {}, []
     for family in (list(all_families()) if key in TOP_LEVEL else families_with(key)):
-        leaf = next(leaf for leaf in leaves(RunConfig.for_family(family)) if leaf.key == key)
+        leaf = next(leaf for leaf in family_leaves(family) if leaf.key == key)
         try:
             out[family] = coerce(raw, leaf.type, key)
         except UsageError as exc:
