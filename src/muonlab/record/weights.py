@@ -12,6 +12,10 @@ import json
 from pathlib import Path
 
 import torch
+# at import, with torch as it is: safetensors keys its dtype tables by torch's dtype objects (a test that
+# swaps torch's dtypes for float64 while the first weights are written would leave them keyed wrongly)
+from safetensors import safe_open
+from safetensors.torch import save
 
 from muonlab.atomic import atomic_open
 
@@ -21,8 +25,6 @@ ALIASES_KEY = "aliases"  # metadata: {name: the name whose tensor it shares}
 
 def save_safetensors(state: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]) -> Path:
     """Write `state` (a state dict) atomically; tensors shared by several names are stored once."""
-    from safetensors.torch import save  # noqa: PLC0415 (imported when weights are written, not at startup)
-
     tensors, aliases, first = {}, {}, {}
     for name, tensor in state.items():
         key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape),
@@ -40,8 +42,6 @@ def save_safetensors(state: dict[str, torch.Tensor], path: Path, metadata: dict[
 
 def load_safetensors(path: Path, device: str | torch.device = "cpu") -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """(the state dict with every alias restored, the file's metadata)."""
-    from safetensors import safe_open  # noqa: PLC0415
-
     with safe_open(str(path), framework="pt", device=str(device)) as f:
         metadata = f.metadata() or {}
         state = {name: f.get_tensor(name) for name in f.keys()}
