@@ -22,6 +22,11 @@ IGNORED_KEYS = frozenset({"seed"})
 # What every arm must share when its own overrides are not known.
 PROTOCOL_KEYS = ("data.source", "train.num_steps", "train.time_budget", "train.total_batch_size",
                  "train.sequence_len", "train.eval_tokens", "data.vocab_size", "model.depth")
+# What defines a protocol even when an arm sets it (the model's size, the training budget, the data):
+# an arm whose runs differ from the baseline's here is not contrasted with it (seed 000's depth-6 arms
+# under gpu-d8 are a depth-6 study, not a change of the depth-8 baseline)
+DEFINING_KEYS = (*PROTOCOL_KEYS, "model.aspect_ratio", "model.n_embd", "model.head_dim", "model.n_kv_head",
+                 "model.preset", "data.path", "data.tokenizer_json")
 
 
 @dataclass(frozen=True)
@@ -103,15 +108,17 @@ def _show(diffs: Mapping[str, tuple[Any, Any]], limit: int = 6) -> str:
 
 def check_protocol(runs: Mapping[str, list[dict]], baseline: str,
                    arm_overrides: Mapping[str, Any] | None = None
-                   ) -> tuple[list[str], dict[str, dict[str, list]], list[str]]:
+                   ) -> tuple[list[str], dict[str, dict[str, list]], list[str], dict[str, str]]:
     """Compare resolved configs: within each arm across seeds, and each arm against the baseline.
 
     Within an arm every seed must share one config (seed and bookkeeping aside). Across arms,
     where `arm_overrides` names both arms' override keys, everything else must match; where it
-    does not, only PROTOCOL_KEYS are compared. Returns (warnings, per-arm differences from the
-    baseline for the report, notes).
+    does not, only PROTOCOL_KEYS are compared. An arm that differs from the baseline in a setting
+    that defines a protocol (DEFINING_KEYS), even one of its own overrides, is refused a contrast
+    with it. Returns (warnings, per-arm differences from the baseline for the report, notes,
+    {refused arm: why}).
     """
-    warnings, notes, settings = [], [], {}
+    warnings, notes, settings, refused = [], [], {}, {}
     overrides = {arm: _override_keys(v) for arm, v in (arm_overrides or {}).items()}
     reference: dict[str, dict] = {}
     for arm, records in runs.items():
@@ -131,13 +138,20 @@ def check_protocol(runs: Mapping[str, list[dict]], baseline: str,
                                 f"seed {seed0} in {_show(diffs)}")
     base = reference.get(baseline)
     if base is None:
-        return warnings, settings, notes
+        return warnings, settings, notes, refused
     unknown = []
     for arm, flat in reference.items():
         if arm == baseline:
             continue
         diffs = _differences(flat, base)
         settings[arm] = {k: [a, b] for k, (a, b) in diffs.items()}
+        defining = {k: v for k, v in diffs.items() if k in DEFINING_KEYS}
+        if defining:
+            refused[arm] = (f"arm {arm!r} runs at {_show(defining)} (the baseline's values second): settings that "
+                            f"define a protocol, so it is not contrasted with baseline {baseline!r}; compare it "
+                            f"with a baseline run at its values")
+            warnings.append(f"PROTOCOL MISMATCH: {refused[arm]}")
+            continue
         if arm in overrides and baseline in overrides:
             allowed = overrides[arm] | overrides[baseline]
             bad = {k: v for k, v in diffs.items() if not is_overridden(k, allowed)}
@@ -152,7 +166,7 @@ def check_protocol(runs: Mapping[str, list[dict]], baseline: str,
     if unknown:
         notes.append(f"overrides unknown for arm(s) {', '.join(unknown)}: only the protocol keys "
                      f"({', '.join(PROTOCOL_KEYS)}) were compared with the baseline")
-    return warnings, settings, notes
+    return warnings, settings, notes, refused
 
 
 def provenance_warning(records: Iterable[dict]) -> str | None:

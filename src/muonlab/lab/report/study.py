@@ -70,18 +70,18 @@ def analyse_study(protocol: Protocol, baseline: str, metric: str, threshold: flo
     ordered = ([baseline] if baseline in arms else []) + [a for a in arms if a != baseline]
     if not has_baseline:
         notes.append(f"baseline arm {baseline!r} has no ok run under this protocol: no contrasts against it")
+    protocol_warnings, arm_settings, protocol_notes, refused = check_protocol(runs_by_arm, baseline, arm_overrides)
     tables: dict[str, dict] = {}
     values: dict[str, Values] = {}
     for m in metrics:
         values[m], missing = _values(runs_by_arm, ordered, m)
         (warnings if m == metric else notes).extend(missing)
         tables[m] = _tables(values[m], ordered, baseline if has_baseline else None, m,
-                            rule_for(m, threshold, rule_kind), requests)
+                            rule_for(m, threshold, rule_kind), requests, refused)
     primary = tables[metric]
     if has_baseline:
-        warnings += _pairing_warnings(primary, baseline, metric)
+        warnings += _pairing_warnings(primary, baseline, metric, refused)
     warnings += _failure_warnings(arms, failed)
-    protocol_warnings, arm_settings, protocol_notes = check_protocol(runs_by_arm, baseline, arm_overrides)
     warnings += protocol_warnings
     notes += protocol_notes
     prov = provenance_warning(chosen.values())
@@ -138,10 +138,14 @@ def _values(runs_by_arm: Mapping[str, list[dict]], ordered: list[str], metric: s
 
 
 def _tables(values: Values, ordered: list[str], baseline: str | None, metric: str, rule: DecisionRule,
-            requests: Requests) -> dict[str, Any]:
-    """Per-arm summaries, contrasts against the baseline and the requested analyses of one metric."""
-    contrasts = {arm: _named(paired_contrast(values[arm], values[baseline], f"{arm} - {baseline}", rule),
-                             arm, baseline, metric)
+            requests: Requests, refused: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Per-arm summaries, contrasts against the baseline (none for an arm of another protocol's
+    size, budget or data: `refused`) and the requested analyses of one metric."""
+    refused = refused or {}
+    contrasts = {arm: (unavailable(f"{arm} - {baseline}", refused[arm], metric, arm=arm, reference=baseline)
+                       if arm in refused else
+                       _named(paired_contrast(values[arm], values[baseline], f"{arm} - {baseline}", rule),
+                              arm, baseline, metric))
                  for arm in ordered if baseline is not None and arm != baseline}
     return {
         "arms": {arm: summarize_arm(arm, values[arm]).to_dict() for arm in ordered},
@@ -235,11 +239,14 @@ def _one_run_per_seed(ok: list[dict]) -> tuple[dict[tuple[str, int], dict], list
     return chosen, warnings
 
 
-def _pairing_warnings(primary: dict, baseline: str, metric: str) -> list[str]:
-    """Seeds that cannot be paired with the baseline, and contrasts that are not estimable."""
+def _pairing_warnings(primary: dict, baseline: str, metric: str, refused: Mapping[str, str]) -> list[str]:
+    """Seeds that cannot be paired with the baseline, and contrasts that are not estimable (an arm
+    refused a contrast is said so once, by the protocol check)."""
     warnings = []
     base_seeds = set(primary["arms"][baseline]["seeds"])
     for arm, contrast in primary["contrasts"].items():
+        if arm in refused:
+            continue
         unpaired = sorted(set(primary["arms"][arm]["seeds"]) - base_seeds)
         lacking = sorted(base_seeds - set(primary["arms"][arm]["seeds"]))
         if unpaired:
