@@ -129,6 +129,8 @@ CASES = [
      "max_doc_chars must be >= 16"),
     ("num-shards", TINY + ["--source", "climbmix", "--num-shards", "0"], USAGE, "num_shards"),
     ("download-workers", TINY + ["--source", "climbmix", "--download-workers", "0"], USAGE, "download_workers"),
+    ("tokenizer-json-autoresearch", TINY + ["--source", "local", "--path", "/tmp", "--tokenizer-json", "tok.json"],
+     USAGE, "--tokenizer-json does not act on model family autoresearch"),
     ("base-url-not-a-hub-dataset", TINY + ["--source", "climbmix", "--base-url", "http://example.org/shards"], USAGE,
      "must name a Hugging Face dataset"),
     ("download-retries", TINY + ["--source", "climbmix", "--download-retries", "0"], USAGE, "download_retries"),

@@ -106,6 +106,10 @@ def trajectory(model) -> dict:
 def validate(cfg) -> None:
     """The checks that cross sections (a section's `check_with(cfg)`: a method that needs another),
     then the GPT's own checks (each variant config checks its values and the model's shape)."""
+    if cfg.data.source == "local" and cfg.data.tokenizer_json:  # the data section lets it act for local text
+        raise UsageError("--tokenizer-json does not act on model family autoresearch: its GPT reads text through "
+                         "its own BPE (bits per byte need each token's bytes); the seed-004 families (tied, hf, t5, "
+                         "reuse) read a Hugging Face tokenizer")
     for part in (cfg.model, cfg.optim):
         for _, section in sections(part):
             check = getattr(section, "check_with", None)

@@ -94,12 +94,13 @@ PRESETS["tied-moe-cpu"] = {**PRESETS["tied-cpu"], "model.preset": "tied-tiny-moe
 PRESETS["nanogpt-124m-moe"] = {**PRESETS["nanogpt-124m"], "model.preset": "nanogpt-124m-moe"}
 
 def prepare_data(cfg, log=print):
-    """Text through the packed loader (bits per byte), or seed 004's token memmaps as NanoGPT blocks."""
+    """Text through the packed loader (bits per byte), or as NanoGPT blocks seed 004's token memmaps
+    and local text tokenized with a Hugging Face tokenizer.json (--tokenizer-json)."""
     from muonlab.families import text_data  # noqa: PLC0415
     from muonlab.families.token_family import block_batcher, token_data  # noqa: PLC0415
 
-    if cfg.data.source == "memmap":
-        return token_data(cfg, log).with_batcher(block_batcher)
+    if cfg.data.source == "memmap" or (cfg.data.source == "local" and cfg.data.tokenizer_json):
+        return token_data(cfg, log).with_batcher(block_batcher)  # the paper's tokenizer: its token stream
     return text_data(cfg, log)
 
 
