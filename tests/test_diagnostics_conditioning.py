@@ -192,11 +192,17 @@ def test_passed_and_the_table(result):
     assert c.verdict(calibrated, held) and not c.verdict(not_calibrated, held) and not c.verdict(calibrated, None)
     assert not c.verdict(calibrated, dict(held, kappa=dict(holds=False)))
     assert not c.verdict(calibrated, dict(held, cosine=dict(holds=False)))
-    assert result["passed"] == c.verdict(result["primary"], result["orders"])
+    inside, outside = [dict(within=True)] * 3, [dict(within=True), dict(within=False)]
+    assert c.verdict(calibrated, held, inside) and not c.verdict(calibrated, held, outside)  # every value counts
+    assert result["passed"] == c.verdict(result["primary"], result["orders"], result["cells"])
+    assert result["passed"] == (result["cells_within"] == result["cells_total"] and c.verdict(
+        result["primary"], result["orders"]))
     uncalibrated = c.run(seed=9, seeds=2)  # seed 9's core alone has kappa > 12,700.5; seed 10 calibrates
     assert uncalibrated["seeds"]["calibrated"] == [10] and "already" in uncalibrated["seeds"]["not_calibrated"]["9"]
     assert uncalibrated["passed"] is False and not uncalibrated["cells"][0]["within"]
     table = c.format_table(result)
     for text in ("12,700.5", "370.0", "0.1963", "0.9954", "577.6", "2,401.9", "3,776.8", "0.8950", "passed:"):
         assert text in table, text
+    missed = [f"{x['rule']} {x['metric']}" for x in result["cells"] if not x["within"]]
+    assert all(m in table for m in missed) and (not missed or "outside their band" in table)
     json.dumps(result)  # the --json output is plain JSON

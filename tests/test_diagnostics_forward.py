@@ -41,6 +41,21 @@ def test_proposition1_holds_and_detects_an_untied_implementation(monkeypatch):
     assert not equivalence.proposition1(trials=1)["checks"]["implementation_ties_c_with_c_plus_half"]
 
 
+def test_the_equivalence_verdict_checks_every_printed_row_against_its_stated_tolerance():
+    gains = {"unfused_contig": {"output_rel_l2": 0.0, "grad_rel_l2_max": 0.0},
+             "weight_fused": {"output_rel_l2": 5e-7, "grad_rel_l2_max": 5e-6},
+             "gate_scaled": {"output_rel_l2": 2e-3, "grad_rel_l2_max": 0.5}}
+    lerope = {v: {"forward_max_abs_diff": 0.0, "tau_grad_cosine": 0.99999} for v in ("shared", "adapted")}
+    assert all(equivalence.checks(gains, lerope, {"passed": True}).values())
+    for broken in ({**gains, "weight_fused": {"output_rel_l2": 3e-5, "grad_rel_l2_max": 5e-6}},
+                   {**gains, "gate_scaled": {"output_rel_l2": 1e-6, "grad_rel_l2_max": 1e-6}}):
+        assert not all(equivalence.checks(broken, lerope, {"passed": True}).values())
+    assert not all(equivalence.checks(gains, {**lerope, "adapted": {"forward_max_abs_diff": 0.0,
+                                                                    "tau_grad_cosine": 0.999}},
+                                      {"passed": True}).values())
+    assert not equivalence.checks(gains, lerope, {"passed": False})["proposition 1"]
+
+
 def test_gains_equivalence_rows():
     rows = equivalence.gains_equivalence(n_layer=2, n_embd=64, head_dim=32, seq_len=32)
     assert rows["unfused_contig"]["output_rel_l2"] == 0.0  # same ops, the gate input only copied
@@ -116,7 +131,7 @@ def _check_equivalence(res, run_dir):  # exact, rounding-close and non-equivalen
     gains = res["gains"]
     assert gains["unfused_contig"]["output_rel_l2"] == 0.0
     assert gains["weight_fused"]["output_rel_l2"] < 1e-5 < gains["gate_scaled"]["output_rel_l2"]
-    assert res["proposition1"]["passed"]
+    assert res["proposition1"]["passed"] and res["passed"] and all(res["checks"].values())
 
 
 def _check_gauge(res, run_dir):  # float64 identities hold to rounding
@@ -158,7 +173,7 @@ def test_diagnose_needs_a_run(capsys):
 
 
 @pytest.mark.parametrize("tool, failing, passing", [
-    ("equivalence", {"proposition1": {"passed": False}}, {"proposition1": {"passed": True}}),
+    ("equivalence", {"passed": False, "proposition1": {"passed": True}}, {"passed": True}),
     ("gauge", {"passed": 3, "checks": 4}, {"passed": 4, "checks": 4}),
     ("geometry", {"passed": False}, {}),  # the default rule: a result that says it did not pass
 ])
