@@ -220,3 +220,14 @@ def test_a_line_without_a_config_is_a_study_of_its_own_never_pooled_with_known_o
     assert alone["arms"]["baseline"]["seeds"] == [4] and alone["unknown"]
     assert any("recorded neither a config nor a protocol id (lines 4)" in w for w in report["warnings"])
     assert report["counts"]["without_protocol"] == 1
+
+
+def test_periodic_evaluation_is_outside_the_hash_and_the_protocol():
+    """It changes no trained number (tests/test_periodic_eval.py), so a run that evaluates every 10
+    steps is the same configuration and protocol as one that does not; a run that never evaluated keeps
+    the hash it always had (the setting is hashed at 0)."""
+    plain = resolve_config("t1_hybrid", "tied-cpu")
+    curves = resolve_config("t1_hybrid", "tied-cpu", {"eval_every": 10, "eval_every_tokens": 512})
+    assert curves.config_hash() == plain.config_hash() and curves.protocol_id() == plain.protocol_id()
+    assert "train.eval_every" in plain.hashed_values() and plain.hashed_values()["train.eval_every"] == 0
+    assert curves.hashed_values()["train.eval_every"] == 0 and "train.eval_every_tokens" not in curves.hashed_values()

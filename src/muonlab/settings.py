@@ -23,9 +23,13 @@ from muonlab.errors import UsageError
 
 
 def setting(default: Any = MISSING, help: str = "", *, flag: str | None = None, hashed: bool = True,
-            factory: Any = MISSING) -> Any:
-    """A dataclass field with its description, flat flag name and whether it can change a number."""
+            factory: Any = MISSING, hashed_as: Any = MISSING) -> Any:
+    """A dataclass field with its description, flat flag name and whether it can change a number.
+    `hashed_as`: a setting that changes no number but was hashed in earlier releases is hashed at this
+    fixed value whatever it is set to, so the hashes recorded before it left the hash still match."""
     metadata = {"help": help, "flag": flag, "hashed": hashed}
+    if hashed_as is not MISSING:
+        metadata["hashed_as"] = hashed_as
     if factory is not MISSING:
         return dataclasses.field(default_factory=factory, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -259,7 +263,7 @@ def hashed_values(obj: Section, prefix: str = "", skip: frozenset[str] = frozens
             below = frozenset(k.removeprefix(f.name + ".") for k in inactive if k.startswith(f.name + "."))
             out.update(hashed_values(value, f"{prefix}{f.name}.", below))
         else:
-            out[f"{prefix}{f.name}"] = value
+            out[f"{prefix}{f.name}"] = f.metadata.get("hashed_as", value)
     return out
 
 
