@@ -12,7 +12,7 @@ import pytest
 from muonlab.arms import ARMS
 from muonlab.cli import main
 from muonlab.config import all_presets
-from muonlab.lab.paper import load_tables, scorecard
+from muonlab.lab.paper import format_scorecard, load_tables, scorecard
 from muonlab.lab.paper.scorecard import expected_protocol
 from muonlab.lab.stats import paired_contrast
 
@@ -166,3 +166,22 @@ def test_a_table_with_a_comparison_point_reads_the_evaluation_there_and_says_so(
     # another preset's runs are read at their end, and the card says where the paper compares
     other = scorecard([t], _ledger(preset_of=lambda _: "tied-cpu"), preset="tied-cpu")["tables"][0]
     assert other["compared_at"].startswith("final values: the paper compares at 458,752,000 tokens")
+
+
+def test_runs_of_the_tables_arms_left_out_are_listed_with_what_sets_them_apart():
+    from muonlab.arms import resolve_config
+
+    t = TABLES["004-t1-nanogpt"]
+    other = resolve_config("t1_afmuon", "nanogpt-124m", {"seed": 43, "num_steps": 100})
+    line = {"run_id": "short-43", "arm": "t1_afmuon", "seed": 43, "status": "ok", "protocol": other.protocol_id(),
+            "config": other.to_dict(), "metrics": {"val_ce": 3.9}}
+    def afmuon_row(lines):
+        return next(r for r in scorecard([t], lines)["tables"][0]["rows"] if r["arm"] == "t1_afmuon")
+
+    row, before = afmuon_row(_ledger() + [line]), afmuon_row(_ledger())
+    (left,) = [x for x in row["left_out"] if x["run_id"] == "short-43"]
+    assert "train.num_steps=100 (table: 5100)" in left["why"]
+    assert row["runs_of_other_protocols"] == before["runs_of_other_protocols"] + 1
+    assert row["measured"] == before["measured"]  # left out, not scored
+    card = scorecard([t], [line])
+    assert "short-43" in format_scorecard(card) and "train.num_steps=100" in format_scorecard(card)

@@ -17,6 +17,7 @@ from typing import Any, Iterable
 from muonlab.errors import UsageError
 from muonlab.lab.paper.tables import PaperTable
 from muonlab.lab.report.loading import Point, evaluation_at, metric_value
+from muonlab.lab.report.protocol import recorded_settings
 from muonlab.lab.stats import DecisionRule, paired_contrast, summarize_arm
 from muonlab.lab.sweep_status import unfinished_text
 
@@ -37,19 +38,49 @@ def _protocol(arm: str, preset: str, overrides: tuple) -> str | None:
 
 
 def _measured(records: Iterable[dict], arm: str, protocol: str | None, metric: str,
-              point: Point | None = None) -> tuple[dict[int, float], int]:
+              point: Point | None = None, expected: dict[str, Any] | None = None
+              ) -> tuple[dict[int, float], list[dict[str, Any]]]:
     """{seed: value} of the latest ok run per seed under the protocol (at `point`: its last periodic
-    evaluation at or before it); and the ok runs of other protocols."""
-    values, elsewhere = {}, 0
+    evaluation at or before it); and the ok runs of the arm it left out, each with why: the settings
+    that set it apart from `expected` (the hashed settings the table's protocol gives the arm), or
+    that it has no value there."""
+    values, left_out = {}, []
     for rec in records:
         if rec.get("arm") != arm or rec.get("status") != "ok":
             continue
         value = metric_value(rec, metric) if point is None else _value_at(rec, metric, point)
-        if rec.get("protocol") != protocol or value is None:
-            elsewhere += 1
+        if rec.get("protocol") != protocol:
+            left_out.append({"run_id": rec.get("run_id"), "seed": rec.get("seed"), "protocol": rec.get("protocol"),
+                             "why": _apart(rec, expected) or "another protocol id"})
+            continue
+        if value is None:
+            where = f" at {point.describe()}" if point is not None else ""
+            left_out.append({"run_id": rec.get("run_id"), "seed": rec.get("seed"), "protocol": protocol,
+                             "why": f"no {metric}{where}"})
             continue
         values[int(rec["seed"])] = value  # later lines win: the latest run of a seed
-    return values, elsewhere
+    return values, left_out
+
+
+def _apart(record: dict, expected: dict[str, Any] | None) -> str:
+    """The recorded settings that differ from the expected ones, as 'key=recorded (table: expected)'."""
+    settings = recorded_settings(record)
+    if settings is None or expected is None:
+        return "no config recorded" if settings is None else ""
+    keys = sorted(k for k in set(settings.hashed) | set(expected)
+                  if k != "seed" and settings.hashed.get(k) != expected.get(k))
+    shown = [f"{k}={settings.hashed.get(k)!r} (table: {expected.get(k)!r})" for k in keys[:4]]
+    return ", ".join(shown) + (f" and {len(keys) - 4} more" if len(keys) > 4 else "")
+
+
+@lru_cache(maxsize=None)
+def _expected_settings(arm: str, preset: str, overrides: tuple) -> dict[str, Any] | None:
+    from muonlab.arms import resolve_config
+
+    try:
+        return resolve_config(arm, preset, dict(overrides)).hashed_values()
+    except UsageError:
+        return None
 
 
 def _value_at(record: dict, metric: str, point: Point) -> float | None:
@@ -74,7 +105,8 @@ def score_table(table: PaperTable, records: list[dict], preset: str | None = Non
     for paper_arm in table.arms:
         protocol = expected_protocol(paper_arm.arm, preset, overrides)
         seeds = paper_arm.run_seeds
-        found, elsewhere = _measured(records, paper_arm.arm, protocol, table.metric, point)
+        expected = _expected_settings(paper_arm.arm, preset, tuple(sorted((overrides or {}).items())))
+        found, left_out = _measured(records, paper_arm.arm, protocol, table.metric, point, expected)
         found = {s: v for s, v in found.items() if s in seeds}
         measured_values[paper_arm.arm] = found
         missing += [(paper_arm.arm, s) for s in seeds if s not in found] if protocol else []
@@ -84,7 +116,8 @@ def score_table(table: PaperTable, records: list[dict], preset: str | None = Non
         diff = None if measured["mean"] is None else measured["mean"] - paper["mean"]
         rows.append({"arm": paper_arm.arm, "paper": paper, "measured": measured, "difference": diff,
                      "difference_in_paper_sd": diff / paper["sd"] if diff is not None and paper["sd"] else None,
-                     "runs_of_other_protocols": elsewhere, "runs_under_preset": protocol is not None})
+                     "runs_of_other_protocols": sum(r["protocol"] != protocol for r in left_out),
+                     "left_out": left_out, "runs_under_preset": protocol is not None})
     contrasts = []
     for c in table.contrasts:
         arm, base = table.arm(c.arm), table.arm(c.baseline)
@@ -159,6 +192,11 @@ def format_scorecard(card: dict[str, Any]) -> str:
                 lines.append(f"| {c['arm']} − {c['baseline']} | {printed} | {_num(p['mean_delta'])}, "
                              f"{_num(p['p_value'], 4)}, {p['decision']} | {_num(m['mean_delta'])}, "
                              f"{_num(m['p_value'], 4)}, {m['decision']} (n {m['n']}) |")
+        left = [(r["arm"], x) for r in t["rows"] for x in r.get("left_out", [])]
+        if left:
+            lines += ["", f"runs of these arms left out ({len(left)}):"]
+            lines += [f"- {arm}@{x['seed']} {x['run_id']}: {x['why']}" for arm, x in left[:12]]
+            lines += [f"- ... and {len(left) - 12} more"] if len(left) > 12 else []
         if t["missing"]:
             lines.append("")
             lines.append("no runs yet: " + ", ".join(f"{m['arm']}@{m['seed']}" for m in t["missing"]))
