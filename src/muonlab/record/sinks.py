@@ -15,6 +15,7 @@ from typing import Any
 
 from muonlab.errors import UsageError
 from muonlab.optional import MissingPackage, install_hint, require
+from muonlab.settings import flatten
 
 SINKS = ("wandb", "tensorboard")
 
@@ -67,7 +68,7 @@ class TensorBoardSink:
         self.writer = tb.SummaryWriter(log_dir=str(run_dir / "tensorboard"))
         self.writer.add_text("config", f"```\n{config}\n```")
         # the settings as hyperparameters (TensorBoard's HParams view compares runs by them)
-        self.hparams = {k: v for k, v in _flat(config).items()
+        self.hparams = {k: v for k, v in flatten(config).items()
                         if isinstance(v, (int, float, str, bool)) and k not in ("format", "layers")}
 
     def log_step(self, record: dict[str, Any]) -> None:
@@ -83,33 +84,3 @@ class TensorBoardSink:
                 scores[f"hparam/{key}"] = value
         self.writer.add_hparams(self.hparams, scores, run_name=".")
         self.writer.close()
-
-
-def _flat(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in values.items():
-        if isinstance(value, dict):
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
-class SinkGroup:
-    """Fan-out to the requested sinks; an empty group costs nothing."""
-
-    def __init__(self, names: list[str], run_id: str, run_dir: Path, config: dict[str, Any],
-                 project: str = "muonlab", group: str | None = None, tags: list[str] | None = None):
-        """`group` gathers runs on a dashboard (the arm: its seeds together); `tags` label the run
-        (train/run.py: model family, seed, preset, protocol id)."""
-        classes = {"wandb": WandbSink, "tensorboard": TensorBoardSink}
-        group = group or str(config.get("arm"))
-        self.sinks = [classes[n](run_id, run_dir, config, project, group, list(tags or [])) for n in names]
-
-    def log_step(self, record: dict[str, Any]) -> None:
-        for sink in self.sinks:
-            sink.log_step(record)
-
-    def close(self, summary: dict[str, Any]) -> None:
-        for sink in self.sinks:
-            sink.close(summary)
