@@ -84,3 +84,24 @@ class TensorBoardSink:
                 scores[f"hparam/{key}"] = value
         self.writer.add_hparams(self.hparams, scores, run_name=".")
         self.writer.close()
+
+
+
+class SinkGroup:
+    """Fan-out to the requested sinks; an empty group costs nothing."""
+
+    def __init__(self, names: list[str], run_id: str, run_dir: Path, config: dict[str, Any],
+                 project: str = "muonlab", group: str | None = None, tags: list[str] | None = None):
+        """`group` gathers runs on a dashboard (the arm: its seeds together); `tags` label the run
+        (train/run.py: model family, seed, preset, protocol id)."""
+        classes = {"wandb": WandbSink, "tensorboard": TensorBoardSink}
+        group = group or str(config.get("arm"))
+        self.sinks = [classes[n](run_id, run_dir, config, project, group, list(tags or [])) for n in names]
+
+    def log_step(self, record: dict[str, Any]) -> None:
+        for sink in self.sinks:
+            sink.log_step(record)
+
+    def close(self, summary: dict[str, Any]) -> None:
+        for sink in self.sinks:
+            sink.close(summary)
