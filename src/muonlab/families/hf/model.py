@@ -11,14 +11,16 @@ values the spec quotes. Needs the optional `transformers` dependency (`pip insta
     tiny-llama     a CPU-sized Llama (SmolLM2's and Llama-3.2's architecture) for tests and demos
     tiny-qwen2     a CPU-sized Qwen2 (Qwen2.5's architecture: q/k/v biases)
 
-Choices where the spec is silent: RoPE scaling of Llama-3.2 (its "llama3" long-context scaling)
-is omitted, since training runs at 1,024 tokens where it is inactive; max_position_embeddings
-is set to the training context the caller passes (default 2048).
+Llama-3.2-1B keeps its public config's "llama3" RoPE scaling (factor 32, low/high frequency factors 1 and
+4, original context 8,192): it remaps the rotary frequencies, not the positions, so it acts at every
+context (17 of the 32 inverse frequencies differ from plain RoPE's). max_position_embeddings is set to
+the training context the caller passes (default 2048; the FLOP count reads it).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from typing import Any
 
 import torch
@@ -29,6 +31,10 @@ from muonlab.families.token_family import describe_counts
 
 from muonlab.optional import require
 
+# meta-llama/Llama-3.2-1B config.json's rope_scaling, as published
+LLAMA3_ROPE_SCALING = {"rope_type": "llama3", "factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                       "original_max_position_embeddings": 8192}
+
 HF_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
     "smollm2-135m": ("LlamaConfig", dict(vocab_size=49152, hidden_size=576, intermediate_size=1536,
                                          num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
@@ -38,7 +44,7 @@ HF_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
                                          rope_theta=1000000.0, rms_norm_eps=1e-6)),
     "llama-3.2-1b": ("LlamaConfig", dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192,
                                          num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
-                                         rope_theta=500000.0, rms_norm_eps=1e-5)),
+                                         rope_theta=500000.0, rms_norm_eps=1e-5, rope_scaling=LLAMA3_ROPE_SCALING)),
     "protein-llama": ("LlamaConfig", dict(vocab_size=50257, hidden_size=960, intermediate_size=2560,
                                           num_hidden_layers=32, num_attention_heads=15, num_key_value_heads=5,
                                           rope_theta=100000.0, rms_norm_eps=1e-5)),
@@ -63,7 +69,13 @@ def hf_config(name: str, max_positions: int = 2048, **overrides: Any):
         raise ValueError(f"unknown Hugging Face family {name!r}; choose from {', '.join(HF_MODELS)}")
     cls_name, values = HF_MODELS[name]
     values = {**values, "max_position_embeddings": max_positions, "tie_word_embeddings": True, **overrides}
-    return getattr(transformers, cls_name)(**values)
+    logger = logging.getLogger("transformers")
+    level = logger.level
+    logger.setLevel(logging.ERROR)  # transformers warns that 8,192 exceeds the training context: it is the original
+    try:
+        return getattr(transformers, cls_name)(**values)
+    finally:
+        logger.setLevel(level)
 
 
 def build_hf_model(name: str, device: str | torch.device | None = None, **overrides: Any):
