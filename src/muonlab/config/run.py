@@ -22,6 +22,10 @@ class TrainingConfig(Section):
     time_budget: float | None = setting(None, "training-time budget in seconds (upstream); none: num_steps")
     untimed_steps: int = setting(11, "compile/warm-up steps excluded from timing and progress")
     grad_clip: float = setting(0.0, "global gradient-norm clip before each step (seed 004: 1.0); 0 = off")
+    # what is logged, not what is trained (the divergence check always reads the last micro-batch, as upstream)
+    loss_logged: Literal["last", "mean"] = setting(
+        "last", "the training loss logged per step and its EMA: the last micro-batch's (upstream) or the mean over "
+        "the step's micro-batches (seed 004's logs)", hashed=False)
     max_loss: float = setting(100.0, "fast fail above this training loss (upstream)")
     eval_tokens: int = setting(40 * 2**19, "tokens scored per split (val and holdout)")
     eval_batch_size: int | None = setting(None, "rows per evaluation step; none: device_batch_size")

@@ -132,6 +132,7 @@ def train_loop(cfg: RunConfig, model, optimizer, loader, runtime: Runtime, flops
     interactive = sys.stdout.isatty() and not cfg.record.quiet and dist.is_main
     x, y, state.epoch = pending if pending is not None else next(loader)
     recent: deque = deque(maxlen=ETA_WINDOW)
+    mean_logged = cfg.train.loss_logged == "mean"
     every_s = 60 * cfg.record.checkpoint_minutes
     last_checkpoint = time.monotonic()
     x, y = x.to(runtime.device), y.to(runtime.device)
@@ -155,25 +156,30 @@ def train_loop(cfg: RunConfig, model, optimizer, loader, runtime: Runtime, flops
                 else:
                     progress = time_progress(state.training_seconds, cfg.train.time_budget)
                 values = schedule.apply(optimizer, step, progress)
-                if clip_here:  # seed 004: global gradient-norm clip before the step
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
+                grad_norm = None
+                if clip_here:  # seed 004: global gradient-norm clip before the step (the norm before it is logged)
+                    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
                 for hook in before:
                     hook(step, optimizer)
                 optimizer.step()
                 for hook in after:
                     hook(step, optimizer)
                 model.zero_grad(set_to_none=True)
-                train_loss = micro_losses[-1].item()  # upstream's fast-fail looks at the last micro-batch
+                # upstream's fast-fail looks at the last micro-batch; the log shows it or the step's mean
+                logged = torch.stack(micro_losses).mean() if mean_logged else micro_losses[-1]
+                train_loss, logged_loss = torch.stack([micro_losses[-1].float(), logged.float()]).tolist()
+                grad_norm = None if grad_norm is None else grad_norm.item()
             except torch.OutOfMemoryError as exc:
                 raise OutOfMemory(step, cfg, runtime.device) from exc
             stop_now = stop_requested()
             # wall time since the last checkpoint: a preempted run loses at most checkpoint_minutes
             due = every_s > 0 and time.monotonic() - last_checkpoint >= every_s
             if dist.active:  # every rank must take the same decision to stop, diverge, checkpoint or go on
-                shared = torch.tensor([train_loss, float(stop_now), float(due)], dtype=torch.float64,
+                shared = torch.tensor([train_loss, float(stop_now), float(due), logged_loss], dtype=torch.float64,
                                       device=runtime.device)
                 dist.all_reduce_(shared)
                 train_loss, stop_now, due = shared[0].item() / dist.world_size, shared[1].item() > 0, shared[2].item() > 0
+                logged_loss = shared[3].item() / dist.world_size
             if not math.isfinite(train_loss) or train_loss > cfg.train.max_loss:
                 raise Diverged(step, train_loss)
             synchronize(runtime.device)
@@ -181,14 +187,16 @@ def train_loop(cfg: RunConfig, model, optimizer, loader, runtime: Runtime, flops
             if step >= cfg.train.untimed_steps:
                 state.training_seconds += dt
 
-            state.ema = EMA_BETA * state.ema + (1 - EMA_BETA) * train_loss
+            state.ema = EMA_BETA * state.ema + (1 - EMA_BETA) * logged_loss
             state.smooth_loss = state.ema / (1 - EMA_BETA ** (step + 1))
-            state.last_loss = train_loss
+            state.last_loss = logged_loss
             state.step = step + 1
             tok_per_sec = cfg.train.total_batch_size / dt
             mfu = mfu_percent(flops_per_token, cfg.train.total_batch_size, dt, peak, dist.world_size)
-            record = dict(step=step, loss=train_loss, smooth_loss=state.smooth_loss, progress=progress,
+            record = dict(step=step, loss=logged_loss, smooth_loss=state.smooth_loss, progress=progress,
                           dt=dt, tok_per_sec=tok_per_sec, mfu=mfu, epoch=state.epoch, **values)
+            if grad_norm is not None:  # seed 004 Table 13's gradient norm (before the clip)
+                record["grad_norm"] = grad_norm
             if compiled:  # a count that still grows after the first steps is a recompile
                 record["compiled_graphs"] = compiled_graphs()
             if step in trajectory:

@@ -51,7 +51,7 @@ def evaluate(model, data, cfg, runtime, ctx, splits=("val", "holdout"), tokens=N
 
 
 _COMMON = {"family": "hf", "optim.kind": "afmuon", "schedule.warmup_ratio": 0.0, "schedule.warmdown_ratio": 0.0,
-           "train.grad_clip": 1.0}
+           "train.grad_clip": 1.0, "train.loss_logged": "mean"}
 _CPU = {"train.num_steps": 40, "train.untimed_steps": 1, "runtime.device": "cpu", "runtime.precision": "fp32",
         "runtime.compile": "off", "record.log_every": 10}
 

@@ -120,7 +120,7 @@ def validate(cfg) -> None:
 
 
 _COMMON = {"family": "imagegpt", "optim.kind": "afmuon", "schedule.warmup_ratio": 0.0, "schedule.warmdown_ratio": 0.0,
-           "train.grad_clip": 1.0}
+           "train.grad_clip": 1.0, "train.loss_logged": "mean"}
 PRESETS = {
     # seconds on a CPU: 8 x 8 synthetic images (64 tokens), 16 images a step
     "imagegpt-cpu": {**_COMMON, "model.preset": "imagegpt-cpu", "train.sequence_len": 64,

@@ -69,7 +69,7 @@ def _describe(cfg) -> str:
 
 
 _COMMON = {"family": "reuse", "optim.kind": "hybrid", "schedule.warmup_ratio": 0.0, "schedule.warmdown_ratio": 0.0,
-           "train.grad_clip": 1.0, "runtime.precision": "fp32"}
+           "train.grad_clip": 1.0, "train.loss_logged": "mean", "runtime.precision": "fp32"}
 PRESETS = {
     "reuse-cpu": {**_COMMON, "model.preset": "k9-tiny", "train.sequence_len": 64, "train.device_batch_size": 8,
                   "train.total_batch_size": 8 * 64, "train.num_steps": 40, "train.untimed_steps": 1,

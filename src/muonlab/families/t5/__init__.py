@@ -130,7 +130,7 @@ def validate(cfg) -> None:
 
 
 _T5_COMMON = {"family": "t5", "optim.kind": "afmuon", "optim.rho": 1.0, "schedule.warmup_ratio": 0.0,
-              "schedule.warmdown_ratio": 0.0, "train.grad_clip": 1.0}
+              "schedule.warmdown_ratio": 0.0, "train.grad_clip": 1.0, "train.loss_logged": "mean"}
 PRESETS = {
     # seconds on a CPU: the tiny T5 on the synthetic Markov text, 16 + 16 tokens per example
     "t5-cpu": {**_T5_COMMON, "model.preset": "t5-tiny", "train.sequence_len": 16, "train.device_batch_size": 8,

@@ -79,13 +79,13 @@ PRESETS = {
     "nanogpt-124m": {"family": "tied", "model.preset": "nanogpt-124m", "optim.kind": "afmuon",
                      "train.sequence_len": 1024, "train.device_batch_size": 16, "train.total_batch_size": 2**19,
                      "train.num_steps": 5100, "schedule.warmup_ratio": 0.0, "schedule.warmdown_ratio": 0.0,
-                     "train.grad_clip": 1.0, "record.checkpoint_every": 250, "train.eval_tokens": 5 * 2**20,
+                     "train.grad_clip": 1.0, "train.loss_logged": "mean", "record.checkpoint_every": 250, "train.eval_tokens": 5 * 2**20,
                      "data.source": "climbmix", "data.vocab_size": 50304},
     # a seconds-long tied-GPT configuration (seed 004's arms on CPU; on the CPU on a GPU machine too)
     "tied-cpu": {"family": "tied", "model.preset": "tied-tiny", "optim.kind": "afmuon", "train.sequence_len": 64,
                  "train.device_batch_size": 4, "train.total_batch_size": 4 * 64 * 2, "train.num_steps": 30,
                  "train.untimed_steps": 1, "schedule.warmup_ratio": 0.0, "schedule.warmdown_ratio": 0.0,
-                 "train.grad_clip": 1.0, "train.eval_tokens": 4 * 64 * 4, "runtime.device": "cpu",
+                 "train.grad_clip": 1.0, "train.loss_logged": "mean", "train.eval_tokens": 4 * 64 * 4, "runtime.device": "cpu",
                  "runtime.precision": "fp32", "runtime.compile": "off", "record.log_every": 1,
                  "data.source": "synthetic", "data.vocab_size": 300, "data.synthetic_bytes": 200_000},
 }
