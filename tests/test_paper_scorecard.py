@@ -14,7 +14,7 @@ from muonlab.cli import main
 from muonlab.config import all_presets
 from muonlab.lab.paper import format_scorecard, load_tables, scorecard
 from muonlab.lab.paper.scorecard import expected_protocol
-from muonlab.lab.stats import paired_contrast
+from muonlab.lab.stats import paired_contrast, single_seed_decision
 
 TABLES = load_tables()
 
@@ -37,6 +37,10 @@ def test_the_per_seed_numbers_give_the_printed_tests(table_id):
     the printed gain's last decimal (seed 004 prints 4 places, seeds 000-003 six), as both are rounded."""
     t = TABLES[table_id]
     for c in t.contrasts:
+        if t.rule == "single_seed":  # one seed: the printed Δ is the difference itself, to the printed digits
+            r = single_seed_decision(t.arm(c.arm).values, t.arm(c.baseline).values)
+            assert abs(-r.delta - c.gain) <= 1e-9, c
+            continue
         r = paired_contrast(t.arm(c.arm).values, t.arm(c.baseline).values)
         places = len(repr(abs(c.gain)).partition(".")[2]) if "e" not in repr(c.gain) else 6
         assert abs(-r.mean_delta - c.gain) <= 1.01 * 10.0 ** -max(places, 4), c
@@ -185,3 +189,15 @@ def test_runs_of_the_tables_arms_left_out_are_listed_with_what_sets_them_apart()
     assert row["measured"] == before["measured"]  # left out, not scored
     card = scorecard([t], [line])
     assert "short-43" in format_scorecard(card) and "train.num_steps=100" in format_scorecard(card)
+
+
+def test_seed_003s_gates_are_decided_by_its_preregistered_single_seed_rule():
+    t = TABLES["003-t2"]
+    assert t.rule == "single_seed" and "0.0005" in t.rule_source
+    (scored,) = scorecard([t], _ledger())["tables"]
+    assert "single-seed rule" in scored["decision_rule"]
+    by_pair = {(c["arm"], c["baseline"]): c for c in scored["contrasts"]}
+    state = by_pair[("p003_state_gate", "p003_ordinary")]
+    assert state["paper"]["decision"] == "inconclusive" and state["paper"]["n"] == 1  # misses 0.0005 by 0.000047077
+    assert abs(state["paper"]["mean_delta"] + 0.000452923) < 1e-12 and state["measured"] == state["paper"]
+    assert "single-seed rule" in format_scorecard({"rule": "x", "tables": [scored]})

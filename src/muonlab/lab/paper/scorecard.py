@@ -18,7 +18,7 @@ from muonlab.errors import UsageError
 from muonlab.lab.paper.tables import PaperTable
 from muonlab.lab.report.loading import Point, evaluation_at, metric_value
 from muonlab.lab.report.protocol import recorded_settings
-from muonlab.lab.stats import DecisionRule, paired_contrast, summarize_arm
+from muonlab.lab.stats import SINGLE_SEED_RULE, DecisionRule, paired_contrast, single_seed_decision, summarize_arm
 from muonlab.lab.sweep_status import unfinished_text
 
 
@@ -121,11 +121,16 @@ def score_table(table: PaperTable, records: list[dict], preset: str | None = Non
     contrasts = []
     for c in table.contrasts:
         arm, base = table.arm(c.arm), table.arm(c.baseline)
-        paper = paired_contrast(arm.values, base.values, f"{c.arm} - {c.baseline}", rule)
-        measured = paired_contrast(measured_values[c.arm], measured_values[c.baseline], f"{c.arm} - {c.baseline}",
-                                   rule)
+        name = f"{c.arm} - {c.baseline}"
+        if table.rule == "single_seed":  # seed 003: one seed's Δ against θ alone
+            paper = _single(single_seed_decision(arm.values, base.values, name=name, rule=rule))
+            measured = _single(single_seed_decision(measured_values[c.arm], measured_values[c.baseline], name=name,
+                                                    rule=rule))
+        else:
+            paper = _contrast(paired_contrast(arm.values, base.values, name, rule))
+            measured = _contrast(paired_contrast(measured_values[c.arm], measured_values[c.baseline], name, rule))
         contrasts.append({"arm": c.arm, "baseline": c.baseline, "printed_gain": c.gain, "printed_p": c.p,
-                          "paper": _contrast(paper), "measured": _contrast(measured)})
+                          "paper": paper, "measured": measured})
     # the runs' protocol is the paper's only if the preset and settings resolve to the paper preset's
     differs = any(expected_protocol(a.arm, preset, overrides) != expected_protocol(a.arm, table.preset)
                   for a in table.arms)
@@ -134,7 +139,7 @@ def score_table(table: PaperTable, records: list[dict], preset: str | None = Non
             "paper_preset": table.preset, "preset": preset, "settings": overrides or {}, "protocol_differs": differs,
             "note": (f"protocol differs: these runs are preset {preset}{settings}, the paper's is {table.preset}; they "
                      "compare in kind, not in value") if differs else None,
-            "compared_at": _compared_at(table, point),
+            "compared_at": _compared_at(table, point), "decision_rule": _rule_text(table, rule),
             "rows": rows, "contrasts": contrasts, "missing": [{"arm": a, "seed": s} for a, s in missing]}
 
 
@@ -146,6 +151,18 @@ def _compared_at(table: PaperTable, point: Point | None) -> str:
         return (f"final values: the paper compares at {table.at_tokens:,} tokens ({table.at_source}), a point of "
                 f"its own protocol, preset {table.preset}")
     return "final values, as the paper compares"
+
+
+def _single(d) -> dict[str, Any]:
+    """A single-seed decision in the shape of a contrast row (no spread, no p)."""
+    return {"n": 0 if d.delta is None else 1, "mean_delta": d.delta, "sd_delta": None, "p_value": None,
+            "decision": d.decision}
+
+
+def _rule_text(table: PaperTable, rule: DecisionRule) -> str:
+    if table.rule == "single_seed":
+        return f"{SINGLE_SEED_RULE}, θ = {rule.threshold:g} ({table.rule_source})"
+    return f"paired t over seeds: {rule.describe()}"
 
 
 def _contrast(c) -> dict[str, Any]:
@@ -177,7 +194,7 @@ def format_scorecard(card: dict[str, Any]) -> str:
         lines += ["", f"## {t['id']}: {t['paper']}, {t['source']} ({t['metric']}, preset {t['preset']})"]
         if t["note"]:
             lines.append(f"_{t['note']}_")
-        lines.append(f"_{t['compared_at']}_")
+        lines.append(f"_{t['compared_at']}; decision rule: {t['decision_rule']}_")
         lines += ["", "| arm | paper | measured | difference | in paper SDs |", "| --- | --- | --- | --- | --- |"]
         for r in t["rows"]:
             measured = _pm(r["measured"]) if r["runs_under_preset"] else f"does not run under {t['preset']}"

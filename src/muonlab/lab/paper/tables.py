@@ -55,6 +55,10 @@ class PaperTable:
     # evaluation before its budget), in training tokens, and where the paper says so
     at_tokens: int | None = None
     at_source: str | None = None
+    # the paper's decision rule for its contrasts: the paired t-test over seeds (the report's rule), or
+    # seed 003's preregistered single-seed threshold ("single_seed"), with where the paper states it
+    rule: str = "paired"
+    rule_source: str | None = None
 
     def arm(self, name: str) -> PaperArm:
         return next(a for a in self.arms if a.arm == name)
@@ -70,7 +74,7 @@ def _table(paper: str, raw: dict) -> PaperTable:
     contrasts = tuple(PrintedContrast(c["arm"], c["baseline"], c.get("printed_gain"), c.get("printed_p"))
                       for c in raw.get("contrasts", ()))
     return PaperTable(raw["id"], paper, raw["source"], raw["metric"], raw["preset"], tuple(arms), contrasts,
-                      raw.get("at_tokens"), raw.get("at_source"))
+                      raw.get("at_tokens"), raw.get("at_source"), raw.get("rule", "paired"), raw.get("rule_source"))
 
 
 def load_tables() -> dict[str, PaperTable]:
