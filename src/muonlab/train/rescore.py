@@ -2,9 +2,10 @@
 
 Seed 000 re-measured its checkpoints independently of the training process (its measure_loss.py,
 difference 0.0) and seed 002 scored old checkpoints on the held-out split. This builds the run's
-model from its config.json (its plug-ins imported), loads its final weights (`model.pt`) or the
+model from its config.json (its plug-ins imported), loads its final weights (`model.safetensors`, else `model.pt`) or the
 checkpoint after `step` steps (`checkpoints/step-NNNNNN.pt`), and scores the splits with the run's
-own data, tokenizer, precision and compile setting, as the run scored them:
+own data, tokenizer, precision and compile setting (muonlab.train.load reads the weights), as
+the run scored them:
 
 - the final weights: every split over `train.eval_tokens` tokens, compared with summary.json
   (and the ledger line's metrics where the summary leaves a figure out);
@@ -31,10 +32,10 @@ from muonlab.device import Runtime, resolve_precision
 from muonlab.errors import UsageError
 from muonlab.families import get_family
 from muonlab.record.ledger import read_records_tolerant
-from muonlab.record.rundir import ledger_path
+from muonlab.record.rundir import ledger_path, periodic_evals
 from muonlab.train.build import build_model
-from muonlab.train.checkpoint import checkpoint_dir, list_checkpoints, load_checkpoint
 from muonlab.train.distributed import Dist
+from muonlab.train.load import run_weights
 from muonlab.train.run import COUNT_KEYS, use_compile, evaluate_splits, training_device
 
 SPLITS = ("val", "holdout")
@@ -88,7 +89,7 @@ def rescore_run(run_dir: str | Path, step: int | None = None, splits: tuple[str,
     cfg = load_config_file(run_dir / "config.json", values=saved)
     if device is not None:
         cfg.runtime.device = device
-    weights_path, weights = _weights(run_dir, step)
+    weights_path, weights, _ = run_weights(run_dir, step)
     family = get_family(cfg.family)
     where = training_device(cfg)
     runtime = Runtime(where, resolve_precision(cfg.runtime.precision, where))
@@ -108,28 +109,9 @@ def rescore_run(run_dir: str | Path, step: int | None = None, splits: tuple[str,
     return result
 
 
-def _weights(run_dir: Path, step: int | None) -> tuple[Path, dict]:
-    if step is None:
-        path = run_dir / "model.pt"
-        if not path.is_file():
-            raise UsageError(f"{run_dir} has no final weights (model.pt): the run did not finish; give --step N "
-                             f"for one of its checkpoints ({_steps(run_dir)})")
-        return path, torch.load(path, map_location="cpu", weights_only=True)
-    path = checkpoint_dir(run_dir) / f"step-{step:06d}.pt"
-    if not path.is_file():
-        raise UsageError(f"{run_dir} has no checkpoint after step {step} ({_steps(run_dir)})")
-    return path, load_checkpoint(path)["model"]
-
-
-def _steps(run_dir: Path) -> str:
-    steps = [int(p.stem.split("-")[1]) for p in list_checkpoints(run_dir)]
-    return "checkpoints after steps " + ", ".join(map(str, steps)) if steps else "it kept no checkpoint"
-
-
 def _recorded(run_dir: Path, cfg, step: int | None, keys: set[str]) -> dict[str, float]:
-    """The run's own figures for `keys`: summary.json and its ledger line (final), or the
-    metrics.jsonl line of the step (a metrics line's `step` counts from 0: the line of the step
-    that completed `step` steps is step - 1)."""
+    """The run's own figures for `keys`: summary.json and its ledger line (final), or the periodic
+    evaluation after `step` steps in its metrics.jsonl."""
     out: dict[str, float] = {}
     if step is None:
         summary = run_dir / "summary.json"
@@ -140,10 +122,7 @@ def _recorded(run_dir: Path, cfg, step: int | None, keys: set[str]) -> dict[str,
         if line is not None:
             out.update({k: v for k, v in line.get("metrics", {}).items() if k in keys and k not in out})
         return out
-    metrics = run_dir / "metrics.jsonl"
-    if metrics.is_file():
-        for text in metrics.read_text().splitlines():
-            rec = json.loads(text)
-            if rec.get("step") == step - 1:
-                out.update({k: v for k, v in rec.items() if k in keys})
+    for evaluation in periodic_evals(run_dir / "metrics.jsonl", cfg.train.total_batch_size):
+        if evaluation["step"] == step:
+            out.update({k: v for k, v in evaluation.items() if k in keys})
     return out
