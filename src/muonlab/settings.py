@@ -172,9 +172,9 @@ def leaves(obj, prefix: str = "", classes: dict[str, type] | None = None) -> Ite
 
 
 def _factory_class(f: dataclasses.Field) -> type:
-    factory = f.default_factory
     # a registry's section (optim.prepolar, model.plugin_variants) names its class; else make one
-    return getattr(factory, "section_class", None)() if hasattr(factory, "section_class") else type(factory())
+    section_class = getattr(f.default_factory, "section_class", None)
+    return section_class() if section_class is not None else type(f.default_factory())
 
 
 def sections(obj: Section, prefix: str = "") -> Iterator[tuple[str, Section]]:

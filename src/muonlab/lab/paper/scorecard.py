@@ -24,17 +24,25 @@ from muonlab.lab.sweep_status import unfinished_text
 
 def expected_protocol(arm: str, preset: str, overrides: dict[str, Any] | None = None) -> str | None:
     """The protocol id the arm's runs under the preset (and settings) carry (None: it does not run there)."""
-    return _protocol(arm, preset, tuple(sorted((overrides or {}).items())))
+    return _expected(arm, preset, tuple(sorted((overrides or {}).items())))[0]
+
+
+def expected_settings(arm: str, preset: str, overrides: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The settings (hashed values) the arm's runs under the preset (and settings) hold."""
+    return _expected(arm, preset, tuple(sorted((overrides or {}).items())))[1]
 
 
 @lru_cache(maxsize=None)
-def _protocol(arm: str, preset: str, overrides: tuple) -> str | None:
+def _expected(arm: str, preset: str, overrides: tuple) -> tuple[str | None, dict[str, Any] | None]:
+    """(protocol id, hashed settings) of the arm under the preset, resolved once; (None, None) where it
+    does not run there."""
     from muonlab.arms import resolve_config
 
     try:
-        return resolve_config(arm, preset, dict(overrides)).protocol_id()
+        cfg = resolve_config(arm, preset, dict(overrides))
     except UsageError:
-        return None
+        return None, None
+    return cfg.protocol_id(), cfg.hashed_values()
 
 
 def _measured(records: Iterable[dict], arm: str, protocol: str | None, metric: str,
@@ -73,16 +81,6 @@ def _apart(record: dict, expected: dict[str, Any] | None) -> str:
     return ", ".join(shown) + (f" and {len(keys) - 4} more" if len(keys) > 4 else "")
 
 
-@lru_cache(maxsize=None)
-def _expected_settings(arm: str, preset: str, overrides: tuple) -> dict[str, Any] | None:
-    from muonlab.arms import resolve_config
-
-    try:
-        return resolve_config(arm, preset, dict(overrides)).hashed_values()
-    except UsageError:
-        return None
-
-
 def _value_at(record: dict, metric: str, point: Point) -> float | None:
     found = evaluation_at(record, point, None)
     return None if found is None else metric_value({"metrics": found}, metric)
@@ -105,7 +103,7 @@ def score_table(table: PaperTable, records: list[dict], preset: str | None = Non
     for paper_arm in table.arms:
         protocol = expected_protocol(paper_arm.arm, preset, overrides)
         seeds = paper_arm.run_seeds
-        expected = _expected_settings(paper_arm.arm, preset, tuple(sorted((overrides or {}).items())))
+        expected = expected_settings(paper_arm.arm, preset, overrides)
         found, left_out = _measured(records, paper_arm.arm, protocol, table.metric, point, expected)
         found = {s: v for s, v in found.items() if s in seeds}
         measured_values[paper_arm.arm] = found
