@@ -90,7 +90,7 @@ def _read(path: Path, values: dict[str, Any]) -> Experiment:
     settings = values.get("settings", {})
     if not isinstance(settings, dict):
         raise UsageError("`[settings]` must be a table of settings")
-    settings = canonical_overrides(flatten(settings))
+    settings = canonical_overrides(settings)  # nested tables are flattened there
     if plugins:  # saved with every run, so sweep children and --resume import them again
         settings["record.plugins"] = ",".join(plugins)
     return Experiment(path, preset, tuple(seeds), arms, baseline, settings)
