@@ -44,7 +44,8 @@ class DataConfig(Section):
                                        "stdlib (the embedded Python stdlib), synthetic (Markov text with a known entropy rate)")
     path: str | None = setting(None, "local: a file or a folder of .txt/.jsonl/.parquet; memmap: a folder of "
                                "train.bin, val.bin (or eval.bin) [, holdout.bin] and metadata.json; images: a "
-                               "folder of PNG/JPEG or a .npy/.npz uint8 [N, H, W, 3]; fasta: a FASTA file or folder")
+                               "folder of PNG/JPEG, .npy/.npz arrays (ImageNet-32's batches too) or image parquet, "
+                               "or a glob of them; fasta: a FASTA file (.gz too) or folder")
     eval_path: str | None = setting(None, "images: the evaluation images (the paper's validation split); none "
                                     "holds out val_fraction of the training images")
     tokenizer_json: str | None = setting(None, "local / fasta: tokenize with this Hugging Face tokenizer.json "

@@ -1,8 +1,9 @@
 """Protein sequences for seed 004's protein language model (App. J.8).
 
 The paper trains a Llama on UniRef50 2021_04 tokenized with ProtGPT2's BPE, with no extra EOS
-appended. Here a FASTA file (or a folder of .fasta/.fa/.faa files, sorted) is read record by
-record ('>' header lines, sequence lines joined, whitespace dropped, letters upper-cased); records
+appended. Here a FASTA file (or a folder of .fasta/.fa/.faa files, sorted; gzip-compressed
+`.fasta.gz` as UniProt publishes UniRef50, too) is streamed record by record, a line at a time
+('>' header lines, sequence lines joined, whitespace dropped, letters upper-cased); records
 are split into train/val/holdout by the same seedless hash of their ids as the text corpora
 (`muonlab.data.sources.split_documents`), and tokenized with a `tokenizer.json` (ProtGPT2's, the
 paper's) or, without one, one token per residue: `AMINO_ACIDS` (the 20 standard residues and
@@ -12,6 +13,8 @@ presets (stated as what it is: not UniRef50).
 
 from __future__ import annotations
 
+import gzip
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,27 +28,45 @@ STANDARD = AMINO_ACIDS[:20]
 FASTA_SUFFIXES = (".fasta", ".fa", ".faa", ".fas")
 
 
+def is_fasta(path: Path) -> bool:
+    name = path.name.lower()
+    return any(name.endswith(s) or name.endswith(s + ".gz") for s in FASTA_SUFFIXES)
+
+
 def fasta_files(path: str | Path) -> list[Path]:
     path = Path(path).expanduser()
     if path.is_file():
         return [path]
     if not path.is_dir():
         raise UsageError(f"FASTA path {path} does not exist")
-    files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in FASTA_SUFFIXES)
+    files = sorted(p for p in path.rglob("*") if p.is_file() and is_fasta(p))
     if not files:
-        raise UsageError(f"no {'/'.join(FASTA_SUFFIXES)} files under {path}")
+        raise UsageError(f"no {'/'.join(FASTA_SUFFIXES)} files (or .gz of them) under {path}")
     return files
 
 
+def _lines(file: Path) -> Iterator[str]:
+    """The file's lines, decompressed on the fly when it is gzip (by its magic bytes): never whole."""
+    with open(file, "rb") as fh:
+        gz = fh.read(2) == b"\x1f\x8b"
+    opener = gzip.open if gz else open
+    lineno = 0
+    try:
+        with opener(file, "rt", encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, 1):
+                yield line
+    except UnicodeDecodeError:
+        raise UsageError(f"{file}:{lineno + 1}: not UTF-8 text; not a FASTA file") from None
+    except (EOFError, zlib.error, gzip.BadGzipFile) as e:
+        raise UsageError(f"{file}: a truncated or corrupt gzip file after line {lineno} ({e})") from None
+
+
 def read_fasta(path: str | Path) -> Iterator[tuple[str, str]]:
-    """(record id, sequence) of every record; UsageError names the file and line of a bad one."""
+    """(record id, sequence) of every record, streamed (memory: one record); UsageError names the
+    file and line of a bad one."""
     for file in fasta_files(path):
         header, parts, start = None, [], 0
-        try:
-            lines = file.read_text(encoding="ascii").splitlines()
-        except UnicodeDecodeError as e:
-            raise UsageError(f"{file} is not an ASCII FASTA file (byte {e.start})") from None
-        for lineno, line in enumerate(lines, 1):
+        for lineno, line in enumerate(_lines(file), 1):
             line = line.strip()
             if not line or line.startswith(";"):
                 continue

@@ -9,13 +9,24 @@ model files import them.
 
 Choices:
 
-* Inputs: uint8 arrays [N, H, W, 3] (in memory, `.npy`, or `.npz` with one array or an
-  `images` array; never unpickled), or a folder of PNG/JPEG files read with Pillow, which
-  this environment has through matplotlib (no dependency is added; without Pillow a folder
-  raises UsageError and arrays still work). Folder files are taken recursively in sorted
-  relative-path order, converted to RGB as the reference does (`image.convert("RGB")`),
-  and must all have one size: nothing is resized. Other dtypes than uint8 are refused
-  rather than guessed (0..1 floats vs 0..255 ints).
+* Inputs, each read a chunk at a time (memory bounded by one file of arrays, or one parquet
+  row group, never the dataset):
+  - uint8 arrays [N, H, W, 3]: in memory, `.npy`, or `.npz` with one array or an `images`
+    array (never unpickled);
+  - ImageNet-32/64 as published (downsampled ImageNet, Chrabaszcz et al. 2017): `.npz` with
+    `data` uint8 [N, 3*S*S], each row the red plane, then green, then blue, row-major
+    (`labels`, `mean` are ignored), e.g. `train_data_batch_1.npz` .. `_10.npz` and `val_data.npz`;
+  - image parquet, the form of `benjamin-paine/imagenet-1k-32x32` (the paper's source, App.
+    J.7): an `image` column of {bytes, path} structs (or plain binary) holding PNG/JPEG bytes;
+  - a folder of PNG/JPEG files.
+  A folder holding `.npy`/`.npz`/`.parquet` files is read as those files in natural order
+  (batch_2 before batch_10); a path with `*` is a glob, so `--path 'data/train-*.parquet'
+  --eval-path 'data/validation-*.parquet'` reads one download's two splits. Images are decoded
+  with Pillow, which this environment has through matplotlib (no dependency is added; without
+  Pillow an image folder or parquet raises UsageError and arrays still work). Folder files
+  are taken recursively in sorted relative-path order, converted to RGB as the reference does
+  (`image.convert("RGB")`), and must all have one size: nothing is resized. Other dtypes
+  than uint8 are refused rather than guessed (0..1 floats vs 0..255 ints).
 * Storage: the colour tokens only (SOS is never stored), uint16 token memmaps through
   `memmap_format.py`, `tokenizer = "rgb554"`, `vocab_size = 16384`, and `extra` =
   {kind, tokens_per_image, image_height, image_width, images, sos}. The eval split is a
@@ -27,7 +38,11 @@ Choices:
 from __future__ import annotations
 
 import contextlib
+import glob
+import io
+import math
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -44,6 +59,7 @@ IMAGE_VOCAB = RGB554_VOCAB + 1  # rows of the model's token table
 TOKENIZER_NAME = "rgb554"
 IMAGE_KIND = "rgb554-images"
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
+FILE_SUFFIXES = (".npy", ".npz", ".parquet")  # files that hold many images each
 
 
 # --- the code ---------------------------------------------------------------------------
@@ -90,8 +106,19 @@ def _check_images(arr: np.ndarray, where: str) -> np.ndarray:
     return arr
 
 
+def planar_rows_to_images(data: np.ndarray, where: str) -> np.ndarray:
+    """ImageNet-32/64's published rows [N, 3*S*S] (R plane, G plane, B plane) -> [N, S, S, 3] (a view)."""
+    if data.dtype != np.uint8 or data.ndim != 2:
+        raise UsageError(f"{where}: 'data' must be uint8 [N, 3*S*S], got {data.dtype} {data.shape}")
+    side = math.isqrt(data.shape[1] // 3)
+    if 3 * side * side != data.shape[1]:
+        raise UsageError(f"{where}: rows of {data.shape[1]} values are not three square colour planes")
+    return data.reshape(len(data), 3, side, side).transpose(0, 2, 3, 1)
+
+
 def load_image_arrays(path: str | os.PathLike) -> np.ndarray:
-    """uint8 [N, H, W, 3] from a .npy (memory-mapped) or .npz (one array, or `images`) file."""
+    """uint8 [N, H, W, 3] from a .npy (memory-mapped) or .npz file: an `images` array, ImageNet's
+    published `data` rows (with `labels`), or the file's only array."""
     path = Path(path)
     if not path.is_file():
         raise UsageError(f"missing image array file {path}")
@@ -103,15 +130,109 @@ def load_image_arrays(path: str | os.PathLike) -> np.ndarray:
                 keys = list(z.files)
                 if "images" in keys:
                     arr = z["images"]
+                elif "data" in keys and z["data"].ndim == 2:
+                    return planar_rows_to_images(z["data"], str(path))
                 elif len(keys) == 1:
                     arr = z[keys[0]]
                 else:
-                    raise UsageError(f"{path} holds arrays {keys}; name the image array 'images'")
+                    raise UsageError(f"{path} holds arrays {keys}; name the image array 'images' (or ImageNet's "
+                                     f"'data' rows)")
         else:
             raise UsageError(f"{path}: image arrays must be .npy or .npz files")
-    except (ValueError, OSError) as e:
+    except (ValueError, OSError, EOFError) as e:
         raise UsageError(f"unreadable image array file {path}: {e}") from None
     return _check_images(arr, str(path))
+
+
+def _pillow():
+    try:
+        from PIL import Image, UnidentifiedImageError  # noqa: PLC0415
+    except ImportError:
+        raise UsageError("decoding PNG/JPEG images needs Pillow (pip install pillow); .npy/.npz uint8 arrays "
+                         "need nothing") from None
+    return Image, UnidentifiedImageError
+
+
+def _decode(data: bytes, where: str) -> np.ndarray:
+    Image, Unidentified = _pillow()
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            return np.asarray(im.convert("RGB"), dtype=np.uint8)
+    except (Unidentified, OSError, ValueError) as e:
+        raise UsageError(f"undecodable image in {where}: {e}") from None
+
+
+class _ParquetImages:
+    """An image parquet file: its `image` column (or its only binary/struct column), a row group
+    at a time; cells are {bytes, path} structs (the Hugging Face Image feature) or raw bytes."""
+
+    def __init__(self, path: Path):
+        import pyarrow as pa  # noqa: PLC0415
+        import pyarrow.parquet as pq  # noqa: PLC0415
+
+        self.path = path
+        try:
+            self.file = pq.ParquetFile(path)
+        except (pa.ArrowException, OSError) as e:
+            raise UsageError(f"unreadable parquet file {path}: {e}") from None
+        schema = self.file.schema_arrow
+        candidates = [f.name for f in schema if pa.types.is_struct(f.type) or pa.types.is_binary(f.type)
+                      or pa.types.is_large_binary(f.type)]
+        self.column = "image" if "image" in schema.names else candidates[0] if len(candidates) == 1 else None
+        if self.column is None:
+            raise UsageError(f"{path} has no 'image' column (columns: {', '.join(schema.names)})")
+        sizes = [self.file.metadata.row_group(g).num_rows for g in range(self.file.num_row_groups)]
+        self.starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self.size: tuple[int, int] | None = None
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def read(self, a: int, b: int) -> np.ndarray:
+        out = []
+        for g in range(int(np.searchsorted(self.starts, a, side="right")) - 1, self.file.num_row_groups):
+            lo, hi = int(self.starts[g]), int(self.starts[g + 1])
+            if lo >= b:
+                break
+            cells = self.file.read_row_group(g, columns=[self.column]).column(0).to_pylist()
+            for cell in cells[max(a, lo) - lo : min(b, hi) - lo]:
+                data = cell.get("bytes") if isinstance(cell, dict) else cell
+                if not data:
+                    raise UsageError(f"{self.path}: an image cell without bytes (column {self.column!r})")
+                arr = _decode(data, str(self.path))
+                if self.size is not None and arr.shape[:2] != self.size:
+                    raise UsageError(f"{self.path}: a {arr.shape[1]}x{arr.shape[0]} image among "
+                                     f"{self.size[1]}x{self.size[0]} ones; resize first")
+                self.size = arr.shape[:2]
+                out.append(arr)
+        if not out:
+            return np.zeros((0, 1, 1, 3), dtype=np.uint8)
+        return np.stack(out)
+
+
+def _natural_key(path: Path) -> list:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", path.as_posix())]
+
+
+def image_files(source: str | os.PathLike) -> list[Path] | None:
+    """The array/parquet files a path names (a glob, or a folder holding such files), in natural
+    order; None for a single file or a folder of PNG/JPEG images."""
+    text = str(source)
+    if "*" in text or "?" in text:
+        files = [Path(f) for f in glob.glob(os.path.expanduser(text), recursive=True) if Path(f).is_file()]
+        if not files:
+            raise UsageError(f"no file matches {text}")
+    else:
+        folder = Path(source)
+        if not folder.is_dir():
+            return None
+        files = [p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in FILE_SUFFIXES]
+        if not files:
+            return None
+    bad = [f for f in files if f.suffix.lower() not in FILE_SUFFIXES]
+    if bad:
+        raise UsageError(f"{bad[0]} is not a {'/'.join(FILE_SUFFIXES)} file of images")
+    return sorted(files, key=_natural_key)
 
 
 def list_image_files(folder: str | os.PathLike) -> list[Path]:
@@ -126,18 +247,9 @@ def list_image_files(folder: str | os.PathLike) -> list[Path]:
 
 
 def _read_images(files: list[Path], size: tuple[int, int] | None) -> np.ndarray:
-    try:
-        from PIL import Image, UnidentifiedImageError
-    except ImportError:
-        raise UsageError("reading image folders needs Pillow; pass .npy/.npz uint8 [N, H, W, 3] arrays instead") \
-            from None
     out = []
     for f in files:
-        try:
-            with Image.open(f) as im:
-                arr = np.asarray(im.convert("RGB"), dtype=np.uint8)
-        except (UnidentifiedImageError, OSError) as e:
-            raise UsageError(f"unreadable image {f}: {e}") from None
+        arr = _decode(f.read_bytes(), str(f))
         if size is not None and arr.shape[:2] != size:
             raise UsageError(f"{f} is {arr.shape[1]}x{arr.shape[0]}, the others are {size[1]}x{size[0]}; resize first")
         size = arr.shape[:2]
@@ -150,21 +262,68 @@ def load_image_folder(folder: str | os.PathLike) -> np.ndarray:
     return _read_images(list_image_files(folder), None)
 
 
+def _file_source(path: Path) -> tuple[int, Any]:
+    if path.suffix.lower() == ".parquet":
+        table = _ParquetImages(path)
+        return len(table), table.read
+    arr = load_image_arrays(path)
+    return len(arr), lambda a, b: np.asarray(arr[a:b])
+
+
+def _concatenated(files: list[Path]) -> tuple[int, Any]:
+    """Files read one after another as one sequence of images; a file is opened when first read
+    (one .npz's arrays in memory at a time)."""
+    counts = []
+    for f in files:  # parquet and .npy counts are metadata; an .npz is opened to count
+        counts.append(_file_source(f)[0])
+    starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    opened: dict[int, Any] = {}
+
+    def read(a: int, b: int) -> np.ndarray:
+        parts = []
+        for i, f in enumerate(files):
+            lo, hi = int(starts[i]), int(starts[i + 1])
+            if hi <= a or lo >= b:
+                continue
+            if i not in opened:
+                opened.clear()
+                opened[i] = _file_source(f)[1]
+            parts.append(opened[i](max(a, lo) - lo, min(b, hi) - lo))
+        return np.concatenate(parts) if len(parts) > 1 else parts[0]
+
+    return int(starts[-1]), read
+
+
 def _source(source: Any) -> tuple[int, Any]:
-    """(image count, reader(start, stop) -> uint8 [n, H, W, 3]) of an array, file or folder."""
+    """(image count, reader(start, stop) -> uint8 [n, H, W, 3]) of an array, file, glob or folder."""
     if isinstance(source, torch.Tensor):
         source = source.cpu().numpy()
     if isinstance(source, np.ndarray):
         arr = _check_images(source, "image array")
         return len(arr), lambda a, b: np.asarray(arr[a:b])
+    files = image_files(source)
+    if files is not None:
+        return _concatenated(files)
     path = Path(source)
     if path.is_dir():
         files = list_image_files(path)
         first = _read_images(files[:1], None)
         size = first.shape[1:3]
         return len(files), lambda a, b: _read_images(files[a:b], size)
-    arr = load_image_arrays(path)
-    return len(arr), lambda a, b: np.asarray(arr[a:b])
+    if not path.is_file():
+        raise UsageError(f"missing image source {path}")
+    return _file_source(path)
+
+
+def source_files(source: str | os.PathLike) -> list[tuple[str, int, int]]:
+    """(path, size, mtime_ns) of every file an image source names: what decides its token files."""
+    files = image_files(source)
+    if files is None:
+        path = Path(source).expanduser()
+        files = list_image_files(path) if path.is_dir() else [path] if path.is_file() else []
+    if not files:
+        raise UsageError(f"missing image source {source}")
+    return [(str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns) for f in files]
 
 
 def count_images(source: Any) -> int:

@@ -55,17 +55,28 @@ def _rank_key(doc_id: str) -> bytes:
     return hashlib.sha256(_SALT + doc_id.encode("utf-8")).digest()
 
 
-def split_documents(
-    docs: list[tuple[str, str]], val_fraction: float, holdout_fraction: float, hint: str = ""
-) -> dict[str, list[str]]:
-    """Split documents into disjoint train/val/holdout text lists; UsageError if too few."""
-    n = len(docs)
+def rank_prefix(doc_id: str) -> int:
+    """The first 8 bytes of a document's rank key as an integer: the same order as the key unless two
+    of n documents share 64 bits (probability about n**2 / 2**65: 7e-5 at UniRef50's 48M records)."""
+    return int.from_bytes(_rank_key(doc_id)[:8], "big")
+
+
+def split_sizes(n: int, val_fraction: float, holdout_fraction: float, hint: str = "") -> tuple[int, int]:
+    """(val, holdout) document counts of a corpus of n documents; UsageError when a split would be empty."""
     if n == 0:
         raise UsageError(f"the corpus is empty{hint}")
     n_val = max(1, round(n * val_fraction))
     n_holdout = max(1, round(n * holdout_fraction))
     if n - n_val - n_holdout < 1:
         raise UsageError(f"the corpus has only {n} document(s); need at least 3 (one per split){hint}")
+    return n_val, n_holdout
+
+
+def split_documents(
+    docs: list[tuple[str, str]], val_fraction: float, holdout_fraction: float, hint: str = ""
+) -> dict[str, list[str]]:
+    """Split documents into disjoint train/val/holdout text lists; UsageError if too few."""
+    n_val, n_holdout = split_sizes(len(docs), val_fraction, holdout_fraction, hint)
     ranked = sorted(docs, key=lambda d: (_rank_key(d[0]), d[0]))
     texts = [text for _, text in ranked]
     return {

@@ -97,8 +97,25 @@ def _protein(cfg: DataConfig, log) -> TokenData:
     else:
         name, vocab = "residues", len(fasta.AMINO_ACIDS)
         encode = lambda seqs: (fasta.residue_tokens(s) for s in seqs)  # noqa: E731
-    return _documents_as_tokens(cfg, identity, lambda: list(fasta.read_fasta(path)), encode, vocab, name,
-                                str(path), log)
+    return _streamed_documents_as_tokens(cfg, identity, lambda: fasta.read_fasta(path), encode, vocab, name,
+                                         str(path), log)
+
+
+def _streamed_documents_as_tokens(cfg: DataConfig, identity: dict, documents, encode, vocab_size: int,
+                                  tokenizer: str, where: str, log) -> TokenData:
+    """`_documents_as_tokens` for collections too large for memory (UniRef50): the same split, order
+    and files, written by `muonlab.data.ranked_split` from one streamed pass over `documents()`."""
+    from muonlab.data.ranked_split import write_ranked_splits  # noqa: PLC0415
+    from muonlab.data.token_data import write_once  # noqa: PLC0415
+
+    identity = {**identity, "tokenizer": tokenizer, "val_fraction": cfg.val_fraction,
+                "holdout_fraction": cfg.holdout_fraction}
+    out = tokens_dir(cfg, identity)
+    write_once(out, lambda folder: write_ranked_splits(
+        folder, documents(), lambda texts: list(encode(texts)), vocab_size, tokenizer, cfg.val_fraction,
+        cfg.holdout_fraction, {"identity": identity}, hint=f" ({where})"), log)
+    files = {split: TokenMemmap(out / f"{split}.bin") for split in ("train", "val", "holdout")}
+    return TokenData(cfg.source, files, tokenizer, identity=identity)
 
 
 def token_data(cfg, log: Callable[[str], None] = print) -> TokenData:

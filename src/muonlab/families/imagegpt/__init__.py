@@ -68,14 +68,12 @@ def prepare_data(cfg, log=print):
         identity = {"source": "synthetic_images", "images": d.synthetic_images, "size": size, "seed": d.synthetic_seed,
                     "val_fraction": d.val_fraction}
     else:
-        from pathlib import Path  # noqa: PLC0415
+        from muonlab.data.images import source_files  # noqa: PLC0415
 
         if not d.path:
-            raise UsageError("data source 'images' needs --path: a folder of PNG/JPEG or a .npy/.npz uint8 "
-                             "[N, H, W, 3] (and --eval-path for the evaluation images)")
-        paths = [Path(p).expanduser().resolve() for p in (d.path, d.eval_path) if p]
-        identity = {"source": "images", "paths": [str(p) for p in paths],
-                    "stat": [(p.stat().st_size, p.stat().st_mtime_ns) if p.exists() else None for p in paths],
+            raise UsageError("data source 'images' needs --path: a folder of PNG/JPEG, .npy/.npz arrays (ImageNet-32's "
+                             "published batches too) or image parquet, or a glob of them (and --eval-path)")
+        identity = {"source": "images", "files": [source_files(p) for p in (d.path, d.eval_path) if p],
                     "val_fraction": None if d.eval_path else d.val_fraction}
 
     def write(out) -> list[str]:  # train.bin and eval.bin (muonlab.data.images)
