@@ -321,6 +321,11 @@ CASES = [
     ("doctor-workers", ["doctor", "--gpu", "--pytest-workers", "-1"], USAGE, "--pytest-workers must be >= 0"),
     # --- prepare
     ("prepare-local-without-path", ["prepare", "--source", "local"], USAGE, "needs --path"),
+    ("prepare-download-protein-without-path", ["prepare", "--preset", "protein-llama", "--download"], USAGE,
+     "give --path"),
+    ("prepare-download-files-alone", ["prepare", "--download-files", "2"], USAGE, "give --download"),
+    ("prepare-download-files-zero", ["prepare", "--preset", "imagegpt", "--download", "--download-files", "0"],
+     USAGE, "must be >= 1"),
 ]
 
 

@@ -130,3 +130,13 @@ def test_chunk_document(max_chars):
         assert all(p.endswith("\n") for p in body)
         if max_chars >= 200:  # blank lines (every 5th line here) are preferred cut points
             assert sum(p.endswith("\n\n") for p in body) > len(body) // 2
+
+
+def test_parquet_documents_stream_a_row_group_at_a_time_with_their_row_ids(tmp_path):
+    texts = [f"doc {i}" if i % 4 else "" for i in range(11)]  # empty rows are skipped, their index kept
+    pq.write_table(pa.table({"text": texts}), tmp_path / "shard.parquet", row_group_size=3)
+    source = LocalSource(tmp_path / "shard.parquet")
+    docs = source.iter_documents()
+    assert next(docs) == ("shard.parquet:1", "doc 1")  # a generator: nothing read past the first group
+    assert list(docs) == [(f"shard.parquet:{i}", f"doc {i}") for i in range(2, 11) if i % 4]
+    assert source.documents()[0] == ("shard.parquet:1", "doc 1")

@@ -10,6 +10,7 @@ import argparse
 import functools
 import json
 import os
+import shlex
 import sys
 from typing import Any, Callable
 
@@ -99,12 +100,43 @@ def _log_for(args) -> Callable[[str], None]:
 
 
 # ------------------------------------------------------------------------------ verbs
+def _downloaded(args, cfg):
+    """`prepare --download`: fetch the paper preset's dataset and tokenizer; the config that reads them."""
+    from muonlab.config import apply_overrides, canonical_overrides
+    from muonlab.data.paper_data import fetch, paper_data
+    from muonlab.paths import cache_root
+
+    wanted = paper_data(args.preset or DEFAULT_PRESET)
+    user = canonical_overrides(collect_overrides(args))
+    if wanted.dataset is None and "data.path" not in user:
+        raise UsageError(f"{args.preset} trains on UniRef50 2021_04, which the hub does not hold as FASTA: give "
+                         f"--path, the release's uniref50.fasta.gz (--download fetches the tokenizer)")
+    root = cache_root(cfg.data.cache_dir)
+    log = _log_for(args)
+    for asset, max_files in ((wanted.dataset, args.download_files), (wanted.tokenizer, None)):
+        if asset is not None:
+            fetch(asset, root, max_files, log)
+    settings = {k: v for k, v in wanted.settings(root).items() if k not in user}
+    cfg = apply_overrides(cfg, settings, origin="download")
+    flags = " ".join(f"--{k.split('.')[-1].replace('_', '-')} {shlex.quote(str(v))}" for k, v in settings.items())
+    return cfg, f"muonlab train --preset {args.preset} {flags}"
+
+
 def cmd_prepare(args) -> int:
     from muonlab.families import get_family
 
+    if args.download_files is not None and not args.download:
+        raise UsageError("--download-files counts the shards --download fetches; give --download")
+    if args.download_files is not None and args.download_files < 1:
+        raise UsageError(f"--download-files must be >= 1, got {args.download_files}")
     cfg = _resolve_config(args)
+    train_with = None
+    if args.download:
+        cfg, train_with = _downloaded(args, cfg)
     data = get_family(cfg.family).prepare_data(cfg, log=_log_for(args))
     payload = data.describe()
+    if train_with:
+        payload["train_with"] = train_with
     text = "\n".join(f"{k}: {v}" for k, v in payload.items())
     _emit(args, payload, text)
     return 0
@@ -540,6 +572,11 @@ def build_parser(argv: list[str] | None = None, only: str | None = None) -> argp
     p = verb("prepare", help="download/materialise a corpus and train its tokenizer")
     if p:
         with_config(p, data_only=True)
+        p.add_argument("--download", action="store_true",
+                       help="seed 004's presets: fetch the paper's dataset and tokenizer from the Hugging Face hub "
+                            "(checked, resumable; nothing is fetched when they are here) and prepare them")
+        p.add_argument("--download-files", type=int, default=None, metavar="K",
+                       help="with --download: only the first K shards of each split (default: all)")
         p.set_defaults(func=cmd_prepare)
 
     p = verb("train", help="train one run and evaluate val/holdout BPB")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -71,15 +72,21 @@ def _read_jsonl(path: Path, rel: str) -> list[tuple[str, str]]:
     return docs
 
 
-def _read_parquet(path: Path, rel: str) -> list[tuple[str, str]]:
+def _read_parquet(path: Path, rel: str) -> Iterator[tuple[str, str]]:
+    """(id, text) of each non-empty `text` row, a row group at a time (a FineWeb shard is 2 GB)."""
     try:
         pf = pq.ParquetFile(path)
         if "text" not in pf.schema_arrow.names:
             raise UsageError(f"{path} has no 'text' column")
-        texts = pf.read(columns=["text"]).column("text").to_pylist()
+        row = 0
+        for g in range(pf.num_row_groups):
+            texts = pf.read_row_group(g, columns=["text"]).column("text").to_pylist()
+            for i, t in enumerate(texts, row):
+                if isinstance(t, str) and t:
+                    yield f"{rel}:{i}", t
+            row += len(texts)
     except (pa.ArrowException, OSError) as e:
         raise MuonlabError(f"corrupted parquet file {path}: {e}") from None
-    return [(f"{rel}:{i}", t) for i, t in enumerate(texts) if isinstance(t, str) and t]
 
 
 class LocalSource:
@@ -98,16 +105,19 @@ class LocalSource:
             listing.update(f"{rel.as_posix()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
         return {"path": str(self.path), "txt_docs": self.txt_docs, "files": listing.hexdigest()}
 
-    def documents(self) -> list[tuple[str, str]]:
-        docs: list[tuple[str, str]] = []
+    def iter_documents(self) -> Iterator[tuple[str, str]]:
+        """(id, text) of every non-empty document, file by file (a parquet row group at a time)."""
         for rel in self.files:
             path, key = self.base / rel, rel.as_posix()
             if rel.suffix == ".txt":
-                docs += _read_txt(path, key, self.txt_docs)
+                yield from _read_txt(path, key, self.txt_docs)
             elif rel.suffix == ".jsonl":
-                docs += _read_jsonl(path, key)
+                yield from _read_jsonl(path, key)
             else:
-                docs += _read_parquet(path, key)
+                yield from _read_parquet(path, key)
+
+    def documents(self) -> list[tuple[str, str]]:
+        docs = list(self.iter_documents())
         if not docs:
             raise UsageError(f"corpus at {self.path} has no non-empty documents")
         return docs

@@ -23,7 +23,7 @@ import torch
 from muonlab.data.config import DataConfig
 from muonlab.data.loaders.token_blocks import MemmapBlockLoader
 from muonlab.data.memmap_format import TokenMemmap
-from muonlab.data.token_data import TokenData, _short_hash, memmap_folder, text_token_data, write_split_streams
+from muonlab.data.token_data import TokenData, _short_hash, memmap_folder, text_token_data
 from muonlab.errors import UsageError
 from muonlab.eval.loss import LossResult, evaluate_loss
 from muonlab.paths import cache_root
@@ -39,30 +39,9 @@ def block_batcher(mm: TokenMemmap, B: int, T: int, seed: int, device, rank: int,
                              num_blocks=num_blocks, rank=rank, world_size=world_size, device=device)
 
 
-def _split(docs: list[tuple[str, str]], cfg: DataConfig, what: str) -> dict[str, list[str]]:
-    from muonlab.data.sources import split_documents  # noqa: PLC0415
-
-    return split_documents(docs, cfg.val_fraction, cfg.holdout_fraction, hint=f" ({what})")
-
-
 def tokens_dir(cfg: DataConfig, identity: dict) -> Path:
     """Where the token files of data described by `identity` are cached."""
     return cache_root(cfg.cache_dir) / "tokens" / _short_hash(identity)
-
-
-def _documents_as_tokens(cfg: DataConfig, identity: dict, documents: Callable[[], list[tuple[str, str]]],
-                         encode: Callable, vocab_size: int, tokenizer: str, where: str, log) -> TokenData:
-    """Documents split by their ids (train / val / holdout), each split's encoded documents one stream,
-    written once into the cache; `documents()` is read only when the files do not exist yet."""
-    identity = {**identity, "tokenizer": tokenizer, "val_fraction": cfg.val_fraction,
-                "holdout_fraction": cfg.holdout_fraction}
-
-    def streams():
-        splits = _split(documents(), cfg, where)
-        return {s: encode(splits[s]) for s in ("train", "val", "holdout")}
-
-    files = write_split_streams(tokens_dir(cfg, identity), streams, vocab_size, tokenizer, {"identity": identity}, log)
-    return TokenData(cfg.source, files, tokenizer, identity=identity)
 
 
 def _hf_text(cfg: DataConfig, log) -> TokenData:
@@ -70,8 +49,8 @@ def _hf_text(cfg: DataConfig, log) -> TokenData:
     from muonlab.data.local_source import LocalSource  # noqa: PLC0415
 
     source, tok = LocalSource(cfg.path, cfg.local_txt_docs), HFTokenizer(cfg.tokenizer_json)
-    return _documents_as_tokens(cfg, {"source": "local", **source.identity()},
-                                source.documents, tok.encode_docs, tok.vocab_size, tok.name, str(source.path), log)
+    return _documents_as_tokens(cfg, {"source": "local", **source.identity()}, source.iter_documents,
+                                tok.encode_docs, tok.vocab_size, tok.name, str(source.path), log)
 
 
 def _protein(cfg: DataConfig, log) -> TokenData:
@@ -97,14 +76,15 @@ def _protein(cfg: DataConfig, log) -> TokenData:
     else:
         name, vocab = "residues", len(fasta.AMINO_ACIDS)
         encode = lambda seqs: (fasta.residue_tokens(s) for s in seqs)  # noqa: E731
-    return _streamed_documents_as_tokens(cfg, identity, lambda: fasta.read_fasta(path), encode, vocab, name,
-                                         str(path), log)
+    return _documents_as_tokens(cfg, identity, lambda: fasta.read_fasta(path), encode, vocab, name,
+                                str(path), log)
 
 
-def _streamed_documents_as_tokens(cfg: DataConfig, identity: dict, documents, encode, vocab_size: int,
+def _documents_as_tokens(cfg: DataConfig, identity: dict, documents, encode, vocab_size: int,
                                   tokenizer: str, where: str, log) -> TokenData:
-    """`_documents_as_tokens` for collections too large for memory (UniRef50): the same split, order
-    and files, written by `muonlab.data.ranked_split` from one streamed pass over `documents()`."""
+    """Documents split by their ids (train / val / holdout), each split's encoded documents one stream,
+    written once into the cache by `muonlab.data.ranked_split` from one streamed pass over `documents()`
+    (read only when the files do not exist yet): FineWeb shards and UniRef50 never sit in memory."""
     from muonlab.data.ranked_split import write_ranked_splits  # noqa: PLC0415
     from muonlab.data.token_data import write_once  # noqa: PLC0415
 
