@@ -168,9 +168,11 @@ def test_the_record_gives_the_optimizer_as_built(moe_run):
     summary = json.loads((moe_run / "summary.json").read_text())
     assert summary["optimizer_groups"] == record["optimizer_groups"]
     d = 64  # tied-tiny-moe's width
-    assert groups["tied"]["effective_lr"] == pytest.approx(0.02 * 60 * 0.5 / d, rel=1e-12)  # eq. 6
+    lr = 0.02 * (512 / 524_288) ** 0.5  # the CPU preset's Muon lr: the paper's, scaled to its 512-token batch
+    assert groups["tied"]["effective_lr"] == pytest.approx(lr * 60 * 0.5 / d, rel=1e-12)  # eq. 6
     assert (groups["tied"]["cap"], groups["tied"]["scale"], groups["tied"]["rho"]) == (3.0, 0.5, 60.0)
-    assert (groups["matrix"]["lr"], groups["matrix"]["momentum"], groups["matrix"]["weight_decay"]) == (0.02, 0.95, 0.1)
+    assert groups["matrix"]["lr"] == pytest.approx(lr, rel=1e-12)
+    assert (groups["matrix"]["momentum"], groups["matrix"]["weight_decay"]) == (0.95, 0.1)
     assert "cap" not in groups["matrix"] and "weight_decay" not in groups["tied"]  # what the role does not read
     assert (groups["vector"]["lr"], groups["vector"]["eps"]) == (3e-4, 1e-8)
     assert sum(g["elements"] for g in record["optimizer_groups"]) == record["metrics"]["param_counts"]["total"]

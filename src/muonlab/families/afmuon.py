@@ -26,6 +26,23 @@ AF_OPTIMIZERS = ("afmuon", "hybrid", "sign", "factorial_lmo_rms", "factorial_lmo
                  "factorial_adamw_adamw", "adamw")
 
 
+PAPER_MATRIX_LR = 0.02  # seed 004 §3: the Muon lr of every Table-1 setting
+PAPER_BATCH_TOKENS = 2**19  # seed 004 App. J: 524,288 tokens an update (target tokens for the T5s)
+
+
+def cpu_matrix_lr(cpu_batch_tokens: int, paper_batch_tokens: int = PAPER_BATCH_TOKENS) -> float:
+    """The Muon lr of a seed-004 CPU stand-in: 0.02 * sqrt(B_cpu / B_paper).
+
+    Eq. 6 already scales the tied table's lr to the width (rho * s / d), and Muon's orthogonalized
+    hidden updates need no width factor for square matrices (muP's spectral rule), so width is not what
+    breaks the CPU stand-ins: their batches are 500 to 4,000 times smaller than the paper's, and at the
+    paper's lr Sign and AF-Muon diverge within 30 steps. The square-root rule for normalized (sign-like)
+    updates (Malladi et al. 2022, "On the SDEs and scaling rules for adaptive gradient algorithms")
+    scales the lr by sqrt(B_cpu / B_paper); through eq. 6 the tied lr follows. The vector / AdamW lrs stay
+    the paper's (Hybrid's tied table on AdamW 3e-4 already learns slowly at this size).
+    """
+    return PAPER_MATRIX_LR * math.sqrt(cpu_batch_tokens / paper_batch_tokens)
+
 
 @dataclass
 class AFMuonConfig(Section):

@@ -16,7 +16,7 @@ from typing import Literal
 import torch
 
 from muonlab.families import Family, register_family
-from muonlab.families.afmuon import AFMuonConfig, LRSchedule, build_optimizer, table_stats
+from muonlab.families.afmuon import AFMuonConfig, LRSchedule, build_optimizer, cpu_matrix_lr, table_stats
 from muonlab.families.hf.model import HF_MODELS, HFCausalLM
 from muonlab.families.token_family import PROTEIN_SOURCES, TEXT_TOKEN_SOURCES, block_batcher, evaluate_token_splits, token_data
 from muonlab.settings import Section, setting
@@ -52,8 +52,9 @@ def evaluate(model, data, cfg, runtime, ctx, splits=("val", "holdout"), tokens=N
 
 _COMMON = {"family": "hf", "optim.kind": "afmuon", "schedule.warmup_ratio": 0.0, "schedule.warmdown_ratio": 0.0,
            "train.grad_clip": 1.0, "train.loss_logged": "mean"}
+# the CPU stand-ins' Muon lr scaled to their 512-token batch (cpu_matrix_lr: 0.02 / 32)
 _CPU = {"train.num_steps": 40, "train.untimed_steps": 1, "runtime.device": "cpu", "runtime.precision": "fp32",
-        "runtime.compile": "off", "record.log_every": 10}
+        "runtime.compile": "off", "record.log_every": 10, "optim.matrix_lr": cpu_matrix_lr(8 * 64)}
 
 
 def _paper(preset, micro, accum, T, steps, eval_every, eval_tokens, source="memmap"):

@@ -17,7 +17,7 @@ import torch
 
 from muonlab.errors import UsageError
 from muonlab.families import Family, register_family
-from muonlab.families.afmuon import AFMuonConfig, LRSchedule, build_optimizer, table_stats
+from muonlab.families.afmuon import AFMuonConfig, LRSchedule, build_optimizer, cpu_matrix_lr, table_stats
 from muonlab.families.imagegpt.model import IMAGEGPT_SHAPES, ImageGPTModel
 from muonlab.families.token_family import evaluate_token_splits, tokens_dir
 from muonlab.settings import Section, setting
@@ -120,8 +120,10 @@ def validate(cfg) -> None:
 _COMMON = {"family": "imagegpt", "optim.kind": "afmuon", "schedule.warmup_ratio": 0.0, "schedule.warmdown_ratio": 0.0,
            "train.grad_clip": 1.0, "train.loss_logged": "mean"}
 PRESETS = {
-    # seconds on a CPU: 8 x 8 synthetic images (64 tokens), 16 images a step
-    "imagegpt-cpu": {**_COMMON, "model.preset": "imagegpt-cpu", "train.sequence_len": 64,
+    # seconds on a CPU: 8 x 8 synthetic images (64 tokens), 16 images a step; the Muon lr scaled to that
+    # 1,024-token batch (cpu_matrix_lr: 0.02 * sqrt(1/512))
+    "imagegpt-cpu": {**_COMMON, "model.preset": "imagegpt-cpu", "optim.matrix_lr": cpu_matrix_lr(16 * 64),
+                     "train.sequence_len": 64,
                      "train.device_batch_size": 16, "train.total_batch_size": 16 * 64, "train.num_steps": 40,
                      "train.untimed_steps": 1, "train.eval_tokens": 64 * 64, "runtime.device": "cpu",
                      "runtime.precision": "fp32", "runtime.compile": "off", "record.log_every": 10,
