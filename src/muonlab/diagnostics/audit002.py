@@ -35,10 +35,12 @@ from typing import Any
 
 import torch
 
-from muonlab.diagnostics.runs import load_run
+from muonlab.diagnostics import Command
+from muonlab.diagnostics.run_selection import SELECTION_OPTIONS
+from muonlab.diagnostics.runs import load_run, run_config
+from muonlab.errors import UsageError
 from muonlab.model import find_variant
 from muonlab.model.variants.qk_scale import qk_multiplier
-from muonlab.diagnostics import Command, RUN_OPTIONS
 
 QTAU_KINDS = ("pair_tied_exp", "pair_tied_stopexp")
 
@@ -146,12 +148,38 @@ def audit_model(model) -> dict[str, Any]:
 
 
 def run_audit(run_dir: str | Path) -> dict[str, Any]:
-    """Load the run's newest checkpoint (fp32 on CPU) and audit it."""
-    loaded = load_run(run_dir)
-    cfg = loaded.cfg
+    """Audit the run's final weights (the paper audits step 953, the end of training), or for a run
+    that did not finish its newest checkpoint; fp32 on CPU."""
+    from muonlab.train import load as final  # noqa: PLC0415
+
+    cfg = run_config(run_dir)
+    if cfg.family != "autoresearch":
+        raise UsageError(f"the seed-002 audit reads the autoresearch GPT's tables; {run_dir} is a {cfg.family} run")
+    run_dir = Path(run_dir)
+    if (run_dir / "model.safetensors").is_file():
+        weights = run_dir / "model.safetensors"
+        model, step = final.load_run(run_dir), cfg.train.num_steps
+    else:
+        loaded = load_run(run_dir)
+        model, step, weights = loaded.model, loaded.step, loaded.checkpoint_path
     return {"run_dir": str(run_dir), "arm": getattr(cfg, "arm", None), "seed": getattr(cfg, "seed", None),
-            "run_name": getattr(cfg, "run_name", None), "step": loaded.step,
-            "checkpoint": str(loaded.checkpoint_path), **audit_model(loaded.model)}
+            "run_name": getattr(cfg, "run_name", None), "step": step,
+            "checkpoint": str(weights), **audit_model(model)}
+
+
+def _run(args) -> dict[str, Any]:
+    from muonlab.diagnostics.audit_tables import audit_runs  # noqa: PLC0415
+    from muonlab.diagnostics.run_selection import select_runs  # noqa: PLC0415
+
+    if len(args.run) == 1 and args.arms is None and args.seeds is None and not args.where and args.ledger is None:
+        return run_audit(args.run[0])  # one run: its whole audit
+    return audit_runs(select_runs(args))
+
+
+def _format(result: dict[str, Any]) -> str:
+    from muonlab.diagnostics.audit_tables import format_audit_runs  # noqa: PLC0415
+
+    return format_audit_runs(result) if "protocols" in result else format_audit_table(result)
 
 
 def _num(v: float | None, fmt: str) -> str:
@@ -188,7 +216,8 @@ def format_audit_table(result: dict[str, Any]) -> str:
 
 
 COMMAND = Command(
-    'audit', "seed 002 checkpoint audits (stable rank, mean-row energy, q_tau profile, terminal scalars)",
-    options=RUN_OPTIONS,
-    run=lambda a: run_audit(a.run),
-    format=format_audit_table)
+    'audit', "seed 002 checkpoint audits (stable rank, mean-row energy, q_tau profile, terminal scalars) of one "
+             "run, or of several as Tables 4, 5a (with its % excess) and 8b beside the printed values",
+    options=SELECTION_OPTIONS,
+    run=_run,
+    format=_format)

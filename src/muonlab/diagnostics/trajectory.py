@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from muonlab.diagnostics import Command, printed
+from muonlab.diagnostics.run_selection import SELECTION_OPTIONS, Selection, select_runs
 from muonlab.errors import UsageError
-from muonlab.diagnostics import Command, RUN_OPTIONS
 
 
 def read_trajectory(run_dir: str | Path) -> dict:
@@ -43,8 +44,72 @@ def format_table(res: dict) -> str:
     return "\n".join(lines)
 
 
+def _at(rows: list[dict], step: int) -> dict | None:
+    return next((r for r in rows if r["step"] == step), None)
+
+
+def _mean(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def trajectory_runs(selection: Selection) -> dict:
+    """Table 4B's columns per protocol and arm: means over the arm's seeds, and the printed seed-137 row."""
+    steps = printed.TRAJECTORY_STEPS
+    protocols = []
+    for protocol, runs in selection.groups().items():
+        arms = []
+        for arm in dict.fromkeys(r.arm for r in runs):
+            mine = [r for r in runs if r.arm == arm]
+            trajectories = [read_trajectory(r.run_dir)["rows"] for r in mine]
+
+            def column(read, step):
+                return _mean([read(row) if (row := _at(rows, step)) is not None else None for rows in trajectories])
+
+            x0 = lambda i: lambda row: row["x0_lambdas"][i] if len(row["x0_lambdas"]) > i else None  # noqa: E731
+            paper = printed.SEED000_TABLE4B.get(arm)
+            arms.append({"arm": arm, "seeds": sorted(r.seed for r in mine),
+                         "loss": [column(lambda row: row["loss"], s) for s in steps],
+                         "x0_1": [column(x0(1), s) for s in steps], "x0_7_80": column(x0(7), steps[-1]),
+                         "paper": None if paper is None else {"seed": printed.TABLE4B_SEED, "loss": list(paper[0]),
+                                                              "x0_1": list(paper[1]), "x0_7_80": paper[2]}})
+        protocols.append({"protocol": protocol, "depth": runs[0].depth, "arms": arms})
+    return {"steps": list(steps), "protocols": protocols, "left_out": selection.left_out}
+
+
+def _f(v, fmt):
+    return "-" if v is None else format(v, fmt)
+
+
+def format_runs(res: dict) -> str:
+    steps = "/".join(map(str, res["steps"]))
+    lines = []
+    for p in res["protocols"]:
+        lines.append(f"protocol {p['protocol']} (depth {p['depth']}): seed 000 Table 4B, means over seeds")
+        lines.append(f"  {'arm':<28}{'seeds':<14}{'loss @' + steps:>28}{'x0_lambdas[1] @' + steps:>28}"
+                     f"{'x0[7] @' + str(res['steps'][-1]):>10}")
+        for a in p["arms"]:
+            rows = [(a["arm"], ",".join(map(str, a["seeds"])), a)]
+            if a["paper"]:
+                rows.append(("  paper", f"seed {a['paper']['seed']}", a["paper"]))
+            for name, seeds, v in rows:
+                loss = " / ".join(_f(x, ".4f") for x in v["loss"])
+                x1 = " / ".join(_f(x, "+.3f") for x in v["x0_1"])
+                lines.append(f"  {name:<28}{seeds:<14}{loss:>28}{x1:>28}{_f(v['x0_7_80'], '+.3f'):>10}")
+    for why in res["left_out"]:
+        lines.append(f"left out: {why}")
+    return "\n".join(lines)
+
+
+def _run(args) -> dict:
+    if len(args.run) == 1 and args.arms is None and args.seeds is None and not args.where and args.ledger is None:
+        return read_trajectory(args.run[0])  # one run: every recorded step
+    return trajectory_runs(select_runs(args))
+
+
 COMMAND = Command(
-    'trajectory', "a run's loss and residual scalars at its trajectory steps",
-    options=RUN_OPTIONS,
-    run=lambda a: read_trajectory(a.run),
-    format=format_table)
+    'trajectory', "a run's loss and residual scalars at its trajectory steps; over several runs, seed 000 "
+                  "Table 4B (means over seeds) beside the printed values",
+    options=SELECTION_OPTIONS,
+    run=_run,
+    format=lambda res: format_runs(res) if "protocols" in res else format_table(res))
