@@ -324,6 +324,9 @@ CASES = [
     ("prepare-download-protein-without-path", ["prepare", "--preset", "protein-llama", "--download"], USAGE,
      "give --path"),
     ("prepare-download-files-alone", ["prepare", "--download-files", "2"], USAGE, "give --download"),
+    ("paper-score-dry-run", ["paper", "004-t1-nanogpt", "--dry-run"], USAGE, "price the runs"),
+    ("paper-run-mfu-without-dry-run", ["paper", "run", "004-t1-nanogpt", "--preset", "tied-cpu", "--mfu", "0.3"],
+     USAGE, "give --dry-run"),
     ("prepare-download-files-zero", ["prepare", "--preset", "imagegpt", "--download", "--download-files", "0"],
      USAGE, "must be >= 1"),
 ]

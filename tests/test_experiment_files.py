@@ -162,6 +162,8 @@ def test_a_saved_config_records_its_layers_and_its_protocol_is_a_function_of_the
     cfg = resolve_config("exp11_weight_fused_d6", "cpu-tiny", {"seed": 3, "num_steps": 4})
     saved = json.loads(json.dumps(cfg.to_dict()))
     assert [x["origin"] for x in saved["layers"]] == ["preset", "arm", "implied", "command line"]
-    assert protocol_of(saved) == cfg.protocol_id() == resolve_config("baseline", "cpu-tiny", {"num_steps": 4}).protocol_id()
+    # the arm's depth 6 defines its protocol: the baseline's at depth 6
+    assert protocol_of(saved) == cfg.protocol_id() == resolve_config("baseline", "cpu-tiny", {"num_steps": 4,
+                                                                                               "depth": 6}).protocol_id()
     assert RunConfig.from_dict(saved).to_dict() == saved
     assert protocol_of({k: v for k, v in saved.items() if k != "layers"}) is None

@@ -53,9 +53,11 @@ def ledger_of(tmp_path, records: list[dict]):
 def test_arms_of_one_preset_share_a_protocol_and_the_seed_is_not_part_of_it():
     base = resolve_config("baseline", "cpu-tiny", {"seed": 1})
     assert base.protocol_id() == expected_protocol("cpu-tiny")
-    for arm in ("adamw_only", "01_dense_opt", "exp11_weight_fused_d6"):  # the last overrides model.depth
+    for arm in ("adamw_only", "01_dense_opt"):
         for seed in (1, 7):
             assert resolve_config(arm, "cpu-tiny", {"seed": seed}).protocol_id() == base.protocol_id(), arm
+    # an arm that sets a defining setting (exp11: depth 6) has the protocol of its value
+    assert resolve_config("exp11_weight_fused_d6", "cpu-tiny").protocol_id() == expected_protocol("cpu-tiny", depth=6)
     deeper = resolve_config("adamw_only", "cpu-tiny", {"depth": "3"})
     assert deeper.protocol_id() == expected_protocol("cpu-tiny", depth=3) != base.protocol_id()
     assert resolve_config("baseline", "gpu-d6").protocol_id() != resolve_config("baseline", "gpu-d8").protocol_id()

@@ -318,6 +318,9 @@ def cmd_paper(args) -> int:
         return 0
     tables = select_tables(args.tables)
     overrides = collect_overrides(args)  # e.g. --ledger, --runs-dir, or settings that change the protocol
+    priced = args.dry_run or args.mfu is not None or args.gpu is not None
+    if priced and args.action != "run":
+        raise UsageError("--dry-run, --mfu and --gpu price the runs of `muonlab paper run TABLE --preset P --dry-run`")
     if args.action == "run":
         from muonlab.lab.sweep import format_outcomes, run_sweep
 
@@ -325,6 +328,10 @@ def cmd_paper(args) -> int:
             raise UsageError("muonlab paper run takes one TABLE and --preset (the protocol to run it under)")
         (table,) = tables
         seeds = sorted({s for a in table.arms for s in a.run_seeds})
+        if priced:
+            if not args.dry_run:
+                raise UsageError("--mfu and --gpu price a --dry-run: give --dry-run")
+            return _price_table(args, table, seeds, overrides)
         outcomes = run_sweep([a.arm for a in table.arms], seeds, args.preset, {"quiet": True, **overrides},
                              executor=args.executor, parallel=args.parallel, retry_failed=args.retry_failed,
                              slurm=_parse_slurm_options(args.slurm), log=_log_for(args),
@@ -343,6 +350,21 @@ def cmd_paper(args) -> int:
         write_text(out / "scorecard.md", text + "\n")
         write_text(out / "scorecard.json", json.dumps(card, indent=2) + "\n")
     _emit(args, card, text)
+    return 0
+
+
+def _price_table(args, table, seeds: list[int], overrides: dict) -> int:
+    """`paper run TABLE --preset P --dry-run`: the runs still to do, each with its FLOPs and GPU-hours."""
+    from muonlab.lab.paper.cost import format_price, price
+    from muonlab.lab.sweep import dry_run, plan_sweep
+
+    arms = [a.arm for a in table.arms]
+    plan = dry_run(arms, seeds, args.preset, {"quiet": True, **overrides}, retry_failed=args.retry_failed,
+                   log=_log_for(args))
+    configs = {job.key: job.config for job in plan_sweep(arms, seeds, args.preset, {"quiet": True, **overrides})}
+    priced = price(plan, configs, args.gpu or "H100", 0.4 if args.mfu is None else args.mfu)
+    done = sum(p["action"] == "done (ok)" for p in plan)
+    _emit(args, {"table": table.id, "preset": args.preset, **priced, "done": done}, format_price(priced, done))
     return 0
 
 
@@ -704,6 +726,13 @@ def build_parser(argv: list[str] | None = None, only: str | None = None) -> argp
         p.add_argument("--threshold", type=float, default=0.0005, help="the decision rule's θ (default 0.0005)")
         p.add_argument("--out", default=None, help="also write scorecard.md and scorecard.json there")
         _add_run_flags(p, "paper run: ")
+        p.add_argument("--dry-run", action="store_true",
+                       help="paper run: list the table's runs still to do with each one's FLOPs and GPU-hours (at "
+                            "--mfu of a --gpu); run nothing")
+        p.add_argument("--mfu", type=float, default=None,
+                       help="paper run --dry-run: the model-FLOPs utilisation the GPU-hours assume (default 0.4)")
+        p.add_argument("--gpu", default=None,
+                       help="paper run --dry-run: the GPU whose dense bf16 peak the GPU-hours assume (default H100)")
         p.add_argument("--json", action="store_true", help="print the scorecard as JSON")
         base, _, families = config_context()
         add_config_flags(p, base, families, skip=("arm",))  # settings on top of the preset: run and score under them

@@ -40,7 +40,14 @@ CONFIG_FORMAT = 2  # 1: the flat TrainConfig of muonlab <= 0.1 (see from_legacy)
 _FORMAT2_SECTIONS = ("model", "optim", "schedule", "train", "runtime", "record")  # format 1 nested only data
 _FORMAT1_BOOKKEEPING = frozenset({"format"})
 CHECKED_ORIGINS = ("arm", "command line", "override")  # whose settings must act
-ARM_ORIGIN = "arm"  # the layer a run's protocol leaves out (see protocol_values)
+ARM_ORIGIN = "arm"  # the layer a run's protocol leaves out (see protocol_values), but for its defining settings
+# What defines a protocol even when an arm sets it (the model's size, the training budget, the data): an arm
+# that sets one runs under the protocol of its values (seed 000's depth-6 arms under gpu-d8 are a depth-6
+# study, beside the baseline run at depth 6, not a change of the depth-8 baseline)
+PROTOCOL_KEYS = ("data.source", "train.num_steps", "train.time_budget", "train.total_batch_size",
+                 "train.sequence_len", "train.eval_tokens", "data.vocab_size", "model.depth")
+DEFINING_KEYS = (*PROTOCOL_KEYS, "model.aspect_ratio", "model.n_embd", "model.head_dim", "model.n_kv_head",
+                 "model.preset", "data.path", "data.tokenizer_json")
 LAYERS_KEY = "layers"  # a saved config's resolution layers (beside `format` and `protocol`)
 _RECORD_KEYS = ("format", PROTOCOL_KEY, LAYERS_KEY)  # a saved config's own keys, not settings
 
@@ -300,11 +307,12 @@ def protocol_of(saved: dict[str, Any]) -> str | None:
 
 def protocol_values(layers: list[tuple[str, dict[str, Any]]], resolved: RunConfig) -> dict[str, Any] | None:
     """The settings a run shares with every arm of its study: its layers resolved without the
-    arm's, the seed left out. A setting the command line gives that acts only under the arm
-    still tells two protocols apart, so it is kept at its resolved value. None when the layers
-    do not resolve without the arm."""
-    kept = [("protocol", {k: v for k, v in values.items() if k != "seed"}) for origin, values in layers
-            if origin != ARM_ORIGIN]
+    arm's (but for the defining settings an arm sets, DEFINING_KEYS), the seed left out. A setting
+    the command line gives that acts only under the arm still tells two protocols apart, so it is
+    kept at its resolved value. None when the layers do not resolve without the arm."""
+    kept = [("protocol", {k: v for k, v in values.items() if k != "seed" and (origin != ARM_ORIGIN or
+                                                                            k in DEFINING_KEYS)})
+            for origin, values in layers]
     try:
         values = build_config(kept).hashed_values()
     except UsageError:

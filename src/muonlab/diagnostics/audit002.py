@@ -217,7 +217,7 @@ def format_audit_table(result: dict[str, Any]) -> str:
 
 COMMAND = Command(
     'audit', "seed 002 checkpoint audits (stable rank, mean-row energy, q_tau profile, terminal scalars) of one "
-             "run, or of several as Tables 4, 5a (with its % excess) and 8b beside the printed values",
+             "run, or of several as Tables 4, 5a (with its percent excess) and 8b beside the printed values",
     options=SELECTION_OPTIONS,
     run=_run,
     format=_format)

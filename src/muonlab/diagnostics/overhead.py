@@ -36,20 +36,11 @@ PAPER_TABLE27 = {
 
 
 def default_vocab(preset_name: str) -> int:
-    """The table the preset trains: its BPE size where it trains one, else the paper's (or the CPU data's)
-    vocabulary of the setting (the model's own table needs the data's tokenizer otherwise)."""
+    """The table the preset trains (muonlab.lab.paper.cost.default_vocab)."""
     from muonlab.config import preset
-    from muonlab.families.hf.model import HF_MODELS
-    from muonlab.families.t5.t5gemma2 import PAPER_VOCAB
+    from muonlab.lab.paper.cost import default_vocab as of_config
 
-    cfg = preset(preset_name)
-    fixed = {"t5gemma2": PAPER_VOCAB, "reuse-k9": 49_152, "imagegpt": 16_384, "imagegpt-cpu": 16_384,
-             "protein-cpu": 25}  # RGB554 colours; one token per residue
-    if preset_name in fixed:
-        return fixed[preset_name]
-    if cfg.family == "hf" and cfg.data.source in ("memmap", "fasta"):
-        return HF_MODELS[cfg.model.preset][1]["vocab_size"]
-    return cfg.data.vocab_size
+    return of_config(preset(preset_name))
 
 
 def _build(arm: str, preset_name: str, vocab: int, device: torch.device, overrides: dict | None = None):

@@ -19,14 +19,10 @@ from muonlab.settings import Section, flatten, to_dict
 # Configs are compared over what can change a number (RunConfig.hashed_values: bookkeeping and
 # inert settings are out by construction), less the seed, which arms are paired over.
 IGNORED_KEYS = frozenset({"seed"})
-# What every arm must share when its own overrides are not known.
-PROTOCOL_KEYS = ("data.source", "train.num_steps", "train.time_budget", "train.total_batch_size",
-                 "train.sequence_len", "train.eval_tokens", "data.vocab_size", "model.depth")
-# What defines a protocol even when an arm sets it (the model's size, the training budget, the data):
-# an arm whose runs differ from the baseline's here is not contrasted with it (seed 000's depth-6 arms
-# under gpu-d8 are a depth-6 study, not a change of the depth-8 baseline)
-DEFINING_KEYS = (*PROTOCOL_KEYS, "model.aspect_ratio", "model.n_embd", "model.head_dim", "model.n_kv_head",
-                 "model.preset", "data.path", "data.tokenizer_json")
+# What every arm must share when its own overrides are not known (PROTOCOL_KEYS), and what defines a
+# protocol even when an arm sets it (DEFINING_KEYS: an arm that sets one has the protocol of its values;
+# runs recorded without their layers that differ from the baseline's here are not contrasted with it)
+from muonlab.config import DEFINING_KEYS, PROTOCOL_KEYS  # noqa: E402
 
 
 @dataclass(frozen=True)
