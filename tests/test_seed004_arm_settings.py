@@ -71,6 +71,16 @@ def expected(name: str) -> dict:
     elif name.startswith("k8_"):  # K.8: seed 43, compared at 458.8M tokens (875 steps)
         out.update(tied=("lmo", *AF), vector=("rms", AUX_LR, 0.0), seeds=(43,), grad_source=parts[1])
         out["train"] = {"num_steps": 875}
+    elif name.startswith("t14_"):  # Table 14: the small T5, one seed, 110M target tokens of 4,096 a step
+        if parts[1] == "hybrid":
+            out.update(tied=("adamw", AUX_LR, 0.01), vector=("adamw", AUX_LR, 0.01))
+        else:
+            out.update(tied=("lmo", *AF), vector=("rms", AUX_LR, 0.0), rho=float(parts[2][3:]))
+        out.update(seeds=(43,), train={"num_steps": 110_000_000 // 4096})
+    elif name.startswith("t25_"):  # Table 25: AdamW lr pilot, seed 43, 500 steps / 32.77M tokens
+        lr = float(parts[2][2:].replace("m", "-"))
+        out.update(adamw=(lr, 0.1, 1e-8, (0.9, 0.95)), seeds=(43,),
+                   train={"num_steps": 500, "total_batch_size": 65_536, "sequence_len": 512, "device_batch_size": 32})
     elif name == "t15_untied_hybrid":  # Table 15: three tables and the vectors on Hybrid's AdamW
         out.update(untied=("adamw", AUX_LR, 0.01))
     elif name == "k9_reuse_hybrid":  # K.9: Muon 0.02 / aux 3e-4, wd 0.1 / 0.01; input, positional and head tables
@@ -94,7 +104,9 @@ def test_the_papers_ablations_are_all_registered():
 def test_arm_builds_the_papers_optimizer(name):
     want = expected(name)
     # K.2's vocabularies and K.4's widths are checked at the paper's preset (the CPU one's head dim is 32)
-    preset = "reuse-cpu" if name.startswith("k9_") else "t5-cpu" if "untied" in want else "nanogpt-124m" if name[:2] in ("k2", "k3", "k4") else "tied-cpu"
+    preset = ("reuse-cpu" if name.startswith("k9_") else "t5-cpu" if "untied" in want or name.startswith("t14_")
+              else "protein-cpu" if name.startswith("t25_") else "nanogpt-124m" if name[:2] in ("k2", "k3", "k4")
+              else "tied-cpu")
     # the CPU presets scale the Muon lr to their batch (cpu_matrix_lr); the arm is checked at the paper's
     cfg = resolve_config(name, preset, {"optim.matrix_lr": MUON_LR} if preset.endswith("-cpu") and "adamw" not in want else {})
     assert ARMS[name].seeds == want["seeds"]
@@ -127,7 +139,7 @@ def test_arm_builds_the_papers_optimizer(name):
     tied, vector = groups["tied"], groups["vector"]
     if want["tied"][0] == "lmo":
         assert tied["role"] == "tied" and (tied["cap"], tied["scale"]) == want["tied"][1:]
-        assert (tied["rho"], tied["lr"], tied["weight_decay"]) == (RHO, MUON_LR, 0.0)
+        assert (tied["rho"], tied["lr"], tied["weight_decay"]) == (want.get("rho", RHO), MUON_LR, 0.0)
     else:
         assert tied["role"] == "adamw"
         assert tied["lr"] == pytest.approx(want["tied"][1], rel=1e-12) and tied["weight_decay"] == want["tied"][2]

@@ -308,6 +308,8 @@ _SEED004, _S43 = (43, 44, 45), (43,)
 _K5_TOKENS = 875 * 512 * 1024  # 458,752,000 tokens: K.5 and K.6 compare there
 _K24_STEPS = 500_000_000 // (512 * 1024)  # K.2 and K.4: 500M tokens at 524,288 a step, 953 steps
 _TIED = dict(model_family="tied")
+_T14_STEPS = 110_000_000 // (16 * 256)  # Table 14: 110M target tokens at 16 x 256 a step
+_T25_BATCH = 32_768_000 // 500 // 512 * 512  # Table 25: 500 steps, 32.77M tokens: 65,536 tokens a step
 _AF_ARMS = [
     # Table 1's arms run under any seed-004 family's preset (tied-cpu, t5-cpu, imagegpt-cpu, hf-cpu, ...)
     ("t1_hybrid", dict(optimizer="hybrid"), "Hybrid Muon (tied table and vectors on AdamW)", _SEED004),
@@ -318,6 +320,19 @@ _AF_ARMS = [
     ("k9_reuse_hybrid", dict(model_family="reuse", optimizer="hybrid"), "K.9 homogeneous reuse, Hybrid Muon", _S43),
     # Table 15: the small T5's untied control (three tables, all on Hybrid's AdamW); under a t5 preset
     ("t15_untied_hybrid", dict(optimizer="hybrid", t5_tied=False), "Table 15 untied T5 control, Hybrid", _SEED004),
+    # Table 14: the small T5's single-seed rho sweep at 110M target tokens (26,855 updates of 4,096; the seed is not
+    # printed: 43, the pilots' seed), AF-Muon at rho_out / rho_hid = 1, 5, 10, 60 against Hybrid; under t5-small
+    *[(f"t14_afmuon_rho{r}", dict(model_family="t5", optimizer="afmuon", af_rho=float(r), num_steps=_T14_STEPS),
+       f"Table 14 rho sweep: AF-Muon, rho {r}", _S43) for r in (1, 5, 10, 60)],
+    ("t14_hybrid", dict(model_family="t5", optimizer="hybrid", num_steps=_T14_STEPS), "Table 14 rho sweep: Hybrid",
+     _S43),
+    # Table 25: the protein setting's AdamW lr pilot, seed 43, 500 steps of 32.77M tokens in all (65,536 a step: the
+    # paper's batch is not printed, this is what the two numbers imply: micro 32 x 512, 4 micro-steps); under
+    # protein-llama
+    *[(f"t25_adamw_lr{tag}", dict(model_family="hf", optimizer="adamw", af_adamw_lr=lr, num_steps=500,
+                                  sequence_len=512, device_batch_size=32, total_batch_size=_T25_BATCH),
+       f"Table 25 AdamW lr pilot: lr {lr:g}", _S43)
+      for tag, lr in (("1em4", 1e-4), ("3em4", 3e-4), ("6em4", 6e-4), ("1em3", 1e-3))],
     # K.1: 2,000 steps (1.05B tokens)
     *[(f"k1_{t}_{v}", dict(_TIED, optimizer=f"factorial_{t}_{v}", num_steps=2000),
        f"K.1 factorial: tied {t}, vectors {v}", _SEED004) for t in ("lmo", "adamw") for v in ("rms", "adamw")],

@@ -331,8 +331,9 @@ def cmd_paper(args) -> int:
         if priced:
             if not args.dry_run:
                 raise UsageError("--mfu and --gpu price a --dry-run: give --dry-run")
-            return _price_table(args, table, seeds, overrides)
-        outcomes = run_sweep([a.arm for a in table.arms], seeds, args.preset, {"quiet": True, **overrides},
+            return _price_table(args, table, seeds, {**table.settings, **overrides})
+        outcomes = run_sweep([a.arm for a in table.arms], seeds, args.preset,
+                             {"quiet": True, **table.settings, **overrides},
                              executor=args.executor, parallel=args.parallel, retry_failed=args.retry_failed,
                              slurm=_parse_slurm_options(args.slurm), log=_log_for(args),
                              gpus_per_run=args.gpus_per_run, nodes=args.nodes, detach=args.detach)

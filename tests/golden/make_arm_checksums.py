@@ -91,10 +91,12 @@ def weights_digest(state: dict[str, torch.Tensor]) -> tuple[str, dict[str, str]]
 
 def preset_for(arm) -> str:
     family = arm.overrides.get("family", arm.overrides.get("model_family"))  # format 2 or 1 arm keys
-    if arm.name == "t15_untied_hybrid":
+    if arm.name == "t15_untied_hybrid" or family == "t5":
         return "t5-cpu"
     if family == "reuse":
         return "reuse-cpu"
+    if family == "hf":
+        return "protein-cpu"
     return "tied-cpu" if family == "tied" or arm.paper == "seed 004" else "cpu-tiny"
 
 

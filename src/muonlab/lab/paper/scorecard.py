@@ -11,6 +11,7 @@ unless `preset` names another (a CPU preset: the output then says that the proto
 from __future__ import annotations
 
 import math
+import statistics
 from functools import lru_cache
 from typing import Any, Iterable
 
@@ -18,7 +19,8 @@ from muonlab.errors import UsageError
 from muonlab.lab.paper.tables import PaperTable
 from muonlab.lab.report.loading import Point, evaluation_at, metric_value
 from muonlab.lab.report.protocol import recorded_settings
-from muonlab.lab.stats import SINGLE_SEED_RULE, DecisionRule, paired_contrast, single_seed_decision, summarize_arm
+from muonlab.lab.stats import (SINGLE_SEED_RULE, DecisionRule, paired_contrast, paired_deltas, retention_ratio,
+                               single_seed_decision, summarize_arm)
 from muonlab.lab.sweep_status import unfinished_text
 
 
@@ -97,6 +99,8 @@ def score_table(table: PaperTable, records: list[dict], preset: str | None = Non
                 rule: DecisionRule | None = None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     rule = rule or DecisionRule()
     preset = preset or table.preset
+    given = overrides or {}
+    overrides = {**table.settings, **given}  # the table's protocol settings, the command line's on top
     # the paper's comparison point holds for its own protocol; another preset's runs are read at their end
     point = Point(tokens=table.at_tokens) if table.at_tokens and preset == table.preset else None
     rows, measured_values, missing = [], {}, []
@@ -124,21 +128,49 @@ def score_table(table: PaperTable, records: list[dict], preset: str | None = Non
             paper = _single(single_seed_decision(arm.values, base.values, name=name, rule=rule))
             measured = _single(single_seed_decision(measured_values[c.arm], measured_values[c.baseline], name=name,
                                                     rule=rule))
+        elif table.rule == "descriptive":  # the paper prints the difference only: no test, no decision
+            paper = _descriptive(arm.values, base.values)
+            measured = _descriptive(measured_values[c.arm], measured_values[c.baseline])
         else:
             paper = _contrast(paired_contrast(arm.values, base.values, name, rule))
             measured = _contrast(paired_contrast(measured_values[c.arm], measured_values[c.baseline], name, rule))
         contrasts.append({"arm": c.arm, "baseline": c.baseline, "printed_gain": c.gain, "printed_p": c.p,
                           "paper": paper, "measured": measured})
+    derived = [_derived(d, {a.arm: a.values for a in table.arms}, measured_values) for d in table.derived]
     # the runs' protocol is the paper's only if the preset and settings resolve to the paper preset's
-    differs = any(expected_protocol(a.arm, preset, overrides) != expected_protocol(a.arm, table.preset)
+    differs = any(expected_protocol(a.arm, preset, overrides) != expected_protocol(a.arm, table.preset, table.settings)
                   for a in table.arms)
-    settings = "".join(f" --{k.replace('_', '-')} {v}" for k, v in sorted((overrides or {}).items()))
+    settings = "".join(f" --{k.replace('_', '-')} {v}" for k, v in sorted(given.items()))
     return {"id": table.id, "paper": table.paper, "source": table.source, "metric": table.metric,
-            "paper_preset": table.preset, "preset": preset, "settings": overrides or {}, "protocol_differs": differs,
+            "paper_preset": table.preset, "table_settings": table.settings, "preset": preset, "settings": given,
+            "protocol_differs": differs,
             "note": (f"protocol differs: these runs are preset {preset}{settings}, the paper's is {table.preset}; they "
                      "compare in kind, not in value") if differs else None,
             "compared_at": _compared_at(table, point), "decision_rule": _rule_text(table, rule),
-            "rows": rows, "contrasts": contrasts, "missing": [{"arm": a, "seed": s} for a, s in missing]}
+            "rows": rows, "contrasts": contrasts, "derived": derived,
+            "missing": [{"arm": a, "seed": s} for a, s in missing]}
+
+
+def _derived_value(row, values: dict[str, dict[int, float]]) -> tuple[float | None, int]:
+    """(the derived number, seeds it rests on) from per-seed values."""
+    (a, b), (c, d) = row.first, row.second
+    first, second = paired_deltas(values.get(a, {}), values.get(b, {})), paired_deltas(values.get(c, {}), values.get(d, {}))
+    mean = lambda deltas: sum(deltas.values()) / len(deltas) if deltas else None  # noqa: E731 (one seed is a mean too)
+    if row.kind == "dod":  # per seed (A - B) - (C - D), over the seeds all four arms have
+        common = sorted(set(first) & set(second))
+        return mean({s: first[s] - second[s] for s in common}), len(common)
+    return retention_ratio(mean(first), mean(second)), min(len(first), len(second))
+
+
+def _derived(row, paper_values: dict[str, dict[int, float]], measured: dict[str, dict[int, float]]) -> dict[str, Any]:
+    """A derived row: as printed, recomputed from the paper's per-seed values, and from the ledger's runs."""
+    from_paper, _ = _derived_value(row, paper_values)
+    value, n = _derived_value(row, measured)
+    (a, b), (c, d) = row.first, row.second
+    formula = f"({a} − {b}) − ({c} − {d})" if row.kind == "dod" else f"mean({a} − {b}) / mean({c} − {d})"
+    return {"kind": row.kind, "name": row.name, "formula": formula, "source": row.source, "printed": row.printed,
+            "from_paper_seeds": from_paper, "measured": value, "n": n,
+            "difference": None if value is None else value - row.printed}
 
 
 def _compared_at(table: PaperTable, point: Point | None) -> str:
@@ -160,7 +192,17 @@ def _single(d) -> dict[str, Any]:
 def _rule_text(table: PaperTable, rule: DecisionRule) -> str:
     if table.rule == "single_seed":
         return f"{SINGLE_SEED_RULE}, θ = {rule.threshold:g} ({table.rule_source})"
-    return f"paired t over seeds: {rule.describe()}"
+    if table.rule == "descriptive":
+        return f"descriptive: each Δ as the paper prints it, no test ({table.rule_source})"
+    return f"paired t over seeds: {rule.describe()}" + (f" ({table.rule_source})" if table.rule_source else "")
+
+
+def _descriptive(arm: dict[int, float], baseline: dict[int, float]) -> dict[str, Any]:
+    """The mean paired difference (one seed's difference where there is one seed), without a test."""
+    deltas = list(paired_deltas(arm, baseline).values())
+    mean = sum(deltas) / len(deltas) if deltas else None
+    sd = statistics.stdev(deltas) if len(deltas) > 1 else None
+    return {"n": len(deltas), "mean_delta": mean, "sd_delta": sd, "p_value": None, "decision": "descriptive"}
 
 
 def _contrast(c) -> dict[str, Any]:
@@ -207,6 +249,15 @@ def format_scorecard(card: dict[str, Any]) -> str:
                 lines.append(f"| {c['arm']} − {c['baseline']} | {printed} | {_num(p['mean_delta'])}, "
                              f"{_num(p['p_value'], 4)}, {p['decision']} | {_num(m['mean_delta'])}, "
                              f"{_num(m['p_value'], 4)}, {m['decision']} (n {m['n']}) |")
+        if t.get("derived"):
+            lines += ["", "| derived | printed | from the paper's seeds | measured | difference |",
+                      "| --- | --- | --- | --- | --- |"]
+            for d in t["derived"]:
+                pct = d["kind"] == "ratio"
+                show = (lambda v: "–" if v is None else f"{100 * v:.1f}%") if pct else _num
+                lines.append(f"| {d['name']}: {d['formula']} ({d['source']}) | {show(d['printed'])} | "
+                             f"{show(d['from_paper_seeds'])} | {show(d['measured'])} (n {d['n']}) | "
+                             f"{show(d['difference'])} |")
         left = [(r["arm"], x) for r in t["rows"] for x in r.get("left_out", [])]
         if left:
             lines += ["", f"runs of these arms left out ({len(left)}):"]

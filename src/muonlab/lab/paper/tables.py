@@ -2,8 +2,9 @@
 
 A table: an id, where it is printed (`source`), the ledger metric it reports, the preset that is the
 paper's protocol, where it compares when not at the end (`at_tokens`, with `at_source`), its arms (each either per-seed values {"43": v, ...} or a printed mean over n seeds,
-{"mean": v, "n": 3}, where the paper gives no per-seed numbers), and the contrasts the paper printed
-(gain = baseline - arm, as the papers state gains, and the paired t-test's p where printed).
+{"mean": v, "n": 3}, where the paper gives no per-seed numbers), the contrasts the paper printed
+(gain = baseline - arm, as the papers state gains, and the paired t-test's p where printed), and the
+numbers it derives from two contrasts (differences of differences, retention ratios, effect shares).
 """
 
 from __future__ import annotations
@@ -43,6 +44,21 @@ class PrintedContrast:
 
 
 @dataclass(frozen=True)
+class DerivedRow:
+    """A printed number derived from two paired contrasts A - B and C - D over seeds: a difference of
+    differences (the mean of (A - B) - (C - D) per seed: seed 002 Table 3 rows 9-11, 5b E, 7 row 6) or a
+    ratio of mean effects (mean(A - B) / mean(C - D): seed 002's retention ratios, seed 000 Table 2's
+    effect shares)."""
+
+    kind: str  # "dod" | "ratio"
+    name: str
+    first: tuple[str, str]  # (A, B)
+    second: tuple[str, str]  # (C, D)
+    printed: float
+    source: str = ""
+
+
+@dataclass(frozen=True)
 class PaperTable:
     id: str
     paper: str
@@ -55,10 +71,15 @@ class PaperTable:
     # evaluation before its budget), in training tokens, and where the paper says so
     at_tokens: int | None = None
     at_source: str | None = None
-    # the paper's decision rule for its contrasts: the paired t-test over seeds (the report's rule), or
-    # seed 003's preregistered single-seed threshold ("single_seed"), with where the paper states it
+    # the paper's decision rule for its contrasts: the paired t-test over seeds (the report's rule), seed
+    # 003's preregistered single-seed threshold ("single_seed"), or none ("descriptive": one seed, the
+    # differences printed without a test, seed 000 Table 2), with where the paper states it
     rule: str = "paired"
     rule_source: str | None = None
+    derived: tuple[DerivedRow, ...] = field(default=())
+    # settings on top of the preset that make the table's protocol (seed 004's long-horizon continuations:
+    # the Table-1 arms trained to 12,207 or 19,042 steps); the command line's settings win over them
+    settings: dict = field(default_factory=dict)
 
     def arm(self, name: str) -> PaperArm:
         return next(a for a in self.arms if a.arm == name)
@@ -73,8 +94,17 @@ def _table(paper: str, raw: dict) -> PaperTable:
             arms.append(PaperArm(name, {int(s): float(v) for s, v in entry.items()}))
     contrasts = tuple(PrintedContrast(c["arm"], c["baseline"], c.get("printed_gain"), c.get("printed_p"))
                       for c in raw.get("contrasts", ()))
+    if raw.get("rule", "paired") not in ("paired", "single_seed", "descriptive"):
+        raise ValueError(f"{raw['id']}: decision rule {raw['rule']!r}")
+    derived = []
+    for d in raw.get("derived", ()):
+        (a, b), (c, e) = (tuple(term.split(":")) for term in d["terms"])
+        if d["kind"] not in ("dod", "ratio"):
+            raise ValueError(f"{raw['id']}: derived row kind {d['kind']!r}")
+        derived.append(DerivedRow(d["kind"], d["name"], (a, b), (c, e), float(d["printed"]), d.get("source", "")))
     return PaperTable(raw["id"], paper, raw["source"], raw["metric"], raw["preset"], tuple(arms), contrasts,
-                      raw.get("at_tokens"), raw.get("at_source"), raw.get("rule", "paired"), raw.get("rule_source"))
+                      raw.get("at_tokens"), raw.get("at_source"), raw.get("rule", "paired"), raw.get("rule_source"),
+                      tuple(derived), dict(raw.get("settings", {})))
 
 
 def load_tables() -> dict[str, PaperTable]:
