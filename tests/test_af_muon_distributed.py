@@ -61,7 +61,7 @@ def _rank_main(rank: int, world: int, init_file: str, out: str) -> None:
             fresh = dist_opt(_model(), preset)  # a fresh optimizer loads the full layout and gives it back whole
             fresh.load_state_dict(full)
             results[preset] = {"params": dict(model.named_parameters()), "state": full,
-                               "again": fresh.full_state_dict()}
+                               "again": fresh.full_state_dict(), "grad_norm": opt.last_grad_norm}
         if rank == 0:
             torch.save(results, out)
     finally:
@@ -84,12 +84,14 @@ def two_ranks(tmp_path_factory):
 def test_two_ranks_step_as_one_process_fed_the_mean_gradient(two_ranks, preset):
     got = two_ranks[preset]
 
+    norms = []
+
     def clipped_single(model, p):
         opt = build_optimizer(model, p)
         inner = opt.step
 
         def step():  # the single process clips the mean gradient, then steps
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
             inner()
         opt.step = step
         return opt
@@ -98,6 +100,7 @@ def test_two_ranks_step_as_one_process_fed_the_mean_gradient(two_ranks, preset):
     model, opt = _steps(preset, clipped_single, mean)
     for n, p in model.named_parameters():
         assert torch.equal(got["params"][n], p.detach()), n
+    assert torch.equal(got["grad_norm"], norms[-1])  # the logged norm: the mean gradient's, before the clip
     want = opt.state_dict()
     for state in (got["state"], got["again"]):  # the gathered layout is the one-process layout
         assert state["state"].keys() == want["state"].keys()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from muonlab.cli import main
@@ -32,7 +33,37 @@ def test_the_mean_or_the_last_micro_batch_is_logged_and_training_is_the_same(tmp
     one, _ = run(tmp_path, "one", "--loss-logged", "mean", "--total-batch-size", "256")  # one micro-batch a step
     one_last, _ = run(tmp_path, "one-last", "--total-batch-size", "256")
     assert [r["loss"] for r in one] == [r["loss"] for r in one_last]  # the mean of one is that one
-    assert "grad_norm" not in last[0]
+    assert all(r["grad_norm"] > 0 for r in last)  # logged at every step, clip or none
+
+
+def test_the_logged_gradient_norm_is_the_norm_of_the_steps_mean_gradient():
+    """Step 0's logged norm against the norm written out here in float64: the step's micro-batches' losses,
+    each divided by their count, backpropagated into a fresh model of the same seed."""
+    import itertools
+
+    from muonlab.arms import resolve_config
+    from muonlab.device import Runtime
+    from muonlab.train.build import build_model, build_optimizer
+    from muonlab.train.loop import train_loop
+    from tests.support.compile_check import fixed_batches
+
+    cfg = resolve_config("baseline", "cpu-tiny", {"num_steps": 1, "total_batch_size": 1024, "quiet": True})
+    runtime, vocab = Runtime(torch.device("cpu"), "fp32"), cfg.data.vocab_size
+    batches = fixed_batches(cfg, vocab)
+    accum = cfg.train.accum_steps_per_rank(1)
+    assert accum == 4
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg, vocab, runtime)
+    records = []
+    train_loop(cfg, model, build_optimizer(model, cfg, compile_step=False),
+               ((x, y, 1) for x, y in itertools.cycle(batches)), runtime, model.estimate_flops(),
+               on_step=records.append)
+    torch.manual_seed(cfg.seed)
+    fresh = build_model(cfg, vocab, runtime)
+    for x, y in batches[:accum]:
+        (fresh(x, y) / accum).backward()
+    want = sum(p.grad.double().square().sum() for p in fresh.parameters() if p.grad is not None).sqrt().item()
+    assert records[0]["grad_norm"] == pytest.approx(want, rel=1e-6)
 
 
 def test_a_clipped_step_logs_the_gradient_norm_and_a_clip_that_does_not_bite_changes_nothing(tmp_path, capsys):

@@ -52,6 +52,7 @@ class DistAFMuon(AFMuon):
                  **kwargs: Any) -> None:
         super().__init__(params, **kwargs)
         self.max_grad_norm = max_grad_norm
+        self.last_grad_norm: Tensor | None = None  # the mean gradient's norm before the clip, at the last step
         self.clip_params = list(clip_params) if clip_params is not None else None
         self.process_group = process_group
 
@@ -86,12 +87,19 @@ class DistAFMuon(AFMuon):
         return p
 
     # --- the step ----------------------------------------------------------------------------
+    def _clip(self) -> Tensor:
+        """Clip the (mean) gradient when max_grad_norm is set; its norm before the clip either way (logged
+        as the step's gradient norm, seed 004 Table 13)."""
+        params = self.clip_params or self._all_params()
+        if self.max_grad_norm:
+            return torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
+        return torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+
     @torch.no_grad()
     def step(self, closure=None):
         rank, W = self.world()
         if W == 1:
-            if self.max_grad_norm:
-                torch.nn.utils.clip_grad_norm_(self.clip_params or self._all_params(), self.max_grad_norm)
+            self.last_grad_norm = self._clip()
             return super().step(closure)
         loss = None
         if closure is not None:
@@ -99,8 +107,7 @@ class DistAFMuon(AFMuon):
                 loss = closure()
         entries = self._entries()
         self._average_gradients([p for _, p, _, _ in entries])
-        if self.max_grad_norm:
-            torch.nn.utils.clip_grad_norm_(self.clip_params or self._all_params(), self.max_grad_norm)
+        self.last_grad_norm = self._clip()  # every rank holds the mean gradient: one norm
         for g, p, layout, where in entries:
             share = self._share(p, layout, where, rank)
             if p.grad is None or share is None or share.numel() == 0:

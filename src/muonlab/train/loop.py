@@ -156,12 +156,18 @@ def train_loop(cfg: RunConfig, model, optimizer, loader, runtime: Runtime, flops
                 else:
                     progress = time_progress(state.training_seconds, cfg.train.time_budget)
                 values = schedule.apply(optimizer, step, progress)
+                # the gradient norm (seed 004 Table 13) of the step's mean gradient, before any clip; under
+                # torchrun only the optimizer holds the averaged gradient: it reports the norm (DistAFMuon)
                 grad_norm = None
-                if clip_here:  # seed 004: global gradient-norm clip before the step (the norm before it is logged)
+                if clip_here:  # seed 004: global gradient-norm clip before the step
                     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
+                elif not dist.active:
+                    grad_norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
                 for hook in before:
                     hook(step, optimizer)
                 optimizer.step()
+                if grad_norm is None:
+                    grad_norm = getattr(optimizer, "last_grad_norm", None)
                 for hook in after:
                     hook(step, optimizer)
                 model.zero_grad(set_to_none=True)
@@ -195,8 +201,8 @@ def train_loop(cfg: RunConfig, model, optimizer, loader, runtime: Runtime, flops
             mfu = mfu_percent(flops_per_token, cfg.train.total_batch_size, dt, peak, dist.world_size)
             record = dict(step=step, loss=logged_loss, smooth_loss=state.smooth_loss, progress=progress,
                           dt=dt, tok_per_sec=tok_per_sec, mfu=mfu, epoch=state.epoch, **values)
-            if grad_norm is not None:  # seed 004 Table 13's gradient norm (before the clip)
-                record["grad_norm"] = grad_norm
+            if grad_norm is not None:  # seed 004 Table 13's gradient norm (before the clip); not under torchrun
+                record["grad_norm"] = grad_norm  # with an optimizer that does not report it (DistMuonAdamW)
             if compiled:  # a count that still grows after the first steps is a recompile
                 record["compiled_graphs"] = compiled_graphs()
             if step in trajectory:
