@@ -193,3 +193,14 @@ def test_local_text_with_a_tokenizer_json(tmp_path):
     encoded = {tuple(tok.encode(d, add_special_tokens=False).ids) for d in docs}
     assert all(tuple(p) in encoded for p in pieces) and 40 < len(pieces) < 60  # train's share of the documents
     assert {s for s in data.files} == {"train", "val", "holdout"}
+
+
+def test_a_setting_the_tokenizer_json_path_does_not_read_is_refused(tmp_path, capsys):
+    """Local text with a tokenizer.json is tokenized document by document: --max-doc-chars would not act."""
+    (tmp_path / "corpus.txt").write_text("some text\n")
+    assert main(["train", "--preset", "hf-cpu", "--source", "local", "--path", str(tmp_path / "corpus.txt"),
+                 "--tokenizer-json", str(tmp_path / "tokenizer.json"), "--max-doc-chars", "100",
+                 "--runs-dir", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert "--max-doc-chars (data.max_doc_chars) does not act" in err and err.count("\n") == 1
+    assert not (tmp_path / "runs").exists()

@@ -89,6 +89,8 @@ class DataConfig(Section):
             out.update(tokenizer_json=why)
         if src not in ("local", "stdlib", "synthetic"):
             out.update(max_doc_chars=why)
+        elif src == "local" and self.tokenizer_json:  # the tokenizer.json path tokenizes whole documents
+            out.update(max_doc_chars="local text with --tokenizer-json is tokenized document by document, uncut")
         if src in ("climbmix", "memmap") or (src == "images" and self.eval_path):
             out.update(val_fraction=why if src != "images" else "images: --eval-path gives the evaluation images")
         if src in ("climbmix", "memmap", "images", "synthetic_images"):
