@@ -49,6 +49,18 @@ def _file(tmp: Path, name: str, text: str) -> Path:
     return path
 
 
+def _trained(tmp: Path, preset: str) -> Path:
+    """A finished 2-step run of the preset, under the case's inputs (its runs and cache)."""
+    assert main(["train", "--preset", preset, "--num-steps", "2", "--quiet", "--runs-dir", str(tmp / "in" / "runs"),
+                 "--cache-dir", str(tmp / "in" / "cache")]) == 0
+    return next(d for d in (tmp / "in" / "runs").iterdir() if d.is_dir())
+
+
+def _ledger_with_a_run(tmp: Path) -> Path:
+    run = _trained(tmp, "cpu-tiny")
+    return run.parent / "ledger.jsonl"
+
+
 def _study(tmp: Path, extra: str = "", preset: str = '"cpu-tiny"', seeds: str = "[1]",
            arms: str = "[arms.baseline]") -> Path:
     """An experiment file, with one line changed for a case."""
@@ -329,6 +341,65 @@ CASES = [
      USAGE, "give --dry-run"),
     ("prepare-download-files-zero", ["prepare", "--preset", "imagegpt", "--download", "--download-files", "0"],
      USAGE, "must be >= 1"),
+    # --- issue 32: numbers checked where they are parsed, before anything is written
+    ("nan-learning-rate", TINY + ["--matrix-lr", "nan"], USAGE, "optim.matrix_lr must be a finite number, got nan"),
+    ("inf-learning-rate", TINY + ["--matrix-lr", "inf"], USAGE, "must be a finite number, got inf"),
+    ("inf-time-budget", TINY + ["--num-steps", "none", "--time-budget", "inf"], USAGE, "time_budget must be a finite"),
+    ("nan-time-budget", TINY + ["--num-steps", "none", "--time-budget", "nan"], USAGE, "time_budget must be a finite"),
+    ("nan-grad-clip", TINY + ["--grad-clip", "nan"], USAGE, "grad_clip must be a finite number"),
+    ("nan-max-loss", TINY + ["--max-loss", "nan"], USAGE, "max_loss must be a finite number"),
+    ("negative-seed", TINY + ["--seed", "-1"], USAGE, "seed must be between 0 and 2**63 - 1, got -1"),
+    ("sweep-seeds-empty-element", ["sweep", "--preset", "cpu-tiny", "--arms", "baseline", "--seeds", "1,,2"], USAGE,
+     "has an empty element"),
+    ("sweep-negative-seeds", ["sweep", "--preset", "cpu-tiny", "--arms", "baseline", "--seeds", "3,-1"], USAGE,
+     "seeds must be >= 0, got -1"),
+    ("sweep-arms-empty-element", ["sweep", "--preset", "cpu-tiny", "--arms", "baseline,", "--seeds", "1"], USAGE,
+     "--arms 'baseline,' has an empty element"),
+    ("sweep-single-seed", ["sweep", "--preset", "cpu-tiny", "--arms", "baseline", "--seed", "5"], USAGE, "not --seed"),
+    ("sweep-dry-run-slurm-options-local", ["sweep", "--preset", "cpu-tiny", "--arms", "baseline", "--seeds", "1",
+                                           "--slurm", "timeout_min=5", "--dry-run"], USAGE,
+     "--slurm options are for --executor slurm"),
+    # --- issue 32: options a verb or family does not read
+    ("trajectory-steps-on-tied", TIED + ["--trajectory-steps", "0,10"], USAGE, "model family tied records no trajectory"),
+    ("paper-score-with-run-options", ["paper", "004-t1-nanogpt", "--parallel", "2", "--retry-failed"], USAGE,
+     "--parallel, --retry-failed: options of `muonlab paper run`, not of paper score"),
+    ("paper-tables-with-settings", ["paper", "tables", "--depth", "3", "--threshold", "5"], USAGE,
+     "takes no table or settings (--depth, --threshold)"),
+    ("config-empty-unknown-section", lambda t: ["train", "--config", str(_file(t, "c.json", json.dumps(
+        {"config": {"format": 2, "family": "autoresearch", "seed": 1, "bogus_section": {}}})))], USAGE,
+     "'bogus_section' is not a setting or a section"),
+    ("config-not-whole", lambda t: ["train", "--config", str(_file(t, "c.json", json.dumps(
+        {"config": {"format": 2, "family": "autoresearch", "seed": 1}})))], USAGE,
+     "lacks the section(s) model, optim, schedule, train, runtime, data, record"),
+    ("config-unknown-preset", lambda t: ["train", "--config", str(_file(t, "c.json", json.dumps(
+        {"preset": "cpu-huge", "seed": 1})))], USAGE, "is not a preset"),
+    # --- issue 32: a diagnostic reads a run of its family, refused before anything is built
+    ("diagnose-afmuon-autoresearch-run", lambda t: ["diagnose", "afmuon", "--run", str(_trained(t, "cpu-tiny"))],
+     USAGE, "diagnose afmuon reads an AF-Muon optimizer's tied-table state"),
+    ("diagnose-geometry-tied-run", lambda t: ["diagnose", "geometry", "--run", str(_trained(t, "tied-cpu"))], USAGE,
+     "diagnose geometry reads the autoresearch GPT's attention weights"),
+    ("diagnose-audit-tied-run", lambda t: ["diagnose", "audit", "--run", str(_trained(t, "tied-cpu"))], USAGE,
+     "diagnose audit reads the autoresearch GPT's tables"),
+    ("diagnose-tied-autoresearch-run", lambda t: ["diagnose", "tied", "--run", str(_trained(t, "cpu-tiny"))], USAGE,
+     "diagnose tied reads a tied token table"),
+    ("diagnose-overhead-autoresearch-preset", ["diagnose", "overhead", "--preset", "cpu-tiny"], USAGE,
+     "cpu-tiny is a preset of the autoresearch family"),
+    ("diagnose-gauge-tied-preset", ["diagnose", "gauge", "--preset", "tied-cpu"], USAGE,
+     "preset 'tied-cpu' builds a tied model"),
+    # --- issue 32: nothing half-written by a refused command, and the right message
+    ("prepare-corrupt-parquet", lambda t: ["prepare", "--source", "local", "--path",
+                                           str(_file(t, "bad.parquet", "not parquet"))], RUNTIME,
+     "corrupted parquet file"),
+    ("prepare-jsonl-without-text", lambda t: ["prepare", "--source", "local", "--path",
+                                              str(_file(t, "d.jsonl", '{"x": 1}\n'))], USAGE, "no string field 'text'"),
+    ("prepare-empty-file", lambda t: ["prepare", "--source", "local", "--path", str(_file(t, "e.txt", ""))], USAGE,
+     "no non-empty documents"),
+    ("report-tsv-is-a-folder", lambda t: ["report", "--ledger", str(_ledger_with_a_run(t)), "--tsv", str(t / "in")],
+     USAGE, "is a directory; give a file name"),
+    ("report-ledger-is-a-folder", ["report", "--ledger", "{tmp}"], USAGE, "is a directory; give the ledger file"),
+    ("train-ledger-is-a-folder", lambda t: TINY + ["--num-steps", "1", "--ledger", str(t / "in")], RUNTIME,
+     "is a directory"),
+    ("ledger-recover-nothing-there", ["ledger", "recover", "/nonexistent/runs"], RUNTIME, "is not a runs directory"),
 ]
 
 

@@ -122,7 +122,7 @@ def test_diagnose_tied_refuses_an_untied_run(tmp_path, capsys):
     (run_dir,) = [p for p in runs.iterdir() if p.is_dir()]
     assert main(["diagnose", "tied", "--run", str(run_dir)]) == 2
     err = capsys.readouterr().err.strip()
-    assert "no tied table" in err and "\n" not in err
+    assert "reads a tied token table" in err and "is a reuse run" in err and "\n" not in err
 
 
 # --- Table 27: optimizer state and step time ------------------------------------------------------

@@ -84,10 +84,10 @@ def normalized_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
     """Dotted-key overrides with each value checked and converted to its setting's type (under
     the model family they set, or the default one)."""
     family = overrides.get("family", "autoresearch")
-    types = {leaf.key: leaf.type for leaf in family_leaves(family)}
+    leaves = {leaf.key: leaf for leaf in family_leaves(family)}
     out = {}
     for key, value in overrides.items():
-        out[key] = value if key not in types else coerce(value, types[key], key)
+        out[key] = value if key not in leaves else coerce(value, leaves[key].type, key, leaves[key].allow_inf)
     return out
 
 

@@ -115,3 +115,24 @@ def append_whole(fd: int, data: bytes, sync: bool = False) -> None:
     except BaseException:
         os.ftruncate(fd, size)  # never leave a torn line behind
         raise
+
+
+@contextlib.contextmanager
+def folder_undone_on_failure(folder: str | os.PathLike) -> Iterator[Path]:
+    """Create `folder` (and its parents) for a block that fills it; when the block fails and this call
+    created it, remove it again (with its lock file and whatever the block wrote): a refused `prepare`
+    leaves the cache as it found it."""
+    folder = Path(folder)
+    created = []
+    for parent in reversed([folder, *folder.parents]):
+        if not parent.exists():
+            created.append(parent)
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        yield folder
+    except BaseException:
+        if created:
+            import shutil  # noqa: PLC0415
+
+            shutil.rmtree(created[0], ignore_errors=True)  # the outermost folder this call made
+        raise

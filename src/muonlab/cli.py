@@ -64,7 +64,7 @@ def _resolve_config(args: argparse.Namespace):
     if getattr(args, "config", None):
         if getattr(args, "arm_name", None):
             raise UsageError("--arm-name defines an arm on a preset; --config starts from a saved config")
-        cfg = apply_overrides(load_config_file(args.config), implied, origin="implied")
+        cfg = apply_overrides(load_config_file(args.config, whole=True), implied, origin="implied")
         return apply_overrides(cfg, overrides, origin="command line")
     arm = getattr(args, "arm", "baseline")
     if getattr(args, "arm_name", None):  # the model and optimizer settings given are the new arm's
@@ -216,6 +216,15 @@ def _parse_slurm_options(items: list[str]) -> dict[str, Any]:
     return options
 
 
+_RUN_FLAG_DEFAULTS = {"executor": "local", "parallel": None, "gpus_per_run": 1, "nodes": 1, "detach": False,
+                      "retry_failed": False, "slurm": []}
+
+
+def _run_flags_given(args) -> list[str]:
+    """The run flags (_add_run_flags) given a value other than their default, as flags."""
+    return [f"--{k.replace('_', '-')}" for k, v in _RUN_FLAG_DEFAULTS.items() if getattr(args, k, v) != v]
+
+
 def cmd_sweep(args) -> int:
     from muonlab.lab.sweep import dry_run, format_dry_run, format_outcomes, run_sweep
 
@@ -223,6 +232,11 @@ def cmd_sweep(args) -> int:
         return _sweep_status(args)
     arms, seeds, preset, overrides = _sweep_plan(args)
     if args.dry_run:
+        from muonlab.lab.executors import make_executor
+
+        if args.executor == "local":  # the SLURM-only flags are refused as a sweep refuses them, though nothing runs
+            make_executor(args.executor, parallel=args.parallel, slurm=_parse_slurm_options(args.slurm),
+                          gpus_per_run=args.gpus_per_run, nodes=args.nodes, detach=args.detach)
         plan = dry_run(arms, seeds, preset, overrides, retry_failed=args.retry_failed, log=_log_for(args))
         _emit(args, {"runs": plan}, format_dry_run(plan))
         return 0
@@ -246,6 +260,8 @@ def _sweep_plan(args) -> tuple[list[str], list[int], str, dict]:
     from muonlab.record.rundir import ledger_path
 
     given = canonical_overrides(collect_overrides(args))
+    if "seed" in given:  # each job's seed is one of --seeds (or the experiment's): a single --seed would be dropped
+        raise UsageError("muonlab sweep takes --seeds (a list), not --seed")
     if getattr(args, "experiment", None):
         from muonlab.lab.experiment import load_experiment
 
@@ -260,7 +276,9 @@ def _sweep_plan(args) -> tuple[list[str], list[int], str, dict]:
         return arms, seeds, preset, overrides
     if not args.arms:
         raise UsageError("muonlab sweep needs --arms or --experiment (or --status, to see where a sweep stands)")
-    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    arms = [a.strip() for a in args.arms.split(",")]
+    if not all(arms):
+        raise UsageError(f"--arms {args.arms!r} has an empty element")
     for arm in arms:
         get_arm(arm)
     seeds = parse_seeds(args.seeds) if args.seeds is not None else default_seeds(arms)
@@ -310,7 +328,15 @@ def cmd_paper(args) -> int:
     from muonlab.record.rundir import ledger_path
 
     args.action = args.tables.pop(0) if args.tables and args.tables[0] in ("score", "run", "tables") else "score"
+    if args.action != "run" and _run_flags_given(args):
+        raise UsageError(f"{', '.join(_run_flags_given(args))}: options of `muonlab paper run`, not of paper {args.action}")
     if args.action == "tables":
+        given = [f"--{k.replace('_', '-')}" for k in collect_overrides(args)]
+        given += ["--threshold"] * (args.threshold != 0.0005) + ["--out"] * bool(args.out) + \
+            ["--preset"] * (args.preset is not None) + ["--dry-run"] * args.dry_run
+        if given or args.tables:
+            raise UsageError(f"muonlab paper tables lists the tables and takes no table or settings "
+                             f"({', '.join(given) or ' '.join(args.tables)})")
         rows = [{"id": t.id, "paper": t.paper, "source": t.source, "preset": t.preset, "arms": [a.arm for a in t.arms]}
                 for t in load_tables().values()]
         _emit(args, {"tables": rows}, "\n".join(f"{r['id']:<18} {r['paper']}: {r['source']} (preset {r['preset']})"
@@ -380,6 +406,10 @@ def cmd_report(args) -> int:
     from muonlab.record.results_tsv import results_tsv
 
     ledger = Path(args.ledger) if args.ledger else cache_root() / "runs" / "ledger.jsonl"
+    if ledger.is_dir():
+        raise UsageError(f"--ledger {ledger} is a directory; give the ledger file (e.g. {ledger / 'ledger.jsonl'})")
+    if args.tsv and Path(args.tsv).is_dir():  # before the report writes anything
+        raise UsageError(f"--tsv {args.tsv} is a directory; give a file name (e.g. {Path(args.tsv) / 'results.tsv'})")
     if not ledger.is_file():
         out = still_out(ledger)
         if out:  # a detached sweep none of whose runs has ended yet
@@ -436,6 +466,16 @@ def cmd_diagnose(args) -> int:
     result = command.run(args)
     _emit(args, result, command.format(result))
     return 1 if command.failed(result) else 0
+
+
+def cmd_ledger(args) -> int:
+    from muonlab.record.ledger import recover
+
+    appended = recover(args.runs_dir, args.ledger)
+    text = (f"appended {len(appended)} run(s) to the ledger: {', '.join(appended)}" if appended
+            else "nothing to recover: every kept line is in the ledger")
+    _emit(args, {"appended": appended}, text)
+    return 0
 
 
 def cmd_demo(args) -> int:
@@ -752,6 +792,15 @@ def build_parser(argv: list[str] | None = None, only: str | None = None) -> argp
             t.add_argument("--json", action="store_true", help="print the numbers as JSON")
             t.set_defaults(func=cmd_diagnose, diagnostic=command)
 
+    p = verb("ledger", help="recover the ledger lines finished runs kept when their ledger refused them")
+    if p:
+        p.add_argument("action", choices=("recover",), help="recover: append each run directory's kept line "
+                       "(ledger_line.json) the ledger lacks, once")
+        p.add_argument("runs_dir", metavar="RUNS_DIR", help="the runs directory (its ledger.jsonl, unless --ledger)")
+        p.add_argument("--ledger", default=None, help="the ledger to append to (default RUNS_DIR/ledger.jsonl)")
+        p.add_argument("--json", action="store_true", help="print the recovered run ids as JSON")
+        p.set_defaults(func=cmd_ledger)
+
     p = verb("demo", help="the CPU demo: stdlib corpus, cpu-demo preset, compare with xz")
     if p:
         p.add_argument("--cache-dir", default=None, help="cache directory (default ~/.cache/muonlab)")
@@ -816,8 +865,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # a bug or an unforeseen failure: one line; a run keeps its traceback
         if os.environ.get("MUONLAB_DEBUG"):
             raise
-        print(f"error: {exc.__class__.__name__}: {exc} (a run records the traceback in its ledger line; "
-              "MUONLAB_DEBUG=1 shows it here)", file=sys.stderr)
+        verb = _chosen_verb(argv) or ""
+        where = "a run records the traceback in its ledger line; " if verb in ("train", "sweep") else ""
+        print(f"error: {exc.__class__.__name__}: {exc} ({where}MUONLAB_DEBUG=1 shows the traceback)", file=sys.stderr)
         return 1
     finally:
         if previous is not None:

@@ -14,6 +14,7 @@ A component owns its settings as a `Section`: a dataclass whose fields are decla
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import MISSING, dataclass
@@ -23,11 +24,14 @@ from muonlab.errors import UsageError
 
 
 def setting(default: Any = MISSING, help: str = "", *, flag: str | None = None, hashed: bool = True,
-            factory: Any = MISSING, hashed_as: Any = MISSING) -> Any:
+            factory: Any = MISSING, hashed_as: Any = MISSING, allow_inf: bool = False) -> Any:
     """A dataclass field with its description, flat flag name and whether it can change a number.
     `hashed_as`: a setting that changes no number but was hashed in earlier releases is hashed at this
-    fixed value whatever it is set to, so the hashes recorded before it left the hash still match."""
+    fixed value whatever it is set to, so the hashes recorded before it left the hash still match.
+    A float setting is finite unless `allow_inf` (NaN never: it compares unequal to itself)."""
     metadata = {"help": help, "flag": flag, "hashed": hashed}
+    if allow_inf:
+        metadata["allow_inf"] = True
     if hashed_as is not MISSING:
         metadata["hashed_as"] = hashed_as
     if factory is not MISSING:
@@ -108,8 +112,9 @@ def base_type(tp) -> tuple[type, bool]:
     return tp, False
 
 
-def coerce(value: Any, tp, name: str) -> Any:
-    """Check (and gently convert: int -> float, str -> number from the command line) a value."""
+def coerce(value: Any, tp, name: str, allow_inf: bool = False) -> Any:
+    """Check (and gently convert: int -> float, str -> number from the command line) a value. A float
+    must be finite (NaN never; infinity only where the setting allows it)."""
     choices = field_choices(tp)
     scalar, optional = base_type(tp)
     if value is None:
@@ -137,6 +142,8 @@ def coerce(value: Any, tp, name: str) -> Any:
     if choices is not None and value not in choices:
         shown = ", ".join("none" if c is None else str(c) for c in choices)
         raise UsageError(f"{name} must be one of {shown}, got {value!r}")
+    if scalar is float and not math.isfinite(value) and (math.isnan(value) or not allow_inf):
+        raise UsageError(f"{name} must be a finite number, got {value}")
     return value
 
 
@@ -147,6 +154,7 @@ class Leaf:
     flag: str  # flat flag name, without the leading dashes
     help: str
     type: Any
+    allow_inf: bool = False  # a float setting that takes inf (AF-Muon's cap)
 
 
 def leaves(obj, prefix: str = "", classes: dict[str, type] | None = None) -> Iterator[Leaf]:
@@ -168,7 +176,8 @@ def leaves(obj, prefix: str = "", classes: dict[str, type] | None = None) -> Ite
                 below = (classes or {}).get(f.name) or _factory_class(f)
             yield from leaves(below, key + ".")
             continue
-        yield Leaf(key, f.metadata.get("flag") or f.name.replace("_", "-"), f.metadata.get("help", ""), tp)
+        yield Leaf(key, f.metadata.get("flag") or f.name.replace("_", "-"), f.metadata.get("help", ""), tp,
+                   bool(f.metadata.get("allow_inf")))
 
 
 def _factory_class(f: dataclasses.Field) -> type:
@@ -206,7 +215,8 @@ def set_dotted(obj: Section, key: str, value: Any, where: str = "") -> None:
             tp = _resolve_hints(type(target))[part]
             if _is_section_type(tp):
                 raise UsageError(f"{key} is a group of settings, not a setting")
-            _assign(chain, parts, coerce(value, tp, key))
+            meta = next(f.metadata for f in dataclasses.fields(target) if f.name == part)
+            _assign(chain, parts, coerce(value, tp, key, bool(meta.get("allow_inf"))))
             return
         below = getattr(target, part)
         if not isinstance(below, Section):

@@ -130,7 +130,7 @@ def arm_figures(arm_name: str, runs_dir: Path, data_cache: dict) -> dict:
     preset_name = harness.preset_for(get_arm(arm_name))
     with float64_everywhere():
         cfg = resolve_config(arm_name, preset_name, {"num_steps": harness.STEPS, "quiet": True,
-                                                     "runs_dir": str(runs_dir), "trajectory_steps": "",
+                                                     "runs_dir": str(runs_dir),
                                                      **harness.preset_batch(preset_name, arm_name)})
         if preset_name not in data_cache:
             data_cache[preset_name] = get_family(cfg.family).prepare_data(cfg, log=lambda _: None)

@@ -116,6 +116,8 @@ def preset_batch(preset_name: str, arm_name: str | None = None) -> dict:
         held["vocab_size"] = p.data.vocab_size
     if "model.n_embd" in overrides and overrides.get("family") == "tied":
         held["tied_n_embd"] = p.model.n_embd
+    if overrides.get("family", p.family) == "autoresearch":  # no trajectory records (the only family with them)
+        held["trajectory_steps"] = ""
     return held
 
 
@@ -126,7 +128,7 @@ def arm_checksum(arm_name: str, preset_name: str, runs_dir: Path, data_cache: di
     from muonlab.train import run_training
 
     cfg = resolve_config(arm_name, preset_name, {"num_steps": STEPS, "quiet": True, "runs_dir": str(runs_dir),
-                                                 "trajectory_steps": "", **preset_batch(preset_name, arm_name)})
+                                                 **preset_batch(preset_name, arm_name)})
     assert cfg.config_hash() == checked_config(arm_name).config_hash()  # the record keys do not act
     if preset_name not in data_cache:
         data_cache[preset_name] = get_family(cfg.family).prepare_data(cfg, log=lambda _: None)
@@ -145,7 +147,7 @@ def checked_config(arm_name: str):
     from muonlab.arms import get_arm, resolve_config
 
     preset_name = preset_for(get_arm(arm_name))
-    return resolve_config(arm_name, preset_name, {"num_steps": STEPS, "trajectory_steps": "",
+    return resolve_config(arm_name, preset_name, {"num_steps": STEPS,
                                                   **preset_batch(preset_name, arm_name)})
 
 

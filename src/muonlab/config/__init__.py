@@ -71,7 +71,18 @@ class RunConfig(Section):
         family = get_family(name)
         return cls(family=name, model=family.model_config(), optim=family.optim_config())
 
+    def inactive(self) -> dict[str, str]:
+        """The sections' settings that the model family decides: its trajectory records (seed 000 Table 4B)."""
+        from muonlab.families import no_trajectory
+
+        if get_family(self.family).trajectory is no_trajectory:
+            return {"record.trajectory_steps": f"model family {self.family} records no trajectory (the "
+                                               f"autoresearch GPT's residual scalars)"}
+        return {}
+
     def validate(self) -> "RunConfig":
+        if not 0 <= self.seed < 2**63:  # torch.manual_seed's range; a run name carries it (baseline-s42)
+            raise UsageError(f"seed must be between 0 and 2**63 - 1, got {self.seed}")
         for f in dataclasses.fields(self):  # each section validates its own tree
             value = getattr(self, f.name)
             if isinstance(value, Section):
@@ -382,16 +393,36 @@ def read_config_values(path) -> dict[str, Any]:
     return values
 
 
-def load_config_file(path, values: dict[str, Any] | None = None) -> RunConfig:
+def load_config_file(path, values: dict[str, Any] | None = None, whole: bool = False) -> RunConfig:
     """A RunConfig from a JSON file (read_config_values; `values`: already read from it),
-    resolved and validated, the plug-ins it names (record.plugins) imported first."""
+    resolved and validated, the plug-ins it names (record.plugins) imported first. A file the user
+    hands in (`whole`) must hold every section or name the preset it extends; unknown keys and
+    sections, empty or not, are refused."""
     values = read_config_values(path) if values is None else values
     record = values.get("record")
     load_plugins(record.get("plugins", "") if isinstance(record, dict) else "")  # they register its methods
     try:
         if is_legacy(values):
             return from_legacy(values, strict=True)
-        return RunConfig.from_dict({"family": "autoresearch", **values})  # keeps a recorded protocol id
+        sections = [f.name for f in dataclasses.fields(RunConfig)
+                    if isinstance(f.default_factory, type) or f.name in ("model", "optim")]
+        known = {f.name for f in dataclasses.fields(RunConfig)} | set(_RECORD_KEYS) | {"preset"}
+        unknown = [k for k in values if k not in known]
+        if unknown:  # an empty unknown section too: the file says something this config cannot hold
+            raise UsageError(f"{unknown[0]!r} is not a setting or a section of a config (sections: "
+                             f"{', '.join(sections)})")
+        if "preset" in values:  # a config that extends a preset: the preset, then the file's settings
+            name = values["preset"]
+            if name not in all_presets():
+                raise UsageError(f"\"preset\": {name!r} is not a preset ({', '.join(all_presets())})")
+            rest = {k: v for k, v in values.items() if k not in ("preset", *_RECORD_KEYS)}
+            return build_config([("preset", all_presets()[name]), ("command line", canonical_overrides(rest))])
+        cfg = RunConfig.from_dict({"family": "autoresearch", **values})  # keeps a recorded protocol id
+        missing = [name for name in sections if not isinstance(values.get(name), dict)]
+        if missing and whole:
+            raise UsageError(f"lacks the section(s) {', '.join(missing)}: a config holds every section (a run's "
+                             f"config.json does) or names the preset it extends (\"preset\": \"cpu-tiny\")")
+        return cfg
     except UsageError as exc:
         raise UsageError(f"{path}: {exc}") from exc
 
@@ -400,7 +431,7 @@ def load_config_file(path, values: dict[str, Any] | None = None) -> RunConfig:
 def is_legacy(values: dict[str, Any]) -> bool:
     """A format-1 config: flat names, no family and no section other than `data` (format 1 nested
     only the data settings). A hand-written config of today's sections may leave family out."""
-    return (isinstance(values, dict) and "family" not in values
+    return (isinstance(values, dict) and "family" not in values and "preset" not in values
             and not any(isinstance(values.get(name), dict) for name in _FORMAT2_SECTIONS))
 
 

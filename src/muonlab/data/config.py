@@ -116,7 +116,7 @@ class DataConfig(Section):
         if self.source not in SOURCES:
             raise UsageError(f"data source {self.source!r} is not one of {', '.join(SOURCES)}")
         if self.source == "local" and not self.path:  # the token sources check theirs when they are read
-            raise UsageError("data source 'local' needs --path (see `muonlab train --help`)")
+            raise UsageError("data source 'local' needs --path: a file or a folder of .txt/.jsonl/.parquet")
         if self.synthetic_images < 2:
             raise UsageError(f"synthetic_images must be >= 2 (one to hold out), got {self.synthetic_images}")
         if self.local_txt_docs not in TXT_MODES:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import filelock
 
-from muonlab.atomic import write_json
+from muonlab.atomic import write_json, folder_undone_on_failure
 from muonlab.data import climbmix
 from muonlab.data.config import DataConfig
 from muonlab.data.sources import SPLIT_SCHEME, SPLITS, chunk_documents, make_source, split_documents
@@ -69,8 +69,7 @@ def _prepare_small(cfg: DataConfig, root: Path, log: Callable[[str], None]) -> C
     identity_hash = _short_hash(identity)
     corpus_dir = root / "corpora" / f"{source.name}-{identity_hash[:12]}"
     files = {s: [corpus_dir / f"{s}.parquet"] for s in SPLITS}
-    corpus_dir.mkdir(parents=True, exist_ok=True)
-    with filelock.FileLock(str(corpus_dir / ".lock")):
+    with folder_undone_on_failure(corpus_dir), filelock.FileLock(str(corpus_dir / ".lock")):
         manifest = _load_manifest(corpus_dir / "manifest.json", identity_hash)
         if manifest is not None and all(p.exists() for ps in files.values() for p in ps):
             log(f"data: reusing {source.name} corpus at {corpus_dir}")

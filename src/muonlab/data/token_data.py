@@ -24,7 +24,7 @@ from pathlib import Path
 import filelock
 import numpy as np
 
-from muonlab.atomic import write_json
+from muonlab.atomic import write_json, folder_undone_on_failure
 from muonlab.data.memmap_format import TokenMemmap, TokenMemmapWriter, default_dtype
 from muonlab.errors import UsageError
 
@@ -116,9 +116,8 @@ def write_once(out_dir: Path, write: Callable[[Path], list[str]], log: Callable[
     """Run `write(out_dir)` (which writes the split files and returns their names) once: under a file
     lock, so concurrent runs write a set once, and marked complete by `done.json`; afterwards the
     recorded split names are returned without writing."""
-    out_dir.mkdir(parents=True, exist_ok=True)
     done = out_dir / "done.json"
-    with filelock.FileLock(str(out_dir / ".lock")):
+    with folder_undone_on_failure(out_dir), filelock.FileLock(str(out_dir / ".lock")):
         if done.is_file():
             log(f"data: reusing token files at {out_dir}")
         else:

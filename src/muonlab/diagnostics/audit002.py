@@ -37,8 +37,7 @@ import torch
 
 from muonlab.diagnostics import Command
 from muonlab.diagnostics.run_selection import SELECTION_OPTIONS
-from muonlab.diagnostics.runs import load_run, run_config
-from muonlab.errors import UsageError
+from muonlab.diagnostics.runs import load_run, require_family
 from muonlab.model import find_variant
 from muonlab.model.variants.qk_scale import qk_multiplier
 
@@ -152,9 +151,7 @@ def run_audit(run_dir: str | Path) -> dict[str, Any]:
     that did not finish its newest checkpoint; fp32 on CPU."""
     from muonlab.train import load as final  # noqa: PLC0415
 
-    cfg = run_config(run_dir)
-    if cfg.family != "autoresearch":
-        raise UsageError(f"the seed-002 audit reads the autoresearch GPT's tables; {run_dir} is a {cfg.family} run")
+    cfg = require_family(run_dir, ("autoresearch",), "audit", "the autoresearch GPT's tables")
     run_dir = Path(run_dir)
     if (run_dir / "model.safetensors").is_file():
         weights = run_dir / "model.safetensors"

@@ -375,9 +375,13 @@ def build_gpt_case(preset: str = DEFAULT_PRESET, arm: str = DEFAULT_ARM, seed: i
     from muonlab.families.autoresearch import gpt_config
     from muonlab.train.build import build_model
 
+    from muonlab.config import all_presets
+
+    family = all_presets().get(preset, {}).get("family")
+    if family is not None and family != "autoresearch":  # before the arm's settings meet another family
+        raise UsageError(f"gauge: preset {preset!r} builds a {family} model; the audit needs the autoresearch GPT "
+                         f"(--preset cpu-tiny, gpu-d8, ...)")
     cfg = resolve_config(arm, preset)
-    if cfg.family != "autoresearch":
-        raise UsageError(f"gauge: preset {preset!r} builds a {cfg.family} model; the audit needs the autoresearch GPT")
     variants = gpt_config(cfg, cfg.data.vocab_size).variants
     if [type(v).__name__ for v in variants] != ["ResidualRuleConfig"] or variants[0].rule != "branch_tangent":
         raise UsageError(f"gauge: arm {arm!r} must turn on the branch_tangent residual rule and no other model "

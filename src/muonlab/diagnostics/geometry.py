@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from muonlab.diagnostics.runs import load_run
+from muonlab.diagnostics.runs import load_run, require_family
 from muonlab.model import find_variant
 from muonlab.model.variants.presub_gains import gain_value
 from muonlab.model.variants.qk_scale import qk_multiplier
@@ -65,6 +65,7 @@ def model_geometry(model) -> dict:
 
 
 def run(run_dir: str | Path) -> dict:
+    require_family(run_dir, ("autoresearch",), "geometry", "the autoresearch GPT's attention weights")
     loaded = load_run(run_dir)
     return {"run_dir": str(run_dir), "step": loaded.step, "arm": loaded.cfg.arm, **model_geometry(loaded.model)}
 

@@ -129,6 +129,12 @@ def measure(preset_name: str, device: str = "cpu", precision: str = "fp32", step
 
     if steps < 0 or warmup < 0:
         raise UsageError(f"need --steps >= 0 and --warmup >= 0, got {steps} and {warmup}")
+    from muonlab.config import all_presets
+
+    family = all_presets().get(preset_name, {}).get("family")
+    if family in ("autoresearch", "reuse"):  # before the Table-1 arms' optimizer meets a family without it
+        raise UsageError(f"overhead compares seed 004's Table-1 optimizers on a tied-vocabulary preset; {preset_name} "
+                         f"is a preset of the {family} family (--preset tied-cpu, hf-cpu, nanogpt-124m, ...)")
     dev = torch.device(device)
     vocab = vocab or default_vocab(preset_name)
     state = analytic_state(preset_name, vocab, arms)

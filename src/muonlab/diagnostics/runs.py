@@ -49,6 +49,15 @@ def run_config(run_dir: str | Path) -> RunConfig:
     return load_config_file(run_dir / "config.json")
 
 
+def require_family(run_dir: str | Path, families: tuple[str, ...], tool: str, reads: str) -> RunConfig:
+    """The run's config when its model family is one of `families`; else one line naming what the
+    diagnostic reads, before anything is loaded or built."""
+    cfg = run_config(run_dir)
+    if cfg.family not in families:
+        raise UsageError(f"diagnose {tool} reads {reads} ({', '.join(families)} runs); {run_dir} is a {cfg.family} run")
+    return cfg
+
+
 def load_run(run_dir: str | Path, device: str = "cpu", precision: str = "fp32", fallback: bool = False) -> LoadedRun:
     """The run's model and optimizer at its newest valid checkpoint (fp32 on CPU by default)."""
     run_dir = Path(run_dir)

@@ -67,8 +67,9 @@ def measure(model: torch.nn.Module, batches, autocast) -> dict:
 def run(run_dir: str | Path, micro_batches: int | None = None, device: str = "cpu", precision: str = "fp32") -> dict:
     """The diagnostics of a tied run's newest checkpoint over its next optimizer step's batch."""
     from muonlab.diagnostics.replay import capture_batches
-    from muonlab.diagnostics.runs import load_run
+    from muonlab.diagnostics.runs import load_run, require_family
 
+    require_family(run_dir, ("tied", "t5", "imagegpt", "hf"), "tied", "a tied token table")  # before any data
     loaded = load_run(run_dir, device=device, precision=precision)
     result = measure(loaded.model, capture_batches(loaded, micro_batches), loaded.runtime.autocast)
     kind = getattr(loaded.cfg.optim, "kind", None)

@@ -27,6 +27,11 @@ def text_data(cfg, log: Callable[[str], None] = print):
     return prepare_data(cfg.data, log=log)
 
 
+def no_trajectory(model) -> dict:
+    """A family without trajectory records: --trajectory-steps does not act on it."""
+    return {}
+
+
 @dataclass(frozen=True)
 class Family:
     name: str
@@ -39,7 +44,7 @@ class Family:
     describe: Callable  # (cfg) -> "width 64, depth 2" for the run's first log line
     depth: Callable  # (cfg) -> the model's depth (the summary's `depth` key)
     step_hooks: Callable = lambda cfg, model: []  # objects with before_step/after_step(step, optimizer)
-    trajectory: Callable = lambda model: {}  # extra per-step record at the trajectory steps
+    trajectory: Callable = no_trajectory  # extra per-step record at the trajectory steps (seed 000 Table 4B)
     validate: Callable = lambda cfg: None  # checks across the family's sections
     # state-dict key of the token table (its rows: the vocabulary), or (cfg) -> that key
     embedding_key: str | Callable = "transformer.wte.weight"

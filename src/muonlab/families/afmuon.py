@@ -55,7 +55,7 @@ class AFMuonConfig(Section):
     kind: Literal[AF_OPTIMIZERS] = setting("afmuon", "AF-Muon, Hybrid Muon, Sign (c = 1), the K.1 factorial "
                                            "(tied rule x vector rule), or plain AdamW", flag="optimizer")
     cap: float | None = setting(None, "the clipped-row LMO's cap c (none: the optimizer's own, AF-Muon 3; "
-                                "Sign fixes 1; inf allowed)", flag="af-cap")
+                                "Sign fixes 1; inf allowed)", flag="af-cap", allow_inf=True)
     scale: float | None = setting(None, "the tied table's scale s (none: the optimizer's own, AF-Muon 0.5, "
                                   "Sign 1)", flag="af-scale")
     rho: float = setting(60.0, "the tied table's rho", flag="af-rho")

@@ -17,7 +17,9 @@ machine (tests/slurm/local_slurm.sh) and, for the batch script, as submitit rend
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,7 +27,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from muonlab.errors import UsageError
+from muonlab.atomic import folder_undone_on_failure
+from muonlab.errors import MuonlabError, UsageError
 from muonlab.optional import require
 
 EXECUTORS = ("local", "slurm")
@@ -282,6 +285,26 @@ def slurm_parameters(options: dict[str, Any], n_tasks: int, gpus_per_run: int = 
     return cluster, params
 
 
+@contextlib.contextmanager
+def _stderr_aside():
+    """File descriptor 2 into a temporary file for the block (a child's writes included), then back."""
+    import tempfile  # noqa: PLC0415
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as aside:
+        os.dup2(aside.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+class SubmissionRefused(MuonlabError):
+    """sbatch refused the array: no task was submitted (the sweep removes its job files)."""
+
+
 class SlurmExecutor:
     """submitit job arrays, one task per run (see `slurm_parameters` for the options). Each
     submitted task is recorded beside the ledger at once (lab/submissions.py); `detach` returns
@@ -297,6 +320,9 @@ class SlurmExecutor:
         self.cluster, _ = slurm_parameters(self.options, 1, **self.shape)  # validate before any work
         if detach and self.cluster != "slurm":
             raise UsageError(f"--detach leaves the runs to SLURM; cluster={self.cluster} runs them in this process")
+        if self.cluster == "slurm" and shutil.which("sbatch") is None:  # before a job file is written
+            raise MuonlabError("SLURM's sbatch is not on this machine's PATH: nothing was submitted (run where SLURM "
+                               "is, or --executor local, or --slurm cluster=local to try the array here)")
         self.detach = detach
 
     def submit(self, jobs, workdir: Path, ledger: Path | None = None) -> list:
@@ -307,11 +333,17 @@ class SlurmExecutor:
         from muonlab.record.rundir import new_run_id, runs_dir
 
         cluster, params = slurm_parameters(self.options, len(jobs), **self.shape)
-        executor = submitit.AutoExecutor(folder=workdir / "submitit", cluster=cluster)
-        executor.update_parameters(**params)
         # each task's run directory is named now, so a requeued task finds its run again
         run_dirs = [job.resume_dir or str(runs_dir(job.config) / new_run_id(job.config)) for job in jobs]
-        handles = executor.map_array(ArrayTask(), [job.config.to_dict() for job in jobs], run_dirs)
+        try:
+            # sbatch writes its complaints to our stderr: kept aside, the error is one line
+            with folder_undone_on_failure(workdir / "submitit"), _stderr_aside():
+                executor = submitit.AutoExecutor(folder=workdir / "submitit", cluster=cluster)
+                executor.update_parameters(**params)
+                handles = executor.map_array(ArrayTask(), [job.config.to_dict() for job in jobs], run_dirs)
+        except (submitit.core.utils.FailedJobError, subprocess.CalledProcessError, OSError) as exc:
+            last = [line for line in str(exc).splitlines() if line.strip()] or [exc.__class__.__name__]
+            raise SubmissionRefused(f"SLURM refused the array, nothing was submitted: {last[-1].strip()}") from None
         if ledger is not None and cluster == "slurm":
             now = time.time()
             record_submissions(ledger, [Submission(job.arm, job.seed, job.config_hash, str(handle.job_id), run_dir, now,

@@ -12,6 +12,7 @@ again: it is skipped as queued or running.
 from __future__ import annotations
 
 import json
+import shutil
 import os
 import time
 from dataclasses import dataclass, field
@@ -54,12 +55,17 @@ class SweepOutcome:
 
 
 def parse_seeds(text: str) -> list[int]:
+    items = [s.strip() for s in text.split(",")]
+    if not all(items):
+        raise UsageError(f"--seeds {text!r} has an empty element")
     try:
-        seeds = [int(s) for s in text.split(",") if s.strip()]
+        seeds = [int(s) for s in items]
     except ValueError as exc:
         raise UsageError(f"seeds must be comma-separated integers, got {text!r}") from exc
-    if not seeds or len(set(seeds)) != len(seeds):
-        raise UsageError(f"seeds must be a non-empty list without repeats, got {text!r}")
+    if len(set(seeds)) != len(seeds):
+        raise UsageError(f"seeds must be a list without repeats, got {text!r}")
+    if min(seeds) < 0:
+        raise UsageError(f"seeds must be >= 0, got {min(seeds)}")
     return seeds
 
 
@@ -134,7 +140,7 @@ def run_sweep(arms: list[str], seeds: list[int], preset_name: str, overrides: di
               executor: str = "local", parallel: int | None = None, retry_failed: bool = False,
               slurm: dict[str, Any] | None = None, log: Callable[[str], None] = print,
               gpus_per_run: int = 1, nodes: int = 1, detach: bool = False) -> list[SweepOutcome]:
-    from muonlab.lab.executors import make_executor
+    from muonlab.lab.executors import SubmissionRefused, make_executor
 
     jobs = plan_sweep(arms, seeds, preset_name, overrides)
     ledger = ledger_path(jobs[0].config)
@@ -160,14 +166,18 @@ def run_sweep(arms: list[str], seeds: list[int], preset_name: str, overrides: di
     if to_run:
         log(f"sweep: {len(to_run)} run(s) to do, {len(skipped)} skipped; executor {executor}; ledger {ledger}")
         workdir = sweep_dir(to_run)
-        for job in to_run:
-            if not job.resume_dir and not job.config.record.run_name:  # named now: progress reads its metrics
-                job.config.record.run_name = new_run_id(job.config)
-            (workdir / f"{job.name}.json").write_text(json.dumps({"config": job.config.to_dict()}, indent=2))
-        if executor == "slurm":
-            runner.run(to_run, workdir, log, ledger=ledger)
-        else:
-            runner.run(to_run, workdir, log)
+        try:
+            for job in to_run:
+                if not job.resume_dir and not job.config.record.run_name:  # named now: progress reads its metrics
+                    job.config.record.run_name = new_run_id(job.config)
+                (workdir / f"{job.name}.json").write_text(json.dumps({"config": job.config.to_dict()}, indent=2))
+            if executor == "slurm":
+                runner.run(to_run, workdir, log, ledger=ledger)
+            else:
+                runner.run(to_run, workdir, log)
+        except SubmissionRefused:  # nothing went out: the sweep's job files go too
+            shutil.rmtree(workdir, ignore_errors=True)
+            raise
     latest = latest_records(ledger, lambda _: None)
     ran = []
     for job in to_run:

@@ -1,6 +1,7 @@
 """The run ledger: append-only JSON Lines, one object per finished, failed or interrupted run.
 
-An append takes an exclusive file lock, writes the whole line (in as many writes as it takes:
+A line is strict JSON: a non-finite number (a diverged run's NaN loss) is written as null and named
+under `non_finite`. An append takes an exclusive file lock, writes the whole line (in as many writes as it takes:
 see atomic.WRITE_CHUNK) and fsyncs, so concurrent writers never interleave or tear lines, and
 a failed write (a full disk) is cut back under the lock, leaving no partial record.
 
@@ -11,6 +12,7 @@ and continued by the next sweep from its checkpoint when the record says `resuma
 from __future__ import annotations
 
 import json
+import math
 import os
 from datetime import datetime
 from pathlib import Path
@@ -39,10 +41,31 @@ def append_record(path: str | os.PathLike, record: dict[str, Any]) -> None:
     append_line(path, record, what="the ledger")
 
 
+def strict_json(record: dict[str, Any]) -> dict[str, Any]:
+    """The record with every non-finite float (a diverged run's NaN loss) as null, and their dotted paths
+    listed under `non_finite`, so the line is strict JSON (no NaN / Infinity tokens) and says what was."""
+    found: list[str] = []
+
+    def clean(value: Any, where: str) -> Any:
+        if isinstance(value, float) and not math.isfinite(value):
+            found.append(f"{where}={value}")
+            return None
+        if isinstance(value, dict):
+            return {k: clean(v, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [clean(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return value
+
+    out = clean(record, "")
+    if found:
+        out["non_finite"] = found
+    return out
+
+
 def append_line(path: str | os.PathLike, record: dict[str, Any], what: str = "the file") -> None:
-    """Append one JSON object as one whole line, under the file's lock (see the module note)."""
+    """Append one JSON object as one whole, strict-JSON line, under the file's lock (see the module note)."""
     path = Path(path)
-    line = json.dumps(record, sort_keys=True, separators=(",", ":"), allow_nan=True) + "\n"
+    line = json.dumps(strict_json(record), sort_keys=True, separators=(",", ":"), allow_nan=False) + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     data = line.encode()
     # the lock also guards the cut-back of a failed write: the size it returns to is still the end
@@ -98,3 +121,48 @@ def read_records_tolerant(path: str | os.PathLike, validate=None) -> tuple[list[
                 continue
             records.append({**rec, "_line": lineno})
     return records, problems
+
+
+PENDING = "ledger_line.json"  # in a run directory: the line its ledger did not take (muonlab ledger recover)
+
+
+def check_writable(path: str | os.PathLike) -> None:
+    """Refuse (MuonlabError, one line) a ledger this process cannot append to: checked before a run
+    trains, so a finished run is not lost to a read-only or misplaced ledger."""
+    path = Path(path)
+    if path.is_dir():
+        raise MuonlabError(f"the ledger {path} is a directory; give the ledger file (--ledger) or another --runs-dir")
+    if path.exists():
+        if not os.access(path, os.W_OK):
+            raise MuonlabError(f"the ledger {path} is not writable: nothing was run (make it writable, or give "
+                               f"another --runs-dir)")
+        folder = path.parent
+    else:
+        folder = path.parent
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise MuonlabError(f"cannot write the ledger's folder {folder}: nothing was run (give another --runs-dir)")
+
+
+def recover(runs_dir: str | os.PathLike, ledger: str | os.PathLike | None = None) -> list[str]:
+    """Append to the ledger the lines its run directories kept when the ledger refused them
+    (`ledger_line.json`), each once: a run whose id the ledger already holds is not appended again.
+    A recovered run directory's file becomes `ledger_line.recovered.json`. Returns the run ids appended."""
+    runs_dir = Path(runs_dir)
+    if not runs_dir.is_dir():
+        raise MuonlabError(f"{runs_dir} is not a runs directory")
+    ledger = Path(ledger) if ledger else runs_dir / "ledger.jsonl"
+    check_writable(ledger)
+    have = {r.get("run_id") for r in read_records_tolerant(ledger)[0]}
+    appended = []
+    for pending in sorted(runs_dir.glob(f"*/{PENDING}")):
+        try:
+            record = json.loads(pending.read_text())
+        except (OSError, ValueError) as exc:
+            raise MuonlabError(f"{pending} is not a ledger line: {exc}") from None
+        if record.get("run_id") not in have:
+            append_record(ledger, record)
+            appended.append(record.get("run_id"))
+        os.replace(pending, pending.with_name("ledger_line.recovered.json"))
+    return appended

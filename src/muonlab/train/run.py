@@ -34,6 +34,7 @@ from muonlab.eval.text import evaluate_text_splits
 from muonlab.families import get_family
 from muonlab.optional import require
 from muonlab.plugins import load_plugins
+from muonlab.atomic import write_json
 from muonlab.record import ledger, provenance
 from muonlab.record.optimizer_groups import optimizer_groups
 from muonlab.record.rundir import RunDir, ledger_path, metrics_writer, new_run_id, periodic_evals, runs_dir
@@ -208,6 +209,8 @@ def _run(cfg, log, data, resume, ctx: Dist, device, t_start) -> RunResult:
                              f"process(es); resume it with the same number, not {ctx.world_size} (the data "
                              "loaders' positions are per rank)")
         log(f"resuming {run.path.name} from {ckpt_path.name} (step {checkpoint['step']})")
+    if ctx.is_main:  # a finished run must reach the ledger: refuse one it could not append to, before anything
+        ledger.check_writable(ledger_path(cfg))
     if data is None:
         data = get_family(cfg.family).prepare_data(cfg, log=log)
     if resume is None:
@@ -263,9 +266,12 @@ def _record_outcome(run: RunDir, summary: dict, record: dict, ledger_file: Path,
     try:
         ledger.append_record(ledger_file, record)
     except MuonlabError as exc:
+        # the run keeps its outcome; its line waits in the run directory for `muonlab ledger recover`
         with contextlib.suppress(OSError):
-            run.write_summary({**summary, "status": "failed", "error": str(exc)})
-        raise
+            write_json(run.path / ledger.PENDING, ledger.strict_json(record))
+            run.write_summary({**summary, "ledger_error": str(exc)})
+        raise MuonlabError(f"{exc}; the run's line is kept in {run.path / ledger.PENDING}: `muonlab ledger recover "
+                           f"{run.path.parent}` appends it") from None
 
 
 def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx: Dist, record: dict):

@@ -41,7 +41,7 @@ def coerce_setting(key: str, raw: Any, option: str) -> dict[str, Any]:
     for family in (list(all_families()) if key in TOP_LEVEL else families_with(key)):
         leaf = next(leaf for leaf in family_leaves(family) if leaf.key == key)
         try:
-            out[family] = coerce(raw, leaf.type, key)
+            out[family] = coerce(raw, leaf.type, key, leaf.allow_inf)
         except UsageError as exc:
             errors.append(str(exc))
     if not out:
