@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 TOOLS = ("conditioning", "storage", "equivalence", "gauge", "step0_audit", "step0_trajectory", "accounting",
-         "trajectory", "geometry", "replay", "audit002", "afmuon", "reuse", "overhead", "tied_table")
+         "trajectory", "geometry", "replay", "audit_tables", "afmuon", "reuse", "overhead", "tied_table")
 
 Option = tuple[str, dict[str, Any]]  # a flag and its argparse keywords
 

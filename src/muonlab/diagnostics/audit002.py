@@ -35,8 +35,6 @@ from typing import Any
 
 import torch
 
-from muonlab.diagnostics import Command
-from muonlab.diagnostics.run_selection import SELECTION_OPTIONS
 from muonlab.diagnostics.runs import load_run, require_family
 from muonlab.model import find_variant
 from muonlab.model.variants.qk_scale import qk_multiplier
@@ -164,21 +162,6 @@ def run_audit(run_dir: str | Path) -> dict[str, Any]:
             "checkpoint": str(weights), **audit_model(model)}
 
 
-def _run(args) -> dict[str, Any]:
-    from muonlab.diagnostics.audit_tables import audit_runs  # noqa: PLC0415
-    from muonlab.diagnostics.run_selection import select_runs  # noqa: PLC0415
-
-    if len(args.run) == 1 and args.arms is None and args.seeds is None and not args.where and args.ledger is None:
-        return run_audit(args.run[0])  # one run: its whole audit
-    return audit_runs(select_runs(args))
-
-
-def _format(result: dict[str, Any]) -> str:
-    from muonlab.diagnostics.audit_tables import format_audit_runs  # noqa: PLC0415
-
-    return format_audit_runs(result) if "protocols" in result else format_audit_table(result)
-
-
 def _num(v: float | None, fmt: str) -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
 
@@ -210,11 +193,3 @@ def format_audit_table(result: dict[str, Any]) -> str:
     for name, vals in result["scalars"].items():
         lines.append(f"{name:<19}[" + ", ".join(f"{v:+.3f}" for v in vals) + "]")
     return "\n".join(lines)
-
-
-COMMAND = Command(
-    'audit', "seed 002 checkpoint audits (stable rank, mean-row energy, q_tau profile, terminal scalars) of one "
-             "run, or of several as Tables 4, 5a (with its percent excess) and 8b beside the printed values",
-    options=SELECTION_OPTIONS,
-    run=_run,
-    format=_format)

@@ -1,4 +1,5 @@
-"""Seed 002's checkpoint audits over several runs, as the paper tabulates them: Table 4 (each arm's
+"""`muonlab diagnose audit`: seed 002's checkpoint audits (audit002) of one run, or over several runs as the
+paper tabulates them: Table 4 (each arm's
 means over its seeds, per protocol), Table 5a (each run's exp(q_tau) profile, and the "excess"
 change of the OE arm over the dense arm at each seed), Table 8b (each run's terminal scalars), each
 beside the printed values where the paper prints that arm at that depth (and seed).
@@ -9,9 +10,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from muonlab.diagnostics import printed
-from muonlab.diagnostics.audit002 import excess_change, run_audit
-from muonlab.diagnostics.run_selection import Selection
+from muonlab.diagnostics import Command, printed
+from muonlab.diagnostics.audit002 import excess_change, format_audit_table, run_audit
+from muonlab.diagnostics.run_selection import SELECTION_OPTIONS, Selection, select_runs
 
 
 def _mean(values: list[float]) -> float | None:
@@ -123,3 +124,17 @@ def format_audit_runs(result: dict[str, Any]) -> str:
     for why in result["left_out"]:
         lines.append(f"left out: {why}")
     return "\n".join(lines)
+
+
+def _run(args) -> dict[str, Any]:
+    if len(args.run) == 1 and args.arms is None and args.seeds is None and not args.where and args.ledger is None:
+        return run_audit(args.run[0])  # one run: its whole audit
+    return audit_runs(select_runs(args))
+
+
+COMMAND = Command(
+    'audit', "seed 002 checkpoint audits (stable rank, mean-row energy, q_tau profile, terminal scalars) of one "
+             "run, or of several as Tables 4, 5a (with its percent excess) and 8b beside the printed values",
+    options=SELECTION_OPTIONS,
+    run=_run,
+    format=lambda result: format_audit_runs(result) if "protocols" in result else format_audit_table(result))
