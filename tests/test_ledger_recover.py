@@ -1,6 +1,6 @@
 """A finished run is never lost (issue 32 item 4): a ledger that cannot be appended to is refused before a run
 trains; when the append still fails at the end, the run directory keeps its line and `muonlab ledger recover`
-appends it, once. Ledger lines are strict JSON: a non-finite number is null, and named."""
+appends it, once. Ledger lines are strict JSON: a non-finite number is the string float() reads back, named."""
 
 from __future__ import annotations
 
@@ -59,5 +59,20 @@ def test_ledger_lines_are_strict_json(tmp_path):
     text = (tmp_path / "ledger.jsonl").read_text()
     assert "NaN" not in text and "Infinity" not in text
     line = json.loads(text, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))  # refuses NaN tokens
-    assert line["metrics"] == {"loss": None, "steps": [1.0, None]}
+    assert line["metrics"] == {"loss": "nan", "steps": [1.0, "inf"]}
     assert line["non_finite"] == ["metrics.loss=nan", "metrics.steps[1]=inf"]
+
+
+def test_a_config_with_an_infinite_cap_reads_back_from_its_ledger_line(tmp_path):
+    """K.7's c = inf arms: the line's config reads back as the config that ran (same hash, cap inf)."""
+    from muonlab.arms import resolve_config
+    from muonlab.config import RunConfig, protocol_of
+
+    cfg = resolve_config("k7_cinf_s0p5", "tied-cpu")
+    assert math.isinf(cfg.optim.cap)
+    ledger.append_record(tmp_path / "ledger.jsonl", {"run_id": "r", "status": "ok", "config": cfg.to_dict()})
+    line = json.loads((tmp_path / "ledger.jsonl").read_text())
+    assert sorted(line["non_finite"]) == ["config.layers[1].values.optim.cap=inf", "config.optim.cap=inf"]
+    back = RunConfig.from_dict(line["config"])
+    assert math.isinf(back.optim.cap) and back.config_hash() == cfg.config_hash()
+    assert protocol_of(line["config"]) == cfg.protocol_id()  # the resolution layers read back too

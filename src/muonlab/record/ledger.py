@@ -1,7 +1,7 @@
 """The run ledger: append-only JSON Lines, one object per finished, failed or interrupted run.
 
-A line is strict JSON: a non-finite number (a diverged run's NaN loss) is written as null and named
-under `non_finite`. An append takes an exclusive file lock, writes the whole line (in as many writes as it takes:
+A line is strict JSON: a non-finite number (a diverged run's NaN loss, a cap of inf) is written as the
+string float() reads back ("nan", "inf") and named under `non_finite`. An append takes an exclusive file lock, writes the whole line (in as many writes as it takes:
 see atomic.WRITE_CHUNK) and fsyncs, so concurrent writers never interleave or tear lines, and
 a failed write (a full disk) is cut back under the lock, leaving no partial record.
 
@@ -42,14 +42,16 @@ def append_record(path: str | os.PathLike, record: dict[str, Any]) -> None:
 
 
 def strict_json(record: dict[str, Any]) -> dict[str, Any]:
-    """The record with every non-finite float (a diverged run's NaN loss) as null, and their dotted paths
-    listed under `non_finite`, so the line is strict JSON (no NaN / Infinity tokens) and says what was."""
+    """The record with every non-finite float as the string Python's float() reads back ("nan", "inf",
+    "-inf": a diverged run's loss, K.7's cap c = inf in its config), their dotted paths listed under
+    `non_finite`, so the line is strict JSON (no NaN / Infinity tokens). A config reads "inf" back as
+    the number; a metric that is a string is no number to the report (metric_value)."""
     found: list[str] = []
 
     def clean(value: Any, where: str) -> Any:
         if isinstance(value, float) and not math.isfinite(value):
             found.append(f"{where}={value}")
-            return None
+            return str(value)
         if isinstance(value, dict):
             return {k: clean(v, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
         if isinstance(value, (list, tuple)):
