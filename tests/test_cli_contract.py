@@ -25,6 +25,8 @@ TINY = ["train", "--preset", "cpu-tiny"]
 TIED = ["train", "--preset", "tied-cpu"]
 USAGE, RUNTIME = 2, 1
 
+from tests.test_plugins import CONDITIONER  # noqa: E402 (a plug-in that registers a conditioner)
+
 
 def _ledger_line(tmp: Path, record: dict) -> Path:
     path = tmp / "in" / "ledger.jsonl"
@@ -400,6 +402,9 @@ CASES = [
     ("train-ledger-is-a-folder", lambda t: TINY + ["--num-steps", "1", "--ledger", str(t / "in")], RUNTIME,
      "is a directory"),
     ("ledger-recover-nothing-there", ["ledger", "recover", "/nonexistent/runs"], RUNTIME, "is not a runs directory"),
+    ("plugin-never-selected", lambda t: TINY + ["--num-steps", "1", "--plugin", str(_file(
+        t, "contract_conditioner.py", CONDITIONER.replace("plugin_sign", "contract_sign")))], USAGE,
+     "registers prepolar contract_sign, and this run selects none of them"),
 ]
 
 

@@ -195,3 +195,17 @@ def test_a_plugin_variant_option_is_a_flag_a_dotted_key_and_hashed(tmp_path, cap
     assert main(["methods", "--plugin", str(plugin), "--json"]) == 0
     listed = {m["name"]: m for m in json.loads(capsys.readouterr().out)["methods"]}
     assert [s["flag"] for s in listed["plugin_branch_scale"]["settings"]] == ["--plugin-branch-scale-lr-mult"]
+
+
+def test_a_plugin_whose_methods_the_run_does_not_select_is_refused(tmp_path, capsys):
+    """Issue 32: --plugin F that registers a conditioner the run never selects would not act."""
+    plugin = tmp_path / "unused_conditioner.py"
+    plugin.write_text(CONDITIONER.replace("plugin_sign", "plugin_sign_unused"))
+    runs = tmp_path / "runs"
+    assert main(["train", "--preset", "cpu-tiny", "--num-steps", "1", "--plugin", str(plugin),
+                 "--runs-dir", str(runs)]) == 2
+    err = capsys.readouterr().err
+    assert f"--plugin {plugin} registers prepolar plugin_sign_unused" in err and "would not act" in err
+    assert err.count("\n") == 1 and not runs.exists()
+    assert main(["train", "--preset", "cpu-tiny", "--num-steps", "1", "--plugin", str(plugin), "--prepolar",
+                 "plugin_sign_unused", "--runs-dir", str(runs), "--quiet"]) == 0  # selected: it acts

@@ -153,6 +153,7 @@ def cmd_train(args) -> int:
                                  quiet=True if args.json else None)
     else:
         cfg = _resolve_config(args)
+        _check_plugins_act(cfg)
         if args.json:
             cfg.record.quiet = True
         result = run_training(cfg, log=_log_for(args))
@@ -550,6 +551,41 @@ run". Exit 0 when none failed, 1 otherwise. --plan prints the sections' limits a
 --out) and exits 0. benchmarks/gpu_acceptance.sh runs it from a checkout on a GPU image."""
 
 
+_PLUGIN_METHODS: dict[str, set[tuple[str, str]]] = {}  # plug-in -> (kind, name) of the methods it registered
+
+
+def _registered_methods() -> set[tuple[str, str]]:
+    """The methods a run can select by name: pre-polar conditioners, model variants, arms."""
+    from muonlab.arms import ARMS
+    from muonlab.model import REGISTRY
+    from muonlab.optim.extensions import prepolars
+
+    return ({("prepolar", n) for n in prepolars()} | {("variant", n) for n in REGISTRY}
+            | {("arm", n) for n in ARMS})
+
+
+def _check_plugins_act(cfg) -> None:
+    """A plug-in that registered methods of which the run selects none would not act: refused."""
+    from muonlab.settings import get_dotted
+
+    def selected(kind: str, name: str) -> bool:
+        if kind == "arm":
+            return cfg.arm == name
+        key = "optim.prepolar.kind" if kind == "prepolar" else "model.extra_variants"
+        try:
+            value = get_dotted(cfg, key)
+        except AttributeError:  # a family without that section
+            return False
+        return value == name if kind == "prepolar" else name in [v.strip() for v in str(value or "").split(",")]
+
+    for item in (x.strip() for x in (cfg.record.plugins or "").split(",")):
+        methods = _PLUGIN_METHODS.get(item)
+        if methods and not any(selected(kind, name) for kind, name in methods):
+            names = ", ".join(f"{kind} {name}" for kind, name in sorted(methods))
+            raise UsageError(f"--plugin {item} registers {names}, and this run selects none of them (--prepolar, "
+                             f"--variant or --arm): it would not act")
+
+
 def _first_pass(argv: list[str] | None):
     """--preset/--arm/--config/--plugin before the full parse: plug-ins are imported, and the
     flags' defaults are those of the config they resolve to (the family's settings shown)."""
@@ -559,6 +595,11 @@ def _first_pass(argv: list[str] | None):
     for flag in ("--preset", "--arm", "--config", "--plugin"):
         pre.add_argument(flag, default=None)
     known, _ = pre.parse_known_args(argv)
+    for item in (x.strip() for x in (known.plugin or "").split(",")):
+        if item and item not in _PLUGIN_METHODS:  # what each plug-in registers, seen at its first import
+            before = _registered_methods()
+            load_plugins(item)
+            _PLUGIN_METHODS[item] = _registered_methods() - before
     load_plugins(known.plugin or "")
     try:
         from muonlab.arms import resolve_config
