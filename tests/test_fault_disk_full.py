@@ -104,9 +104,11 @@ def test_full_disk_leaves_a_failed_record_and_nothing_torn(tmp_path, monkeypatch
     assert len(err) == 1 and err[0].startswith("error: ") and "No space left on device" in err[0], err
     records = list(read_records(ledger))  # raises on a partial line
     summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else None
-    if target == "ledger.jsonl":  # nowhere else to record it: the summary says failed
+    if target == "ledger.jsonl":  # the run finished: its directory keeps the line for `muonlab ledger recover`
         assert records == [] and ledger.read_bytes() == b""
-        assert summary["status"] == "failed" and "could not append to the ledger" in summary["error"]
+        assert summary["status"] == "ok" and "could not append to the ledger" in summary["ledger_error"]
+        kept = json.loads((run_dir / "ledger_line.json").read_text())
+        assert kept["status"] == "ok" and kept["run_id"] == "full" and "muonlab ledger recover" in err[0]
     else:
         (rec,) = records
         assert rec["status"] == "failed" and "No space left on device" in rec["error"]
