@@ -45,7 +45,7 @@ def test_the_logged_gradient_norm_is_the_norm_of_the_steps_mean_gradient():
     from muonlab.device import Runtime
     from muonlab.train.build import build_model, build_optimizer
     from muonlab.train.loop import train_loop
-    from tests.support.compile_check import fixed_batches
+    from support.compile_check import fixed_batches
 
     cfg = resolve_config("baseline", "cpu-tiny", {"num_steps": 1, "total_batch_size": 1024, "quiet": True})
     runtime, vocab = Runtime(torch.device("cpu"), "fp32"), cfg.data.vocab_size
