@@ -25,7 +25,7 @@ TINY = ["train", "--preset", "cpu-tiny"]
 TIED = ["train", "--preset", "tied-cpu"]
 USAGE, RUNTIME = 2, 1
 
-from test_plugins import CONDITIONER  # noqa: E402 (a plug-in that registers a conditioner; tests/ is on sys.path)
+from support.plugin_sources import CONDITIONER  # noqa: E402 (a plug-in that registers a conditioner)
 
 
 def _ledger_line(tmp: Path, record: dict) -> Path:

@@ -13,26 +13,9 @@ import torch
 
 from muonlab.cli import main
 
+from support.plugin_sources import CONDITIONER  # noqa: E402
+
 pytestmark = pytest.mark.usefixtures("forget_plugins")  # conftest.py
-
-CONDITIONER = textwrap.dedent('''
-    """A plug-in conditioner: the sign of the Nesterov tensor (the whole step is then a
-    Muon step of sign(G)); nothing in muonlab names it."""
-    from dataclasses import dataclass
-
-    from muonlab.optim.extensions import PrePolar, register_prepolar
-
-
-    @dataclass(frozen=True)
-    class SignConditioner(PrePolar):
-        def condition(self, G, inputs, ctx):
-            return G.sign()
-
-
-    register_prepolar("plugin_sign", SignConditioner, paper="test plug-in", tests=("tests/test_plugins.py",),
-                      replace=True)
-''')
-
 
 POWER = textwrap.dedent('''
     """A plug-in conditioner with one option: sign(G) |G|^p before Polar Express."""
