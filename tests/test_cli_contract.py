@@ -405,6 +405,10 @@ CASES = [
     ("plugin-never-selected", lambda t: TINY + ["--num-steps", "1", "--plugin", str(_file(
         t, "contract_conditioner.py", CONDITIONER.replace("plugin_sign", "contract_sign")))], USAGE,
      "registers prepolar contract_sign, and this run selects none of them"),
+    ("sweep-plugin-never-selected", lambda t: ["sweep", "--preset", "cpu-tiny", "--arms", "baseline", "--seeds", "1",
+                                               "--plugin", str(_file(t, "sweep_conditioner.py", CONDITIONER.replace(
+                                                   "plugin_sign", "contract_sweep_sign")))], USAGE,
+     "no arm of this sweep selects any of them"),
 ]
 
 

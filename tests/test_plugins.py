@@ -192,3 +192,14 @@ def test_a_plugin_whose_methods_the_run_does_not_select_is_refused(tmp_path, cap
     assert err.count("\n") == 1 and not runs.exists()
     assert main(["train", "--preset", "cpu-tiny", "--num-steps", "1", "--plugin", str(plugin), "--prepolar",
                  "plugin_sign_unused", "--runs-dir", str(runs), "--quiet"]) == 0  # selected: it acts
+
+
+
+def test_a_sweep_with_a_plugin_no_arm_selects_is_refused(tmp_path, capsys):
+    plugin = tmp_path / "sweep_conditioner.py"
+    plugin.write_text(CONDITIONER.replace("plugin_sign", "plugin_sign_sweep"))
+    runs = tmp_path / "runs"
+    assert main(["sweep", "--preset", "cpu-tiny", "--arms", "baseline,adamw_only", "--seeds", "1", "--num-steps", "1",
+                 "--plugin", str(plugin), "--runs-dir", str(runs)]) == 2
+    err = capsys.readouterr().err
+    assert "no arm of this sweep selects any of them" in err and err.count("\n") == 1 and not runs.exists()

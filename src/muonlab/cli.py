@@ -284,6 +284,7 @@ def _sweep_plan(args) -> tuple[list[str], list[int], str, dict]:
         get_arm(arm)
     seeds = parse_seeds(args.seeds) if args.seeds is not None else default_seeds(arms)
     given.setdefault("record.quiet", True)
+    _check_plugins_act(*(resolve_config(arm, args.preset or DEFAULT_PRESET, given) for arm in arms), sweep=True)
     return arms, seeds, args.preset or DEFAULT_PRESET, given
 
 
@@ -564,11 +565,12 @@ def _registered_methods() -> set[tuple[str, str]]:
             | {("arm", n) for n in ARMS})
 
 
-def _check_plugins_act(cfg) -> None:
-    """A plug-in that registered methods of which the run selects none would not act: refused."""
+def _check_plugins_act(*cfgs, sweep: bool = False) -> None:
+    """A plug-in that registered methods of which the runs (a run, a sweep's arms) select none would not
+    act: refused."""
     from muonlab.settings import get_dotted
 
-    def selected(kind: str, name: str) -> bool:
+    def selected_by(cfg, kind: str, name: str) -> bool:
         if kind == "arm":
             return cfg.arm == name
         key = "optim.prepolar.kind" if kind == "prepolar" else "model.extra_variants"
@@ -578,11 +580,12 @@ def _check_plugins_act(cfg) -> None:
             return False
         return value == name if kind == "prepolar" else name in [v.strip() for v in str(value or "").split(",")]
 
-    for item in (x.strip() for x in (cfg.record.plugins or "").split(",")):
+    for item in (x.strip() for x in (cfgs[0].record.plugins or "").split(",")):
         methods = _PLUGIN_METHODS.get(item)
-        if methods and not any(selected(kind, name) for kind, name in methods):
+        if methods and not any(selected_by(cfg, kind, name) for cfg in cfgs for kind, name in methods):
             names = ", ".join(f"{kind} {name}" for kind, name in sorted(methods))
-            raise UsageError(f"--plugin {item} registers {names}, and this run selects none of them (--prepolar, "
+            runs = "no arm of this sweep selects any" if sweep else "this run selects none"
+            raise UsageError(f"--plugin {item} registers {names}, and {runs} of them (--prepolar, "
                              f"--variant or --arm): it would not act")
 
 
