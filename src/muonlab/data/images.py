@@ -128,10 +128,11 @@ def load_image_arrays(path: str | os.PathLike) -> np.ndarray:
         elif path.suffix == ".npz":
             with np.load(path, allow_pickle=False) as z:
                 keys = list(z.files)
+                data = z["data"] if "data" in keys and "images" not in keys else None  # read once
                 if "images" in keys:
                     arr = z["images"]
-                elif "data" in keys and z["data"].ndim == 2:
-                    return planar_rows_to_images(z["data"], str(path))
+                elif data is not None and data.ndim == 2:
+                    return planar_rows_to_images(data, str(path))
                 elif len(keys) == 1:
                     arr = z[keys[0]]
                 else:

@@ -12,7 +12,7 @@ from typing import Any
 
 from muonlab.diagnostics import Command, printed
 from muonlab.diagnostics.audit002 import excess_change, format_audit_table, run_audit
-from muonlab.diagnostics.run_selection import SELECTION_OPTIONS, Selection, select_runs
+from muonlab.diagnostics.run_selection import SELECTION_OPTIONS, Selection, select_runs, single_run
 
 
 def _mean(values: list[float]) -> float | None:
@@ -127,8 +127,9 @@ def format_audit_runs(result: dict[str, Any]) -> str:
 
 
 def _run(args) -> dict[str, Any]:
-    if len(args.run) == 1 and args.arms is None and args.seeds is None and not args.where and args.ledger is None:
-        return run_audit(args.run[0])  # one run: its whole audit
+    run = single_run(args)
+    if run is not None:
+        return run_audit(run)  # one run: its whole reading
     return audit_runs(select_runs(args))
 
 

@@ -104,9 +104,19 @@ def _from_ledger(args: argparse.Namespace) -> Selection:
     return Selection(runs, left_out)
 
 
+def _by_ledger(args: argparse.Namespace) -> bool:
+    return args.arms is not None or args.seeds is not None or bool(args.where) or args.ledger is not None
+
+
+def single_run(args: argparse.Namespace) -> str | None:
+    """The run directory when the command names exactly one with --run and no ledger selection (a
+    diagnostic then gives that run's whole reading), else None."""
+    return args.run[0] if len(args.run) == 1 and not _by_ledger(args) else None
+
+
 def select_runs(args: argparse.Namespace) -> Selection:
     """The runs the command's --run or ledger options name."""
-    by_ledger = args.arms is not None or args.seeds is not None or args.where or args.ledger is not None
+    by_ledger = _by_ledger(args)
     if args.run and by_ledger:
         raise UsageError("give run directories (--run) or a ledger selection (--arms/--seeds/--where/--ledger), "
                          "not both")

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from muonlab.diagnostics import Command, printed
-from muonlab.diagnostics.run_selection import SELECTION_OPTIONS, Selection, select_runs
+from muonlab.diagnostics.run_selection import SELECTION_OPTIONS, Selection, select_runs, single_run
 from muonlab.errors import UsageError
 
 
@@ -102,8 +102,9 @@ def format_runs(res: dict) -> str:
 
 
 def _run(args) -> dict:
-    if len(args.run) == 1 and args.arms is None and args.seeds is None and not args.where and args.ledger is None:
-        return read_trajectory(args.run[0])  # one run: every recorded step
+    run = single_run(args)
+    if run is not None:
+        return read_trajectory(run)  # one run: its whole reading
     return trajectory_runs(select_runs(args))
 
 

@@ -134,15 +134,12 @@ def check_writable(path: str | os.PathLike) -> None:
     path = Path(path)
     if path.is_dir():
         raise MuonlabError(f"the ledger {path} is a directory; give the ledger file (--ledger) or another --runs-dir")
-    if path.exists():
-        if not os.access(path, os.W_OK):
-            raise MuonlabError(f"the ledger {path} is not writable: nothing was run (make it writable, or give "
-                               f"another --runs-dir)")
-        folder = path.parent
-    else:
-        folder = path.parent
-        while not folder.exists() and folder != folder.parent:
-            folder = folder.parent
+    if path.exists() and not os.access(path, os.W_OK):
+        raise MuonlabError(f"the ledger {path} is not writable: nothing was run (make it writable, or give "
+                           f"another --runs-dir)")
+    folder = path.parent  # where its lock file goes: the nearest folder that exists, for a ledger still to come
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
     if not os.access(folder, os.W_OK | os.X_OK):
         raise MuonlabError(f"cannot write the ledger's folder {folder}: nothing was run (give another --runs-dir)")
 

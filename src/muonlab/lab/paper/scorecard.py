@@ -151,15 +151,19 @@ def score_table(table: PaperTable, records: list[dict], preset: str | None = Non
             "missing": [{"arm": a, "seed": s} for a, s in missing]}
 
 
+def _mean(values: list[float]) -> float | None:
+    """The mean of the paper's descriptive numbers: of one seed too (the paired t-test needs two)."""
+    return sum(values) / len(values) if values else None
+
+
 def _derived_value(row, values: dict[str, dict[int, float]]) -> tuple[float | None, int]:
     """(the derived number, seeds it rests on) from per-seed values."""
     (a, b), (c, d) = row.first, row.second
     first, second = paired_deltas(values.get(a, {}), values.get(b, {})), paired_deltas(values.get(c, {}), values.get(d, {}))
-    mean = lambda deltas: sum(deltas.values()) / len(deltas) if deltas else None  # noqa: E731 (one seed is a mean too)
     if row.kind == "dod":  # per seed (A - B) - (C - D), over the seeds all four arms have
         common = sorted(set(first) & set(second))
-        return mean({s: first[s] - second[s] for s in common}), len(common)
-    return retention_ratio(mean(first), mean(second)), min(len(first), len(second))
+        return _mean([first[s] - second[s] for s in common]), len(common)
+    return retention_ratio(_mean(list(first.values())), _mean(list(second.values()))), min(len(first), len(second))
 
 
 def _derived(row, paper_values: dict[str, dict[int, float]], measured: dict[str, dict[int, float]]) -> dict[str, Any]:
@@ -200,9 +204,8 @@ def _rule_text(table: PaperTable, rule: DecisionRule) -> str:
 def _descriptive(arm: dict[int, float], baseline: dict[int, float]) -> dict[str, Any]:
     """The mean paired difference (one seed's difference where there is one seed), without a test."""
     deltas = list(paired_deltas(arm, baseline).values())
-    mean = sum(deltas) / len(deltas) if deltas else None
     sd = statistics.stdev(deltas) if len(deltas) > 1 else None
-    return {"n": len(deltas), "mean_delta": mean, "sd_delta": sd, "p_value": None, "decision": "descriptive"}
+    return {"n": len(deltas), "mean_delta": _mean(deltas), "sd_delta": sd, "p_value": None, "decision": "descriptive"}
 
 
 def _contrast(c) -> dict[str, Any]:
