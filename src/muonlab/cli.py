@@ -886,14 +886,16 @@ def build_parser(argv: list[str] | None = None, only: str | None = None) -> argp
     return parser
 
 
-def _sigterm_as_interrupt(signum, frame):
+def _signal_as_interrupt(signum, frame):
     raise KeyboardInterrupt  # a SLURM preemption or `kill` ends a run like Ctrl-C: recorded, then exit
 
 
 def main(argv: list[str] | None = None) -> int:
     import signal
 
-    previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt) if threading_is_main() else None
+    # SIGUSR2: SLURM's advance notice (sbatch --signal), whose default action would end the process unrecorded
+    stops = [signal.SIGTERM] + ([signal.SIGUSR2] if hasattr(signal, "SIGUSR2") else [])
+    previous = {sig: signal.signal(sig, _signal_as_interrupt) for sig in stops} if threading_is_main() else {}
     try:
         args = build_parser(argv, only=_chosen_verb(argv) or "").parse_args(argv)
         return args.func(args)
@@ -914,8 +916,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc.__class__.__name__}: {exc} ({where}MUONLAB_DEBUG=1 shows the traceback)", file=sys.stderr)
         return 1
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 if __name__ == "__main__":

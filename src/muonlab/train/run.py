@@ -1,9 +1,11 @@
 """One training run end to end: data, model, loop, evaluation, run directory, ledger line.
 
-Bad configuration fails before anything is written. Once the run directory exists, every
-outcome is recorded as exactly one ledger line: `ok`; `diverged` (NaN/Inf or exploding loss,
+Bad configuration and bad data fail before anything is written. Once the run directory exists,
+every outcome is recorded as exactly one ledger line: `ok`; `diverged` (NaN/Inf or exploding loss,
 with the step; earlier checkpoints are kept); `interrupted` (Ctrl-C, SIGTERM, a SLURM
-preemption), `resumable` when a complete checkpoint exists; or `failed` (any other error).
+preemption; during data preparation too, which then creates the run to record it), `resumable`
+when a complete checkpoint exists; or `failed` (any other error). A line that is not `ok` says the
+`phase` the run was in: data, build, train or evaluate.
 `muonlab train --resume RUN_DIR` continues such a run in its own directory from its newest
 checkpoint, with the same result as an uninterrupted run. Signals wait while the outcome is
 written, and a summary that cannot be written never stops the ledger line.
@@ -93,17 +95,31 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM) + ((signal.SIGUSR2,) if hasattr(s
 
 class StopSignals:
     """While active, SIGINT/SIGTERM/SIGUSR2 ask the loop to stop after the current step (and
-    checkpoint); a second signal interrupts at once. `signal` names the first."""
+    checkpoint); a second signal interrupts at once. `signal` names the first.
 
-    def __init__(self):
+    With `at_once`, a signal that arrives before the loop's first poll (`poll`, after the first step's
+    work) interrupts at once: that step compiles the model, which can take minutes, and stopping
+    after it would keep nothing a checkpoint does not already hold. A distributed run waits for the
+    step all the same: its ranks must stop together."""
+
+    def __init__(self, at_once: bool = False):
         self.requested = False
         self.signal: str | None = None
+        self.at_once = at_once
         self._previous = {}
 
     def _handle(self, signum, frame):
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested, self.signal = True, signal.Signals(signum).name
+        name = signal.Signals(signum).name
+        if self.requested or self.at_once:
+            exc = KeyboardInterrupt(f"interrupted ({self.signal or name})")
+            exc.signal = self.signal or name  # a SLURM task requeues itself on SIGUSR2
+            raise exc
+        self.requested, self.signal = True, name
+
+    def poll(self) -> bool:
+        """The loop's question after each step: stop now?"""
+        self.at_once = False
+        return self.requested
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
@@ -212,18 +228,12 @@ def _run(cfg, log, data, resume, ctx: Dist, device, t_start) -> RunResult:
     if ctx.is_main:  # a finished run must reach the ledger: refuse one it could not append to, before anything
         ledger.check_writable(ledger_path(cfg))
     if data is None:
-        data = get_family(cfg.family).prepare_data(cfg, log=log)
+        data = _prepare_data(cfg, log, ctx, runtime, None if resume is None else run, checkpoint)
     if resume is None:
         run_id = ctx.broadcast_object(new_run_id(cfg) if ctx.is_main else None)
         run = RunDir.create(cfg, run_id) if ctx.is_main else RunDir(runs_dir(cfg) / run_id)
     run_id = run.path.name
-    prov = provenance.collect(runtime.device, corpus_hash=data.corpus_hash,
-                              tokenizer_hash=data.tokenizer_hash, data_source=cfg.data.source)
-    record = dict(run_id=run_id, arm=cfg.arm, seed=cfg.seed, config_hash=cfg.config_hash(), protocol=cfg.protocol_id(),
-                  run_dir=str(run.path), config=cfg.to_dict(), provenance=prov,
-                  resumed_from_step=checkpoint["step"] if checkpoint else None)
-    record["world_size"] = ctx.world_size
-    record["process_group"] = ctx.backend  # "nccl" / "gloo" under torchrun (a world of one too), else None
+    record = _run_record(cfg, run, ctx, runtime, data, checkpoint)
     summary: dict = {"status": "failed", "run_id": run_id}
     try:
         summary, metrics = _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx, record)
@@ -242,16 +252,57 @@ def _run(cfg, log, data, resume, ctx: Dist, device, t_start) -> RunResult:
         # the checkpoint the loop wrote on the way out, else (a second signal) the newest complete one
         ckpt = getattr(exc, "checkpoint", None) or (newest_complete_checkpoint(run.path) if interrupted else None)
         ckpt = None if ckpt is None else str(ckpt)
-        summary = {"status": status, "run_id": run_id, "error": message, "checkpoint": ckpt}
+        summary = {"status": status, "run_id": run_id, "error": message, "checkpoint": ckpt, "phase": record["phase"]}
         record.update(status=status, metrics={}, error=message, resumable=ckpt is not None, checkpoint=ckpt,
                       error_kind="oom" if isinstance(exc, OutOfMemory) else exc.__class__.__name__,
                       traceback=None if interrupted else traceback.format_exc(limit=8))
         raise
     finally:
         if ctx.is_main:  # one run, one record, whatever the number of processes
+            if record.get("status") == "ok":
+                del record["phase"]  # where a run that did not finish stopped
             record["finished_at"] = time.strftime(ledger.STAMP_FORMAT)
             with signals_deferred():
                 _record_outcome(run, summary, record, ledger_path(cfg), log)
+
+
+def _run_record(cfg: RunConfig, run: RunDir, ctx: Dist, runtime: Runtime, data: PreparedData | None,
+                checkpoint: dict | None) -> dict:
+    """The ledger line as the run starts; its outcome is added when it ends. `phase` says what the run
+    was doing (data, build, train, evaluate): an interrupted or failed line keeps it."""
+    prov = provenance.collect(runtime.device, corpus_hash=None if data is None else data.corpus_hash,
+                              tokenizer_hash=None if data is None else data.tokenizer_hash,
+                              data_source=cfg.data.source)
+    return dict(run_id=run.path.name, arm=cfg.arm, seed=cfg.seed, config_hash=cfg.config_hash(),
+                protocol=cfg.protocol_id(), run_dir=str(run.path), config=cfg.to_dict(), provenance=prov,
+                resumed_from_step=checkpoint["step"] if checkpoint else None,
+                world_size=ctx.world_size,
+                process_group=ctx.backend,  # "nccl" / "gloo" under torchrun (a world of one too), else None
+                phase="data" if data is None else "build")
+
+
+def _prepare_data(cfg: RunConfig, log, ctx: Dist, runtime: Runtime, run: RunDir | None,
+                  checkpoint: dict | None) -> PreparedData:
+    """The family's data. A refusal or a failure here writes nothing (the data is checked before the run
+    exists), but a signal is a run interrupted as it began: it gets its directory (a resumed run keeps
+    its own) and an `interrupted` line with phase `data`, like an interruption at any later phase."""
+    try:
+        return get_family(cfg.family).prepare_data(cfg, log=log)
+    except (KeyboardInterrupt, SystemExit) as exc:
+        if ctx.is_main:
+            with signals_deferred():
+                run = run or RunDir.create(cfg, new_run_id(cfg))
+                ckpt = newest_complete_checkpoint(run.path)
+                ckpt = None if ckpt is None else str(ckpt)
+                message = str(exc) or "interrupted"
+                record = _run_record(cfg, run, ctx, runtime, None, checkpoint)
+                record.update(status="interrupted", metrics={}, error=message, resumable=ckpt is not None,
+                              checkpoint=ckpt, error_kind=exc.__class__.__name__, traceback=None,
+                              finished_at=time.strftime(ledger.STAMP_FORMAT))
+                summary = {"status": "interrupted", "run_id": run.path.name, "error": message, "checkpoint": ckpt,
+                           "phase": "data"}
+                _record_outcome(run, summary, record, ledger_path(cfg), log)
+        raise
 
 
 def _record_outcome(run: RunDir, summary: dict, record: dict, ledger_file: Path, log) -> None:
@@ -340,16 +391,18 @@ def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx: 
 
     t_train = time.time()
     metrics_path = run.path / "metrics.jsonl" if ctx.is_main else Path(os.devnull)
-    with metrics_writer(metrics_path) as write_metrics, StopSignals() as stop:
+    record["phase"] = "train"  # the first step compiles the model where the run compiles
+    with metrics_writer(metrics_path) as write_metrics, StopSignals(at_once=not ctx.active) as stop:
         try:
             state = train_loop(cfg, train_model, optimizer, loader, runtime, flops_per_token, on_step=on_step,
-                               state=state, pending=pending, checkpoint=save, stop_requested=lambda: stop.requested,
+                               state=state, pending=pending, checkpoint=save, stop_requested=stop.poll,
                                dist=ctx, periodic_eval=periodic_eval if cfg.train.eval_every > 0 else None)
         except RunInterrupted as exc:  # say by what: a SLURM task requeues itself on SIGUSR2
             if stop.signal is not None:
                 exc.signal = stop.signal
                 exc.args = (f"{exc} ({stop.signal})",)
             raise
+    record["phase"] = "evaluate"
     evals = evaluate(train_model, data, cfg, runtime, ctx)  # compiled, as upstream scores it
     if ctx.is_main:  # what a reader needs besides config.json to rebuild the model (muonlab.load_run)
         run.save_weights(model, {"family": cfg.family, "vocab_size": str(data.vocab_size),
