@@ -409,6 +409,12 @@ CASES = [
                                                "--plugin", str(_file(t, "sweep_conditioner.py", CONDITIONER.replace(
                                                    "plugin_sign", "contract_sweep_sign")))], USAGE,
      "no arm of this sweep selects any of them"),
+    ("paper-run-plugin-never-selected", lambda t: ["paper", "run", "000-t1", "--preset", "cpu-tiny", "--plugin", str(
+        _file(t, "paper_conditioner.py", CONDITIONER.replace("plugin_sign", "contract_paper_sign")))], USAGE,
+     "no arm of table 000-t1 selects any of them"),
+    ("experiment-plugin-never-selected", lambda t: ["sweep", "--dry-run", "--experiment", str(_study(
+        t, f'plugins = ["{_file(t, "exp_conditioner.py", CONDITIONER.replace("plugin_sign", "contract_exp_sign")).name}"]'))],
+     USAGE, "registers prepolar contract_exp_sign, and no arm of the file selects any of them"),
 ]
 
 

@@ -152,8 +152,10 @@ def cmd_train(args) -> int:
         result = resume_training(args.resume, log=_log_for(args), fallback=args.fallback,
                                  quiet=True if args.json else None)
     else:
+        from muonlab.lab.plugin_methods import check_plugins_act
+
         cfg = _resolve_config(args)
-        _check_plugins_act(cfg)
+        check_plugins_act([cfg], "this run selects none")
         if args.json:
             cfg.record.quiet = True
         result = run_training(cfg, log=_log_for(args))
@@ -257,6 +259,7 @@ def _sweep_plan(args) -> tuple[list[str], list[int], str, dict]:
     other overrides is refused."""
     from muonlab.arms import check_against_ledger, default_seeds, get_arm, resolve_config
     from muonlab.config import canonical_overrides
+    from muonlab.lab.plugin_methods import check_plugins_act
     from muonlab.lab.sweep import parse_seeds
     from muonlab.record.rundir import ledger_path
 
@@ -284,7 +287,8 @@ def _sweep_plan(args) -> tuple[list[str], list[int], str, dict]:
         get_arm(arm)
     seeds = parse_seeds(args.seeds) if args.seeds is not None else default_seeds(arms)
     given.setdefault("record.quiet", True)
-    _check_plugins_act(*(resolve_config(arm, args.preset or DEFAULT_PRESET, given) for arm in arms), sweep=True)
+    check_plugins_act((resolve_config(arm, args.preset or DEFAULT_PRESET, given) for arm in arms),
+                      "no arm of this sweep selects any")
     return arms, seeds, args.preset or DEFAULT_PRESET, given
 
 
@@ -325,6 +329,7 @@ def cmd_paper(args) -> int:
     from muonlab.arms import resolve_config
     from muonlab.atomic import write_text
     from muonlab.lab.paper import format_scorecard, load_tables, scorecard, select_tables
+    from muonlab.lab.plugin_methods import check_plugins_act
     from muonlab.lab.report.build import still_out
     from muonlab.record.ledger import read_records_tolerant
     from muonlab.record.rundir import ledger_path
@@ -356,6 +361,8 @@ def cmd_paper(args) -> int:
             raise UsageError("muonlab paper run takes one TABLE and --preset (the protocol to run it under)")
         (table,) = tables
         seeds = sorted({s for a in table.arms for s in a.run_seeds})
+        check_plugins_act((resolve_config(a.arm, args.preset, {**table.settings, **overrides}) for a in table.arms),
+                          f"no arm of table {table.id} selects any")
         if priced:
             if not args.dry_run:
                 raise UsageError("--mfu and --gpu price a --dry-run: give --dry-run")
@@ -552,58 +559,16 @@ run". Exit 0 when none failed, 1 otherwise. --plan prints the sections' limits a
 --out) and exits 0. benchmarks/gpu_acceptance.sh runs it from a checkout on a GPU image."""
 
 
-_PLUGIN_METHODS: dict[str, set[tuple[str, str]]] = {}  # plug-in -> (kind, name) of the methods it registered
-
-
-def _registered_methods() -> set[tuple[str, str]]:
-    """The methods a run can select by name: pre-polar conditioners, model variants, arms."""
-    from muonlab.arms import ARMS
-    from muonlab.model import REGISTRY
-    from muonlab.optim.extensions import prepolars
-
-    return ({("prepolar", n) for n in prepolars()} | {("variant", n) for n in REGISTRY}
-            | {("arm", n) for n in ARMS})
-
-
-def _check_plugins_act(*cfgs, sweep: bool = False) -> None:
-    """A plug-in that registered methods of which the runs (a run, a sweep's arms) select none would not
-    act: refused."""
-    from muonlab.settings import get_dotted
-
-    def selected_by(cfg, kind: str, name: str) -> bool:
-        if kind == "arm":
-            return cfg.arm == name
-        key = "optim.prepolar.kind" if kind == "prepolar" else "model.extra_variants"
-        try:
-            value = get_dotted(cfg, key)
-        except AttributeError:  # a family without that section
-            return False
-        return value == name if kind == "prepolar" else name in [v.strip() for v in str(value or "").split(",")]
-
-    for item in (x.strip() for x in (cfgs[0].record.plugins or "").split(",")):
-        methods = _PLUGIN_METHODS.get(item)
-        if methods and not any(selected_by(cfg, kind, name) for cfg in cfgs for kind, name in methods):
-            names = ", ".join(f"{kind} {name}" for kind, name in sorted(methods))
-            runs = "no arm of this sweep selects any" if sweep else "this run selects none"
-            raise UsageError(f"--plugin {item} registers {names}, and {runs} of them (--prepolar, "
-                             f"--variant or --arm): it would not act")
-
-
 def _first_pass(argv: list[str] | None):
     """--preset/--arm/--config/--plugin before the full parse: plug-ins are imported, and the
     flags' defaults are those of the config they resolve to (the family's settings shown)."""
-    from muonlab.plugins import load_plugins
+    from muonlab.lab.plugin_methods import load_tracked
 
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)  # --pre is not --preset
     for flag in ("--preset", "--arm", "--config", "--plugin"):
         pre.add_argument(flag, default=None)
     known, _ = pre.parse_known_args(argv)
-    for item in (x.strip() for x in (known.plugin or "").split(",")):
-        if item and item not in _PLUGIN_METHODS:  # what each plug-in registers, seen at its first import
-            before = _registered_methods()
-            load_plugins(item)
-            _PLUGIN_METHODS[item] = _registered_methods() - before
-    load_plugins(known.plugin or "")
+    load_tracked(known.plugin or "")  # what each plug-in registers, seen at its first import
     try:
         from muonlab.arms import resolve_config
         from muonlab.config import load_config_file

@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from muonlab.arms import check_against_ledger, default_seeds, define_arm, get_arm
+from muonlab.arms import check_against_ledger, default_seeds, define_arm, get_arm, resolve_config
 from muonlab.config import canonical_overrides
 from muonlab.errors import UsageError
-from muonlab.plugins import load_plugins
+from muonlab.lab.plugin_methods import check_plugins_act, load_tracked
 from muonlab.settings import flatten
 
 TOP_KEYS = ("preset", "seeds", "plugins", "baseline", "settings", "arms")
@@ -73,7 +73,7 @@ def _read(path: Path, values: dict[str, Any]) -> Experiment:
     if not isinstance(preset, str):
         raise UsageError("`preset` must name a preset (muonlab arms --presets)")
     plugins = _plugins(path, values.get("plugins", []))
-    load_plugins(",".join(plugins))  # before the arms: they may name a plug-in's methods
+    load_tracked(",".join(plugins))  # before the arms: they may name a plug-in's methods
     arms_table = values.get("arms")
     if not isinstance(arms_table, dict) or not arms_table:
         raise UsageError("`[arms.NAME]` tables are missing: an experiment names at least one arm")
@@ -93,6 +93,9 @@ def _read(path: Path, values: dict[str, Any]) -> Experiment:
     settings = canonical_overrides(settings)  # nested tables are flattened there
     if plugins:  # saved with every run, so sweep children and --resume import them again
         settings["record.plugins"] = ",".join(plugins)
+        check_plugins_act((resolve_config(arm, preset, settings) for arm in arms), "no arm of the file selects any",
+                          given_as="the plug-in",
+                          select_with="an arm's prepolar.kind or model.extra_variants, or its name")
     return Experiment(path, preset, tuple(seeds), arms, baseline, settings)
 
 
