@@ -219,13 +219,10 @@ def _parse_slurm_options(items: list[str]) -> dict[str, Any]:
     return options
 
 
-_RUN_FLAG_DEFAULTS = {"executor": "local", "parallel": None, "gpus_per_run": 1, "nodes": 1, "detach": False,
-                      "retry_failed": False, "slurm": []}
-
-
 def _run_flags_given(args) -> list[str]:
     """The run flags (_add_run_flags) given a value other than their default, as flags."""
-    return [f"--{k.replace('_', '-')}" for k, v in _RUN_FLAG_DEFAULTS.items() if getattr(args, k, v) != v]
+    defaults = getattr(args, "run_flag_defaults", {})
+    return [f"--{k.replace('_', '-')}" for k, v in defaults.items() if getattr(args, k, v) != v]
 
 
 def cmd_sweep(args) -> int:
@@ -604,6 +601,8 @@ def _add_run_flags(p, prefix: str = "") -> None:
     p.add_argument("--retry-failed", action="store_true", help=f"{prefix}run failed or diverged (arm, seed)s again")
     p.add_argument("--slurm", action="append", default=[], metavar="KEY=VALUE",
                    help=f"{prefix}submitit parameter, e.g. slurm_partition=gpu, timeout_min=60, cluster=local")
+    flags = ("executor", "parallel", "gpus_per_run", "nodes", "detach", "retry_failed", "slurm")
+    p.set_defaults(run_flag_defaults={dest: p.get_default(dest) for dest in flags})  # what _run_flags_given compares
 
 
 def build_parser(argv: list[str] | None = None, only: str | None = None) -> argparse.ArgumentParser:
