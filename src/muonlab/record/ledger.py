@@ -68,17 +68,18 @@ def append_line(path: str | os.PathLike, record: dict[str, Any], what: str = "th
     """Append one JSON object as one whole, strict-JSON line, under the file's lock (see the module note)."""
     path = Path(path)
     line = json.dumps(strict_json(record), sort_keys=True, separators=(",", ":"), allow_nan=False) + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
     data = line.encode()
-    # the lock also guards the cut-back of a failed write: the size it returns to is still the end
-    with FileLock(str(path) + ".lock"):
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)  # less the umask, as open() creates files
-        try:
-            append_whole(fd, data, sync=True)
-        except OSError as exc:
-            raise MuonlabError(f"could not append to {what} {path}: {exc}") from exc
-        finally:
-            os.close(fd)
+    try:  # a folder, lock or file that cannot be written (read-only, a full disk) is the append failing
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # the lock also guards the cut-back of a failed write: the size it returns to is still the end
+        with FileLock(str(path) + ".lock"):
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)  # less the umask, as open() does
+            try:
+                append_whole(fd, data, sync=True)
+            finally:
+                os.close(fd)
+    except OSError as exc:
+        raise MuonlabError(f"could not append to {what} {path}: {exc}") from exc
 
 
 def read_records(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
