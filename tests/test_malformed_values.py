@@ -1,7 +1,8 @@
-"""Random malformed values for every numeric setting of every model family, and for the list options
-(issue 32 item 6): each is refused with exit 2 in one line naming the setting, with no traceback and
-nothing written. Values: NaN and infinities (where the setting does not take inf), overflowing
-literals, words, and fractions for integers; list elements that are empty, negative or not numbers.
+"""Random malformed values for every numeric setting of every model family, for the list options, and
+for every verb's own numeric options (issue 32 item 6): each is refused with exit 2 in one line naming
+the setting or option, with no traceback and nothing written. Values: NaN and infinities (where the
+setting does not take inf), overflowing literals, words, and fractions for integers; values just
+outside an option's range; list elements that are empty, negative or not numbers.
 
 Settings: hypothesis draws (setting, value) pairs, 150 examples per property, derandomized (the same draws
 on every machine), no deadline; the settings are read from the config sections (`config.family_leaves`),
@@ -9,6 +10,7 @@ so a new setting is covered."""
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 from pathlib import Path
@@ -17,7 +19,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from muonlab.cli import main
+from muonlab.cli import build_parser, main
+from muonlab.cli_flags import DEST
 from muonlab.config import all_presets, family_leaves
 from muonlab.families import all_families
 from muonlab.settings import base_type
@@ -92,3 +95,43 @@ def test_malformed_lists_are_refused_in_one_line(clean_cwd, capsys, seeds, arms)
     needle = "--arms" if arms.startswith(",") or ",," in arms or arms.endswith(",") else "seed"
     _refused(capsys, argv, clean_cwd, needle)
     assert os.listdir(clean_cwd) in ([], ["cache"])
+
+
+def _verb_options(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
+    """(verb path, flag, type) of every option with a value type that is not a config flag, in every verb
+    and diagnose tool: the options each verb owns."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _verb_options(sub, path + (name,))
+        elif action.option_strings and action.type is not None and not action.dest.startswith(DEST):
+            yield path, action.option_strings[0], action.type
+
+
+VERB_OPTIONS = sorted(_verb_options(build_parser(None)), key=lambda o: (o[0], o[1]))
+
+
+def test_every_numeric_verb_option_is_parsed_by_a_checked_type():
+    """A bare int or float would take nan, inf or -1 as given: each verb's number is parsed by one of
+    settings.integer_at_least / finite_number, which carry their range (drawn from below)."""
+    assert len(VERB_OPTIONS) >= 25
+    bare = [f"{' '.join(path)} {flag}" for path, flag, kind in VERB_OPTIONS if kind in (int, float)]
+    assert not bare, bare
+    assert all(hasattr(kind, "minimum") for _, _, kind in VERB_OPTIONS)
+
+
+def _out_of_range(kind, pick: int) -> str:
+    """A value the option's type must refuse: malformed, non-finite, or just outside its range."""
+    edge = [str(kind.minimum) if kind.above else str(kind.minimum - 1)]
+    if kind.maximum is not None:
+        edge.append(str(kind.maximum + 1) if kind.integer else repr(kind.maximum * 2))
+    bad = ["nan", "inf", "-inf", "1e999", "x", "", "--", "-1", *edge] + (["1.5", "2e3", "1,2"] if kind.integer else [])
+    return bad[pick % len(bad)]
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.sampled_from(VERB_OPTIONS), st.integers(min_value=0, max_value=1000))
+def test_a_malformed_verb_option_is_refused_in_one_line(clean_cwd, capsys, option, pick):
+    path, flag, kind = option
+    value = _out_of_range(kind, pick)
+    _refused(capsys, [*path, f"{flag}={value}"], clean_cwd, f"argument {flag}:")

@@ -52,7 +52,7 @@ def test_runs_already_done_are_not_priced(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, says", [
-    (["paper", "run", "004-t1-nanogpt", "--preset", "tied-cpu", "--dry-run", "--mfu", "0"], "--mfu must be in (0, 1]"),
+    (["paper", "run", "004-t1-nanogpt", "--preset", "tied-cpu", "--dry-run", "--mfu", "0"], "argument --mfu: must be a finite number in (0, 1], got 0"),
     (["paper", "run", "004-t1-nanogpt", "--preset", "tied-cpu", "--dry-run", "--gpu", "Voodoo2"], "peak is known"),
     (["paper", "run", "004-t1-nanogpt", "--preset", "tied-cpu", "--mfu", "0.3"], "give --dry-run"),
     (["paper", "004-t1-nanogpt", "--dry-run"], "price the runs"),

@@ -158,7 +158,7 @@ def test_overhead_at_the_paper_shapes_beside_table27():
 
 def test_overhead_refuses_negative_steps(capsys):
     assert main(["diagnose", "overhead", "--preset", "tied-cpu", "--steps", "-1"]) == 2
-    assert "--steps >= 0" in capsys.readouterr().err
+    assert "argument --steps: must be >= 0, got -1" in capsys.readouterr().err
 
 
 # --- records that tell the truth -----------------------------------------------------------------

@@ -15,6 +15,7 @@ import sys
 from typing import Any, Callable
 
 from muonlab.cli_flags import add_config_flags, collect_overrides
+from muonlab.settings import finite_number, integer_at_least
 from muonlab.errors import MuonlabError, UsageError
 
 
@@ -37,6 +38,9 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see `{self.prog} --help`)")
 
     def parse_known_args(self, args=None, namespace=None):
+        for arg in args or () if self._subparsers is None else ():  # argparse reads `--flag=--` as an empty list
+            if isinstance(arg, str) and arg.startswith("--") and arg.endswith("=--"):
+                self.error(f"argument {arg[:-3]}: expected one value, got '--'")
         namespace, extras = super().parse_known_args(args, namespace)
         unknown = [a.split("=", 1)[0] for a in extras if a.startswith("--")]
         if unknown and self._subparsers is None:  # a verb's own parser knows its flags: name the closest
@@ -127,8 +131,6 @@ def cmd_prepare(args) -> int:
 
     if args.download_files is not None and not args.download:
         raise UsageError("--download-files counts the shards --download fetches; give --download")
-    if args.download_files is not None and args.download_files < 1:
-        raise UsageError(f"--download-files must be >= 1, got {args.download_files}")
     cfg = _resolve_config(args)
     train_with = None
     if args.download:
@@ -588,13 +590,13 @@ def _chosen_verb(argv: list[str] | None) -> str | None:
 def _add_run_flags(p, prefix: str = "") -> None:
     """Where and how a sweep's runs go (sweep, and paper run, which runs a table as a sweep)."""
     p.add_argument("--executor", default="local", choices=("local", "slurm"), help=f"{prefix}where the runs go")
-    p.add_argument("--parallel", type=int, default=None,
+    p.add_argument("--parallel", type=integer_at_least(1), default=None,
                    help=f"{prefix}runs at a time (local; default: one per GPU group of --gpus-per-run, else 1)")
-    p.add_argument("--gpus-per-run", type=int, default=1, metavar="N",
+    p.add_argument("--gpus-per-run", type=integer_at_least(1), default=1, metavar="N",
                    help=f"{prefix}processes (one GPU each) of each run: N > 1 makes it a torch.distributed run; "
                         "locally torchrun on N GPUs of its own (runs at a time = visible GPUs // N; on CPU: N gloo "
                         "processes), on SLURM N tasks and N GPUs per node (no GPU for a CPU run)")
-    p.add_argument("--nodes", type=int, default=1, metavar="M",
+    p.add_argument("--nodes", type=integer_at_least(1), default=1, metavar="M",
                    help=f"{prefix}nodes of each run (slurm): M x --gpus-per-run processes")
     p.add_argument("--detach", action="store_true",
                    help=f"{prefix}slurm: submit the array and return with its job id (follow it with sweep --status)")
@@ -646,7 +648,7 @@ def build_parser(argv: list[str] | None = None, only: str | None = None) -> argp
         p.add_argument("--download", action="store_true",
                        help="seed 004's presets: fetch the paper's dataset and tokenizer from the Hugging Face hub "
                             "(checked, resumable; nothing is fetched when they are here) and prepare them")
-        p.add_argument("--download-files", type=int, default=None, metavar="K",
+        p.add_argument("--download-files", type=integer_at_least(1), default=None, metavar="K",
                        help="with --download: only the first K shards of each split (default: all)")
         p.set_defaults(func=cmd_prepare)
 
@@ -690,7 +692,7 @@ def build_parser(argv: list[str] | None = None, only: str | None = None) -> argp
                           "with what the run recorded (equal bit for bit on the machine that trained it)")
     if p:
         p.add_argument("run", metavar="RUN_DIR", help="a run directory (holding config.json)")
-        p.add_argument("--step", type=int, default=None, metavar="N",
+        p.add_argument("--step", type=integer_at_least(0), default=None, metavar="N",
                        help="the checkpoint after N steps (checkpoints/step-NNNNNN.pt) instead of the final weights")
         p.add_argument("--splits", default="val,holdout", help="val, holdout or both (default: both)")
         p.add_argument("--device", default=None, help="score on this device instead of the run's (cpu, cuda, ...)")
@@ -727,7 +729,7 @@ def build_parser(argv: list[str] | None = None, only: str | None = None) -> argp
                             "protocol), its baseline the reference")
         p.add_argument("--metric", default="auto", help="metrics key to compare: val_bpb, holdout_bpb, val_ce, ...; "
                        "auto (default): the runs' family metric (val_bpb; val_ce for seed 004's families)")
-        p.add_argument("--threshold", type=float, default=0.0005,
+        p.add_argument("--threshold", type=finite_number(0), default=0.0005,
                        help="preregistered decision threshold in metric units (default 0.0005 BPB)")
         p.add_argument("--rule", default="ci+threshold", choices=("ci+threshold", "ci", "threshold"),
                        help="decision rule (default: CI excludes 0 and |mean delta| >= threshold)")
@@ -737,7 +739,7 @@ def build_parser(argv: list[str] | None = None, only: str | None = None) -> argp
         p.add_argument("--protocol-free", action="store_true",
                        help="pool the lines that record neither a protocol id nor a config (results imported from "
                             "elsewhere) into one protocol: you vouch that they ran alike (default: each its own)")
-        p.add_argument("--at-step", type=int, default=None, metavar="N",
+        p.add_argument("--at-step", type=integer_at_least(1), default=None, metavar="N",
                        help="compare each run at its last periodic evaluation at or before step N (val_ metrics; "
                             "the paper's comparison point) instead of its final value")
         p.add_argument("--at-tokens", default=None, metavar="T",
@@ -772,13 +774,13 @@ def build_parser(argv: list[str] | None = None, only: str | None = None) -> argp
                        help="score (default), run or tables, then table ids (muonlab paper tables lists them)")
         p.add_argument("--preset", default=None, help="the protocol the runs were made under (default: each table's "
                                                       "paper preset; another, e.g. a CPU preset, is said to differ)")
-        p.add_argument("--threshold", type=float, default=0.0005, help="the decision rule's θ (default 0.0005)")
+        p.add_argument("--threshold", type=finite_number(0), default=0.0005, help="the decision rule's θ (default 0.0005)")
         p.add_argument("--out", default=None, help="also write scorecard.md and scorecard.json there")
         _add_run_flags(p, "paper run: ")
         p.add_argument("--dry-run", action="store_true",
                        help="paper run: list the table's runs still to do with each one's FLOPs and GPU-hours (at "
                             "--mfu of a --gpu); run nothing")
-        p.add_argument("--mfu", type=float, default=None,
+        p.add_argument("--mfu", type=finite_number(0, above=True, maximum=1), default=None,
                        help="paper run --dry-run: the model-FLOPs utilisation the GPU-hours assume (default 0.4)")
         p.add_argument("--gpu", default=None,
                        help="paper run --dry-run: the GPU whose dense bf16 peak the GPU-hours assume (default H100)")
@@ -825,12 +827,12 @@ def build_parser(argv: list[str] | None = None, only: str | None = None) -> argp
                        help=f"the JSON report, written atomically (default ./{DEFAULT_OUT}; never written without CUDA)")
         p.add_argument("--tests", default=None, metavar="PATH",
                        help="the tests folder `pytest -m gpu` runs (default: the checkout's tests/)")
-        p.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, metavar="SECONDS",
+        p.add_argument("--budget-s", type=finite_number(0, above=True), default=DEFAULT_BUDGET_S, metavar="SECONDS",
                        help=f"time budget of the whole check; each section's limit is cut to what is left "
                             f"(default {DEFAULT_BUDGET_S:.0f})")
         p.add_argument("--skip", default="", metavar="SECTIONS",
                        help=f"comma-separated sections not to run: {', '.join(SECTIONS)}")
-        p.add_argument("--pytest-workers", type=int, default=None, metavar="N",
+        p.add_argument("--pytest-workers", type=integer_at_least(0), default=None, metavar="N",
                        help="pytest-xdist workers sharing the GPU (default 4 with pytest-xdist on a shared GPU, else 1)")
         p.add_argument("--require-fa3", action="store_true",
                        help="fail the environment section when FlashAttention-3 cannot be loaded (default: a warning)")

@@ -13,6 +13,7 @@ A component owns its settings as a `Section`: a dataclass whose fields are decla
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 import types
@@ -305,3 +306,49 @@ class MethodInfo:
 
 
 METHOD_OFF = "the method is off"  # why a method's own settings do not act while it is off
+
+
+# A verb's own numeric options (not settings of the run config) as argparse types: checked where parsed.
+SEED_LIMIT = 2**63  # torch.manual_seed's range: seeds are in [0, SEED_LIMIT)
+
+
+def integer_at_least(minimum: int, maximum: int | None = None):
+    """An argparse `type`: an integer in [minimum, maximum), refused in one line where parsed (a verb's
+    own options; a config flag is checked by its setting)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {text!r}") from None
+        if value < minimum or (maximum is not None and value >= maximum):
+            bound = f">= {minimum}" if maximum is None else f"between {minimum} and {maximum - 1}"
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
+        return value
+
+    parse.__name__ = f"integer >= {minimum}"
+    parse.integer, parse.minimum, parse.maximum, parse.above = True, minimum, maximum, False  # the range, for tests
+    return parse
+
+
+seed_value = integer_at_least(0, SEED_LIMIT)  # a verb's --seed
+
+
+def finite_number(minimum: float, above: bool = False, maximum: float | None = None):
+    """An argparse `type`: a finite number >= minimum (> with `above`), and <= maximum if given."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+        low_ok = value > minimum if above else value >= minimum
+        if not (math.isfinite(value) and low_ok and (maximum is None or value <= maximum)):
+            bound = ((f"in ({minimum:g}, {maximum:g}]" if above else f"in [{minimum:g}, {maximum:g}]")
+                     if maximum is not None else f"{'>' if above else '>='} {minimum:g}")
+            raise argparse.ArgumentTypeError(f"must be a finite number {bound}, got {text}")
+        return value
+
+    parse.__name__ = "finite number"
+    parse.integer, parse.minimum, parse.maximum, parse.above = False, minimum, maximum, above
+    return parse

@@ -32,7 +32,7 @@ from muonlab.families.autoresearch.config import AutoresearchModelConfig, MuonAd
 from muonlab.plugins import load_plugins
 from muonlab.record.config import RecordConfig
 from muonlab.record.protocol import PROTOCOL_KEY, protocol_hash
-from muonlab.settings import (Section, flatten, hashed_values, inactive_keys, leaves, set_dotted, setting, to_dict,
+from muonlab.settings import (SEED_LIMIT, Section, flatten, hashed_values, inactive_keys, leaves, set_dotted, setting, to_dict,
                               validate_tree)
 from muonlab.config.run import RuntimeConfig, ScheduleConfig, TrainingConfig
 
@@ -81,7 +81,7 @@ class RunConfig(Section):
         return {}
 
     def validate(self) -> "RunConfig":
-        if not 0 <= self.seed < 2**63:  # torch.manual_seed's range; a run name carries it (baseline-s42)
+        if not 0 <= self.seed < SEED_LIMIT:  # torch.manual_seed's range; a run name carries it (baseline-s42)
             raise UsageError(f"seed must be between 0 and 2**63 - 1, got {self.seed}")
         for f in dataclasses.fields(self):  # each section validates its own tree
             value = getattr(self, f.name)

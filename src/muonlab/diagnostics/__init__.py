@@ -14,6 +14,8 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from muonlab.settings import seed_value
+
 TOOLS = ("conditioning", "storage", "equivalence", "gauge", "step0_audit", "step0_trajectory", "accounting",
          "trajectory", "geometry", "replay", "audit_tables", "afmuon", "reuse", "overhead", "tied_table")
 
@@ -26,7 +28,7 @@ STEP0_RUN_OPTIONS: tuple[Option, ...] = (
     ("--run", dict(default=None, metavar="RUN_DIR", help="a run directory (its config.json)")),
     ("--preset", dict(default=None, help="the protocol (default cpu-tiny)")),
     ("--arm", dict(default=None, help="the arm (default 12do_oe_decoupled_x0_out)")),
-    ("--seed", dict(type=int, default=None, help="the seed (default: the arm's first paper seed)")),
+    ("--seed", dict(type=seed_value, default=None, help="the seed (default: the arm's first paper seed)")),
     ("--set", dict(action="append", default=[], metavar="KEY=VALUE",
                    help="a setting on top of preset and arm, by flag name (e.g. oe-m=1009)")),
     ("--device", dict(default=None, help="cpu, cuda, ... (default: the config's)")),

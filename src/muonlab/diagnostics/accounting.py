@@ -54,6 +54,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from muonlab.settings import integer_at_least
 from muonlab.arms import ARMS, get_arm
 from muonlab.config import all_presets, build_config
 from muonlab.errors import UsageError
@@ -608,7 +609,7 @@ COMMAND = Command(
     "arm's model and optimizer, beside seed 002's printed values (§3, Table 1b)",
     options=(("--arms", dict(default=None, help="comma-separated arms (default: every seed-002 arm)")),
         ("--preset", dict(default="gpu-d8", help="the protocol the arms are priced at (default gpu-d8)")),
-        ("--visited-rows", dict(type=int, default=None, metavar="N",
+        ("--visited-rows", dict(type=integer_at_least(0), default=None, metavar="N",
         help="OE rows visited per table in a step (data-dependent; default "
         "every row, the upper bound)"))),
     run=lambda a: accounting_table(accounting_arms(a), a.preset, a.visited_rows),

@@ -48,6 +48,7 @@ from typing import Callable, Literal
 import torch
 
 from muonlab.device import detect_device, one_intra_op_thread
+from muonlab.settings import integer_at_least, seed_value
 from muonlab.errors import UsageError
 from muonlab.optim.addons.hbieq import hbieq
 from muonlab.optim.addons.polar_precision import DTYPES
@@ -409,8 +410,8 @@ def format_table(result: dict) -> str:
 COMMAND = Command(
     'conditioning', "seed 000 §4.4 item 2 synthetic conditioning benchmark: anisotropy calibrated to the printed raw "
     "kappa 12,700.5, then kappa, defect and cosine per conditioner, printed vs measured",
-    options=(("--seed", dict(type=int, default=0, help="first seed of the Gaussian cores (default 0)")),
-        ("--seeds", dict(type=int, default=32, help="seeds measured, each calibrated: the sampling "
+    options=(("--seed", dict(type=seed_value, default=0, help="first seed of the Gaussian cores (default 0)")),
+        ("--seeds", dict(type=integer_at_least(1), default=32, help="seeds measured, each calibrated: the sampling "
         "spread that is the tolerance (default 32)")),
         ("--profile", dict(default="geometric", choices=("geometric", "loguniform"),
         help="row/column scale profile, unstated in the paper (default geometric)")),

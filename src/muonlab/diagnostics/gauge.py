@@ -86,6 +86,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from muonlab.settings import seed_value
 from muonlab.errors import UsageError
 from muonlab.model.variants import residual_rules as RR
 from muonlab.diagnostics import Command
@@ -587,7 +588,7 @@ COMMAND = Command(
         "on CPU (default cpu-tiny)")),
         ("--arm", dict(default="p003_branch_tangent", help="an arm turning on the branch_tangent residual "
         "rule and nothing else (default p003_branch_tangent)")),
-        ("--seed", dict(type=int, default=None, help="init and draws (default: the arm's first seed for the "
+        ("--seed", dict(type=seed_value, default=None, help="init and draws (default: the arm's first seed for the "
         "GPT, 0 for the toy)"))),
     run=lambda a: run_gauge_audit(seed=a.seed, preset=a.preset, arm=a.arm),
     format=format_gauge_table,

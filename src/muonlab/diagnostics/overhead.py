@@ -22,6 +22,7 @@ import time
 import torch
 
 from muonlab.optim.af_muon import state_bytes
+from muonlab.settings import integer_at_least
 from muonlab.diagnostics import Command, DEVICE_OPTIONS
 
 ARMS = ("t1_hybrid", "t1_sign", "t1_afmuon")
@@ -196,11 +197,11 @@ COMMAND = Command(
     "(measured) of Hybrid, Sign and AF-Muon on a seed-004 preset",
     options=(("--preset", dict(required=True, help="the setting (a seed-004 preset: tied-cpu, nanogpt-124m, "
         "smollm2-135m, t5gemma2, ...)")),
-        ("--steps", dict(type=int, default=30, help="timed steps per arm (paper 30; 0: state only)")),
-        ("--warmup", dict(type=int, default=5, help="untimed steps first (paper 5)")),
-        ("--micro-steps", dict(type=int, default=None,
+        ("--steps", dict(type=integer_at_least(0), default=30, help="timed steps per arm (paper 30; 0: state only)")),
+        ("--warmup", dict(type=integer_at_least(0), default=5, help="untimed steps first (paper 5)")),
+        ("--micro-steps", dict(type=integer_at_least(1), default=None,
         help="micro-batches a step (default: the preset's accumulation)")),
-        ("--vocab", dict(type=int, default=None, help="table rows (default: the preset's setting's)")),
+        ("--vocab", dict(type=integer_at_least(1), default=None, help="table rows (default: the preset's setting's)")),
         *DEVICE_OPTIONS),
     run=lambda a: measure(a.preset, device=a.device, precision=a.precision, steps=a.steps,
         warmup=a.warmup, micro_steps=a.micro_steps, vocab=a.vocab),

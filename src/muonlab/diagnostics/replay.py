@@ -51,6 +51,7 @@ from typing import Any, Iterable
 import torch
 from torch import Tensor
 
+from muonlab.settings import integer_at_least
 from muonlab.device import detect_device, resolve_precision
 from muonlab.diagnostics.runs import LoadedRun, load_run, run_config
 from muonlab.errors import MuonlabError, UsageError
@@ -308,7 +309,7 @@ def format_replay_table(result: dict) -> str:
 COMMAND = Command(
     'replay', "seed 003's actual-state Muon replay of one step under two backward rules",
     options=(*RUN_OPTIONS, ("--rule", dict(default="branch_tangent", help="the backward rule compared with ordinary")),
-        ("--micro-batches", dict(type=int, default=None,
+        ("--micro-batches", dict(type=integer_at_least(1), default=None,
         help="micro-batches to replay (default: one optimizer step's worth)")),
         DEVICE_OPTIONS[0], ("--precision", dict(default=None, choices=("fp32", "bf16"),
         help="fp32 or bf16 autocast (default: the run's own precision)"))),

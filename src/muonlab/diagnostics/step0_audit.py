@@ -267,7 +267,7 @@ def format_step0_table(result: dict[str, Any]) -> str:
             f"measured = the run's {c['precision']} gradient; ratio vs float64 at eps={ref}; dtheta0 = -lr g/(|g|+eps) "
             "at the group's lr; 'optimizer' = the actual step-0 displacement"]
     cols = ["param", "lr"] + [f"f64 eps={lab}" for lab in labels] + \
-        ["measured", f"meas/f64", "dtheta0 f64", "dtheta0 meas", "optimizer"]
+        ["measured", "meas/f64", "dtheta0 f64", "dtheta0 meas", "optimizer"]
     rows = [cols]
     for name, fam in result["families"].items():
         for i, g in enumerate(fam["measured"]):

@@ -48,6 +48,7 @@ from typing import Any, Callable
 
 import torch
 
+from muonlab.settings import integer_at_least
 from muonlab.errors import UsageError
 from muonlab.optim.step0 import ALL_FAMILIES, STEP0_MODES, Step0Control, family_params
 from muonlab.diagnostics import Command, STEP0_RUN_OPTIONS
@@ -387,7 +388,7 @@ def _step1_multiplier(mode: str, records: list[dict], controlled: tuple[str, ...
             if abs(g) >= 1e4 * f["eps"]:
                 ratios.append(abs(p1 - p0) / f["lr"])
     if not ratios:
-        return (f"step-1 multiplier: no controlled gradient >= 1e4 eps at step 1", True, "n/a")
+        return ("step-1 multiplier: no controlled gradient >= 1e4 eps at step 1", True, "n/a")
     ok = all(abs(r - expected) <= 2e-3 * expected for r in ratios)
     return (f"step-1 |displacement| / lr = {expected:.4f}", ok,
             f"measured {min(ratios):.5f}..{max(ratios):.5f} over {len(ratios)} scalars")
@@ -515,7 +516,7 @@ COMMAND = Command(
     'step0-trajectory', "seed 002 §4.5 item 2 steps 0..11 trajectories of the six step-0 modes "
     "(values, gradients, state['step'], exp_avg, exp_avg_sq) with their semantics checked",
     options=STEP0_RUN_OPTIONS + (
-        ("--steps", dict(type=int, default=12, help="optimizer steps recorded (default 12: 0..11)")),
+        ("--steps", dict(type=integer_at_least(2), default=12, help="optimizer steps recorded (default 12: 0..11)")),
         ("--modes", dict(default=None, help="comma-separated step-0 modes (default: all six)")),),
     run=lambda a: run_trajectory_audit(**cli_args(a), steps=a.steps,
         modes=a.modes),

@@ -91,6 +91,7 @@ from typing import Any, Callable
 import torch
 
 from muonlab.device import detect_device, resolve_precision
+from muonlab.settings import integer_at_least, seed_value
 from muonlab.errors import UsageError
 from muonlab.model import GPT, GPTConfig, find_variant
 from muonlab.train.build import gpt_config_with
@@ -511,11 +512,11 @@ COMMAND = Command(
     options=(("--preset", dict(default=None, help="audit this preset's GPT (gpu-d8: the paper's depth 8; "
         "default: a small CPU shape, L 4, d 128, B 2, T 48)")),
         ("--arm", dict(default=None, help="with --preset: the arm whose model is built (default baseline)")),
-        ("--seed", dict(type=int, default=None, help="init and tokens (default: the arm's seed, else 0)")),
-        ("--depth", dict(type=int, default=None, help="layers (default: the preset's, else 4)")),
-        ("--batch", dict(type=int, default=None,
+        ("--seed", dict(type=seed_value, default=None, help="init and tokens (default: the arm's seed, else 0)")),
+        ("--depth", dict(type=integer_at_least(1), default=None, help="layers (default: the preset's, else 4)")),
+        ("--batch", dict(type=integer_at_least(1), default=None,
         help="rows B (paper 32 and 64; default: the preset's device batch, else 2)")),
-        ("--seq-len", dict(type=int, default=None, help="T (default: the preset's, else 48)")),
+        ("--seq-len", dict(type=integer_at_least(1), default=None, help="T (default: the preset's, else 48)")),
         ("--device", dict(default=None, help="cpu, cuda, ... (default: the preset's, which for a GPU "
         "preset must be CUDA; without a preset cpu)")),
         ("--precision", dict(default=None, choices=("fp32", "bf16"),

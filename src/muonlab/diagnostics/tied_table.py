@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from muonlab.settings import integer_at_least
 from muonlab.diagnostics import Command, RUN_OPTIONS, DEVICE_OPTIONS
 
 # seed 004 Table 3 (NanoGPT, per seed 43 / 44 / 45) and Table 19 (NanoGPT-MoE, mean over seeds)
@@ -94,7 +95,7 @@ def format_table(res: dict) -> str:
 COMMAND = Command(
     'tied', "a tied run's table RMS / max and matrix RMS (seed 004 Table 3), lookup vs softmax gradient rows and "
     "cosine (K.8), MoE router statistics (Table 19)",
-    options=(*RUN_OPTIONS, ("--micro-batches", dict(type=int, default=None,
+    options=(*RUN_OPTIONS, ("--micro-batches", dict(type=integer_at_least(1), default=None,
         help="micro-batches to measure (default: one optimizer step's worth)")),
         *DEVICE_OPTIONS),
     run=lambda a: run(a.run, micro_batches=a.micro_batches, device=a.device,
