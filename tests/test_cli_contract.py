@@ -421,6 +421,11 @@ CASES = [
      "argument --micro-steps: must be >= 1, got 0"),
     ("report-threshold-nan", ["report", "--threshold", "nan"], USAGE, "argument --threshold: must be a finite number"),
     ("eval-negative-step", ["eval", "{tmp}", "--step", "-1"], USAGE, "argument --step: must be >= 0, got -1"),
+    ("list-setting-empty-element", TINY + ["--trajectory-steps", "0,,10"], USAGE,
+     "trajectory_steps '0,,10' has an empty element"),
+    ("list-setting-negative-layer", TINY + ["--qk-scale", "head_temp", "--qk-freeze-layers", "0,-1"], USAGE,
+     "qk_freeze_layers must be integers >= 0"),
+    ("sinks-trailing-comma", TINY + ["--sinks", "tensorboard,"], USAGE, "sinks 'tensorboard,' has an empty element"),
     ("flag-given-a-double-dash", ["diagnose", "accounting", "--visited-rows=--"], USAGE,
      "argument --visited-rows: expected one value, got '--'"),
     ("paper-run-plugin-never-selected", lambda t: ["paper", "run", "000-t1", "--preset", "cpu-tiny", "--plugin", str(

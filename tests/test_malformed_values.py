@@ -97,6 +97,22 @@ def test_malformed_lists_are_refused_in_one_line(clean_cwd, capsys, seeds, arms)
     assert os.listdir(clean_cwd) in ([], ["cache"])
 
 
+# the settings that hold a comma-separated list, with a context under which each is read, and its name
+LIST_SETTINGS = [(["--trajectory-steps"], "trajectory_steps", True), (["--sinks"], "sinks", False),
+                 (["--variant"], "extra_variants", False),
+                 (["--qk-scale", "head_temp", "--qk-freeze-layers"], "qk_freeze_layers", True)]
+LIST_SETTING_BAD = ["1,,2", ",1", "1,", " , ", ",", "0,,"]
+INT_LIST_BAD = ["-1", "1,-3", "a", "1.5", "1,x"]
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.sampled_from(LIST_SETTINGS), st.integers(min_value=0, max_value=1000))
+def test_malformed_list_settings_are_refused_in_one_line(clean_cwd, capsys, list_setting, pick):
+    flags, name, integers = list_setting
+    bad = LIST_SETTING_BAD + (INT_LIST_BAD if integers else [])
+    _refused(capsys, ["config", "--preset", "cpu-tiny", *flags, bad[pick % len(bad)]], clean_cwd, name)
+
+
 def _verb_options(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
     """(verb path, flag, type) of every option with a value type that is not a config flag, in every verb
     and diagnose tool: the options each verb owns."""

@@ -148,6 +148,25 @@ def coerce(value: Any, tp, name: str, allow_inf: bool = False) -> Any:
     return value
 
 
+def comma_items(text: str, name: str, kind: type = str) -> list:
+    """The elements of a comma-separated list setting ("" is the empty list). An empty element (`1,,2`,
+    a trailing comma) is refused in one line, as is an element that is not of `kind` (int: >= 0)."""
+    if not text.strip():
+        return []
+    items = [v.strip() for v in text.split(",")]
+    if not all(items):
+        raise UsageError(f"{name} {text!r} has an empty element")
+    if kind is not int:
+        return items
+    try:
+        values = [int(v) for v in items]
+    except ValueError:
+        raise UsageError(f"{name} must be comma-separated integers, got {text!r}") from None
+    if min(values) < 0:
+        raise UsageError(f"{name} must be integers >= 0, got {text!r}")
+    return values
+
+
 # ----------------------------------------------------------------------------- traversal
 @dataclass(frozen=True)
 class Leaf:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from muonlab.errors import UsageError
-from muonlab.settings import Section, setting
+from muonlab.settings import Section, comma_items, setting
 
 
 @dataclass
@@ -34,10 +34,7 @@ class RecordConfig(Section):
                            "(they register methods; the methods' names are in the hashed settings)", flag="plugin")
 
     def trajectory_step_set(self) -> set[int]:
-        try:
-            return {int(v) for v in self.trajectory_steps.split(",") if v.strip()}
-        except ValueError:
-            raise UsageError(f"trajectory_steps must be comma-separated integers, got {self.trajectory_steps!r}") from None
+        return set(comma_items(self.trajectory_steps, "trajectory_steps", int))
 
     def validate(self) -> None:
         if self.log_every < 1:
@@ -47,6 +44,7 @@ class RecordConfig(Section):
         if not self.checkpoint_minutes >= 0 or self.checkpoint_minutes == float("inf"):
             raise UsageError(f"checkpoint_minutes must be a finite number >= 0, got {self.checkpoint_minutes}")
         self.trajectory_step_set()
+        comma_items(self.plugins, "plugins (--plugin)")
         from muonlab.record.sinks import parse_sinks  # noqa: PLC0415
 
         parse_sinks(self.sinks)

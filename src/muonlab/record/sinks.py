@@ -15,7 +15,7 @@ from typing import Any
 
 from muonlab.errors import UsageError
 from muonlab.optional import MissingPackage, install_hint, require
-from muonlab.settings import flatten
+from muonlab.settings import comma_items, flatten
 
 SINKS = ("wandb", "tensorboard")
 
@@ -25,7 +25,7 @@ _MODULES = {"wandb": "wandb", "tensorboard": "tensorboard"}
 
 def parse_sinks(text: str) -> list[str]:
     """Validate a comma-separated sink list, including that each sink's package is installed."""
-    names = [s.strip() for s in text.split(",") if s.strip()]
+    names = comma_items(text, "sinks")
     unknown = [n for n in names if n not in SINKS]
     if unknown:
         raise UsageError(f"unknown metric sink {unknown[0]!r}; choose from {', '.join(SINKS)}")

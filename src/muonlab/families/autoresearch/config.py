@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from muonlab.errors import UsageError
-from muonlab.settings import MethodInfo, Section, setting
+from muonlab.settings import MethodInfo, Section, comma_items, setting
 from muonlab.model.variants.presub_gains import PresubGainsConfig
 from muonlab.model.variants.qk_scale import QKScaleConfig
 from muonlab.model.variants.lerope import LeRoPEConfig
@@ -61,7 +61,7 @@ class AutoresearchModelConfig(Section):
     plugin_variants: Section = setting(factory=new_plugin_settings)
 
     def extra_variant_names(self) -> tuple[str, ...]:
-        return tuple(v.strip() for v in self.extra_variants.split(",") if v.strip())
+        return tuple(comma_items(self.extra_variants, "extra_variants (--variant)"))
 
     @property
     def model_dim(self) -> int:

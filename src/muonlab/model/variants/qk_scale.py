@@ -29,7 +29,7 @@ from torch import nn
 
 from muonlab.errors import UsageError
 from muonlab.model.extensions import ModelVariant, VariantConfig, register_variant
-from muonlab.settings import MethodInfo, setting
+from muonlab.settings import MethodInfo, comma_items, setting
 
 QK_SCALES = ("none", "pair_tied_linear", "pair_tied_stopexp", "pair_tied_exp", "untied_stopexp", "head_temp")
 
@@ -117,10 +117,7 @@ class QKScaleConfig(VariantConfig):
     lr_mult: float = setting(0.04, "scales' AdamW lr as a multiple of scalar_lr", flag="qk-lr-mult")
 
     def layers(self) -> tuple[int, ...]:
-        try:
-            return tuple(int(v) for v in self.freeze_layers.split(",") if v.strip())
-        except ValueError:
-            raise UsageError(f"qk_freeze_layers must be comma-separated integers, got {self.freeze_layers!r}") from None
+        return tuple(comma_items(self.freeze_layers, "qk_freeze_layers", int))
 
     def validate(self) -> None:
         self.layers()
