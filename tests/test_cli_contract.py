@@ -63,6 +63,26 @@ def _ledger_with_a_run(tmp: Path) -> Path:
     return run.parent / "ledger.jsonl"
 
 
+def _slurm_path(tmp: Path, *tools: str) -> str:
+    """A PATH holding only fake SLURM tools: `sbatch` refuses every array (as a bad partition does),
+    `srun` answers; without tools, a PATH with no SLURM at all."""
+    scripts = {"sbatch": "echo 'sbatch: error: Batch job submission failed: Invalid partition name specified' >&2\n"
+                         "exit 1\n", "srun": "echo srun\n"}
+    folder = tmp / "in" / "bin"
+    folder.mkdir(parents=True, exist_ok=True)
+    for tool in tools:
+        _file(tmp, f"bin/{tool}", "#!/bin/sh\n" + scripts[tool]).chmod(0o755)
+    return str(folder)
+
+
+# environment a case runs under (the variable's value from the case's scratch folder)
+CASE_ENV = {
+    "paper-run-slurm-without-slurm": {"PATH": lambda t: _slurm_path(t)},
+    "paper-run-slurm-refuses-the-array": {"PATH": lambda t: _slurm_path(t, "sbatch", "srun")},
+    "paper-run-slurm-without-srun": {"PATH": lambda t: _slurm_path(t, "sbatch")},
+}
+
+
 def _study(tmp: Path, extra: str = "", preset: str = '"cpu-tiny"', seeds: str = "[1]",
            arms: str = "[arms.baseline]") -> Path:
     """An experiment file, with one line changed for a case."""
@@ -428,6 +448,13 @@ CASES = [
     ("sinks-trailing-comma", TINY + ["--sinks", "tensorboard,"], USAGE, "sinks 'tensorboard,' has an empty element"),
     ("flag-given-a-double-dash", ["diagnose", "accounting", "--visited-rows=--"], USAGE,
      "argument --visited-rows: expected one value, got '--'"),
+    # SLURM missing or refusing: nothing submitted, and the sweep's job files are not left behind
+    ("paper-run-slurm-without-slurm", ["paper", "run", "000-t1", "--preset", "cpu-tiny", "--executor", "slurm"],
+     RUNTIME, "SLURM's sbatch is not on this machine's PATH: nothing was submitted"),
+    ("paper-run-slurm-without-srun", ["paper", "run", "000-t1", "--preset", "cpu-tiny", "--executor", "slurm"],
+     RUNTIME, "SLURM's srun is not on this machine's PATH: nothing was submitted"),
+    ("paper-run-slurm-refuses-the-array", ["paper", "run", "000-t1", "--preset", "cpu-tiny", "--executor", "slurm"],
+     RUNTIME, "SLURM refused the array, nothing was submitted: sbatch: error: Batch job submission failed"),
     ("paper-run-plugin-never-selected", lambda t: ["paper", "run", "000-t1", "--preset", "cpu-tiny", "--plugin", str(
         _file(t, "paper_conditioner.py", CONDITIONER.replace("plugin_sign", "contract_paper_sign")))], USAGE,
      "no arm of table 000-t1 selects any of them"),
@@ -456,6 +483,8 @@ def _drive(case_id, case_argv, tmp: Path, monkeypatch, capsys) -> tuple[int, str
     monkeypatch.chdir(work)
     monkeypatch.setenv("MUONLAB_CACHE", str(cache))
     monkeypatch.delenv("MUONLAB_DEBUG", raising=False)
+    for name, value in CASE_ENV.get(case_id, {}).items():
+        monkeypatch.setenv(name, value(tmp))
     argv = _argv(case_argv, tmp)
     inputs = _files_under(tmp / "in")
     sites: set[tuple[str, int]] = set()

@@ -1,6 +1,9 @@
 """The SLURM executor's options, checked in the batch script submitit would submit (rendered and
-"submitted" here, with `sbatch` replaced by an echo: no cluster, nothing submitted), and its
+"submitted" here, with `sbatch` replaced by a print: no cluster, nothing submitted), and its
 array task continuing its run after a requeue."""
+
+import os
+import sys
 
 import pytest
 import torch
@@ -14,12 +17,18 @@ from muonlab.record.rundir import ledger_path, runs_dir
 
 
 @pytest.fixture
-def fake_sbatch(monkeypatch):
+def fake_sbatch(monkeypatch, tmp_path_factory):
     from submitit.slurm.slurm import SlurmExecutor as SubmititSlurm
 
     monkeypatch.setattr(SubmititSlurm, "affinity", classmethod(lambda cls: 2))  # no srun here
     monkeypatch.setattr(SubmititSlurm, "_make_submission_command",
-                        lambda self, path: ["echo", "Submitted batch job 4242"])
+                        lambda self, path: [sys.executable, "-c", "print('Submitted batch job 4242')"])
+    # the executor asks for SLURM's tools on PATH before writing a job file: stand-ins that are never called
+    tools = tmp_path_factory.mktemp("slurm-tools")
+    for tool in ("sbatch", "srun"):
+        (tools / tool).write_text("#!/bin/sh\nexit 99\n")
+        (tools / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}{os.pathsep}{os.environ.get('PATH', '')}")
 
 
 def submit(tmp_path, options: dict, seeds=(1, 2, 3), **shape) -> tuple[list, list[str]]:

@@ -287,12 +287,14 @@ def slurm_parameters(options: dict[str, Any], n_tasks: int, gpus_per_run: int = 
 
 @contextlib.contextmanager
 def _stderr_aside():
-    """File descriptor 2 into a temporary file for the block (a child's writes included), then back."""
+    """File descriptor 2 into a temporary file for the block (a child's writes included), and sys.stderr
+    with it (Python's writes, wherever sys.stderr points), then back."""
+    import io  # noqa: PLC0415
     import tempfile  # noqa: PLC0415
 
     sys.stderr.flush()
     saved = os.dup(2)
-    with tempfile.TemporaryFile() as aside:
+    with tempfile.TemporaryFile() as aside, contextlib.redirect_stderr(io.StringIO()):
         os.dup2(aside.fileno(), 2)
         try:
             yield
@@ -320,9 +322,10 @@ class SlurmExecutor:
         self.cluster, _ = slurm_parameters(self.options, 1, **self.shape)  # validate before any work
         if detach and self.cluster != "slurm":
             raise UsageError(f"--detach leaves the runs to SLURM; cluster={self.cluster} runs them in this process")
-        if self.cluster == "slurm" and shutil.which("sbatch") is None:  # before a job file is written
-            raise MuonlabError("SLURM's sbatch is not on this machine's PATH: nothing was submitted (run where SLURM "
-                               "is, or --executor local, or --slurm cluster=local to try the array here)")
+        missing = [tool for tool in ("sbatch", "srun") if shutil.which(tool) is None]  # submitit calls both
+        if self.cluster == "slurm" and missing:  # before a job file is written
+            raise MuonlabError(f"SLURM's {missing[0]} is not on this machine's PATH: nothing was submitted (run where "
+                               "SLURM is, or --executor local, or --slurm cluster=local to try the array here)")
         self.detach = detach
 
     def submit(self, jobs, workdir: Path, ledger: Path | None = None) -> list:
