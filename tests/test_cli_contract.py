@@ -448,6 +448,16 @@ CASES = [
     ("sinks-trailing-comma", TINY + ["--sinks", "tensorboard,"], USAGE, "sinks 'tensorboard,' has an empty element"),
     ("flag-given-a-double-dash", ["diagnose", "accounting", "--visited-rows=--"], USAGE,
      "argument --visited-rows: expected one value, got '--'"),
+    # where the run would be written: checked before its data is made
+    ("run-name-escapes-the-runs-folder", TINY + ["--num-steps", "1", "--run-name", "../escape"], USAGE,
+     "run_name must be a plain directory name"),
+    ("run-name-taken", lambda t: TINY + ["--num-steps", "1", "--runs-dir", str(_file(t, "runs/taken/x", "x").parents[1]),
+                                        "--run-name", "taken"], USAGE, "already exists: give another --run-name"),
+    ("runs-dir-under-a-file", lambda t: TINY + ["--num-steps", "1", "--runs-dir", str(_file(t, "f.txt", "x") / "runs")],
+     RUNTIME, "cannot write the ledger's folder"),
+    ("runs-dir-under-a-file-ledger-elsewhere", lambda t: TINY + [
+        "--num-steps", "1", "--ledger", str(t / "in" / "ledger.jsonl"), "--runs-dir", str(_file(t, "g.txt", "x") / "runs")],
+     RUNTIME, "cannot write the runs folder"),
     # SLURM missing or refusing: nothing submitted, and the sweep's job files are not left behind
     ("paper-run-slurm-without-slurm", ["paper", "run", "000-t1", "--preset", "cpu-tiny", "--executor", "slurm"],
      RUNTIME, "SLURM's sbatch is not on this machine's PATH: nothing was submitted"),

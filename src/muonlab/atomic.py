@@ -136,3 +136,24 @@ def folder_undone_on_failure(folder: str | os.PathLike) -> Iterator[Path]:
 
             shutil.rmtree(created[0], ignore_errors=True)  # the outermost folder this call made
         raise
+
+
+def writable_error(path: str | os.PathLike) -> OSError | None:
+    """Why `path` (a file that may not exist yet) could not be written, or None: an existing file is
+    opened for append (nothing written), else a scratch file is created and removed in the nearest
+    folder that exists. The file system answers, read-only mounts and root included, where
+    os.access only reads permission bits."""
+    path = Path(path)
+    try:
+        if path.exists() and not path.is_dir():
+            os.close(os.open(path, os.O_WRONLY | os.O_APPEND))
+            return None
+        folder = path if path.is_dir() else path.parent
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent
+        fd, name = create_temp_beside(folder / ".muonlab-write-check")
+        os.close(fd)
+        os.unlink(name)
+    except OSError as exc:
+        return exc
+    return None

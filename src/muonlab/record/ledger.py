@@ -20,7 +20,7 @@ from typing import Any, Iterator
 
 from filelock import FileLock
 
-from muonlab.atomic import append_whole
+from muonlab.atomic import append_whole, writable_error
 from muonlab.errors import MuonlabError
 
 STATUSES = ("ok", "failed", "diverged", "interrupted")
@@ -135,14 +135,13 @@ def check_writable(path: str | os.PathLike) -> None:
     path = Path(path)
     if path.is_dir():
         raise MuonlabError(f"the ledger {path} is a directory; give the ledger file (--ledger) or another --runs-dir")
-    if path.exists() and not os.access(path, os.W_OK):
-        raise MuonlabError(f"the ledger {path} is not writable: nothing was run (make it writable, or give "
+    error = writable_error(path)
+    if error is not None and path.exists():
+        raise MuonlabError(f"the ledger {path} is not writable: nothing was run ({error.strerror}; make it writable, "
+                           f"or give another --runs-dir)")
+    if error is not None:  # where its lock file goes: the nearest folder that exists, for a ledger still to come
+        raise MuonlabError(f"cannot write the ledger's folder {path.parent}: nothing was run ({error.strerror}; give "
                            f"another --runs-dir)")
-    folder = path.parent  # where its lock file goes: the nearest folder that exists, for a ledger still to come
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise MuonlabError(f"cannot write the ledger's folder {folder}: nothing was run (give another --runs-dir)")
 
 
 def recover(runs_dir: str | os.PathLike, ledger: str | os.PathLike | None = None) -> list[str]:

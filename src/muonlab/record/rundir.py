@@ -18,7 +18,8 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from muonlab.atomic import append_whole, atomic_open, write_json, write_text
+from muonlab.atomic import append_whole, atomic_open, writable_error, write_json, write_text
+from muonlab.errors import MuonlabError, UsageError
 from muonlab.paths import cache_root
 from muonlab.record.weights import save_safetensors
 
@@ -41,6 +42,20 @@ def new_run_id(cfg: RunConfigLike) -> str:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     # a random suffix keeps ids unique when runs of one config start within the same second
     return f"{cfg.arm}-s{cfg.seed}-{stamp}-{cfg.config_hash()[:8]}-{os.urandom(2).hex()}"
+
+
+def check_new_run(cfg: RunConfigLike) -> None:
+    """Refuse, before the run's data is made, a run whose directory could not be created: a runs folder
+    the file system will not write, or a --run-name already holding a run."""
+    folder = runs_dir(cfg)
+    error = writable_error(folder)
+    if error is not None:
+        raise MuonlabError(f"cannot write the runs folder {folder}: nothing was run ({error.strerror}; give another "
+                           "--runs-dir)")
+    named = folder / cfg.record.run_name if cfg.record.run_name else None
+    if named is not None and named.exists() and (not named.is_dir() or any(named.iterdir())):
+        raise UsageError(f"run directory {named} already exists: give another --run-name, or continue that run "
+                         f"with --resume {named}")
 
 
 class RunDir:

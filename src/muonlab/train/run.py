@@ -39,7 +39,8 @@ from muonlab.plugins import load_plugins
 from muonlab.atomic import write_json
 from muonlab.record import ledger, provenance
 from muonlab.record.optimizer_groups import optimizer_groups
-from muonlab.record.rundir import RunDir, ledger_path, metrics_writer, new_run_id, periodic_evals, runs_dir
+from muonlab.record.rundir import (RunDir, check_new_run, ledger_path, metrics_writer, new_run_id, periodic_evals,
+                                   runs_dir)
 from muonlab.record.sinks import SinkGroup, parse_sinks
 from muonlab.train.build import build_model, build_optimizer
 from muonlab.train.checkpoint import (latest_checkpoint, newest_complete_checkpoint, rng_state, save_checkpoint,
@@ -227,6 +228,8 @@ def _run(cfg, log, data, resume, ctx: Dist, device, t_start) -> RunResult:
         log(f"resuming {run.path.name} from {ckpt_path.name} (step {checkpoint['step']})")
     if ctx.is_main:  # a finished run must reach the ledger: refuse one it could not append to, before anything
         ledger.check_writable(ledger_path(cfg))
+        if resume is None:
+            check_new_run(cfg)
     if data is None:
         data = _prepare_data(cfg, log, ctx, runtime, None if resume is None else run, checkpoint)
     if resume is None:
