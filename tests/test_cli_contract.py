@@ -458,6 +458,12 @@ CASES = [
     ("runs-dir-under-a-file-ledger-elsewhere", lambda t: TINY + [
         "--num-steps", "1", "--ledger", str(t / "in" / "ledger.jsonl"), "--runs-dir", str(_file(t, "g.txt", "x") / "runs")],
      RUNTIME, "cannot write the runs folder"),
+    ("sweep-ledger-is-a-folder", ["sweep", "--preset", "cpu-tiny", "--arms", "baseline", "--seeds", "1",
+                                  "--ledger", "{tmp}"], RUNTIME, "is a directory; give the ledger file"),
+    ("sweep-runs-dir-under-a-file", lambda t: ["sweep", "--preset", "cpu-tiny", "--arms", "baseline", "--seeds", "1",
+                                               "--ledger", str(t / "in" / "ledger.jsonl"), "--runs-dir",
+                                               str(_file(t, "h.txt", "x") / "runs")],
+     RUNTIME, "cannot write the runs folder"),
     # SLURM missing or refusing: nothing submitted, and the sweep's job files are not left behind
     ("paper-run-slurm-without-slurm", ["paper", "run", "000-t1", "--preset", "cpu-tiny", "--executor", "slurm"],
      RUNTIME, "SLURM's sbatch is not on this machine's PATH: nothing was submitted"),

@@ -22,8 +22,8 @@ from typing import Any, Callable
 from muonlab.arms import resolve_config
 from muonlab.config import RunConfig
 from muonlab.errors import UsageError
-from muonlab.record.ledger import read_records_tolerant
-from muonlab.record.rundir import ledger_path, new_run_id, runs_dir
+from muonlab.record.ledger import check_writable, read_records_tolerant
+from muonlab.record.rundir import check_runs_folder, ledger_path, new_run_id, runs_dir
 
 
 @dataclass
@@ -144,6 +144,8 @@ def run_sweep(arms: list[str], seeds: list[int], preset_name: str, overrides: di
 
     jobs = plan_sweep(arms, seeds, preset_name, overrides)
     ledger = ledger_path(jobs[0].config)
+    check_writable(ledger)  # as each run checks them, once, before a job file is written
+    check_runs_folder(jobs[0].config)
     on_gpu = any(job.config.runtime.device != "cpu" for job in jobs)  # CPU runs ask SLURM for no GPU
     runner = make_executor(executor, parallel=parallel, slurm=slurm or {}, gpus_per_run=gpus_per_run, nodes=nodes,
                            on_gpu=on_gpu, detach=detach)  # validate first

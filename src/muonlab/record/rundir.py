@@ -44,14 +44,20 @@ def new_run_id(cfg: RunConfigLike) -> str:
     return f"{cfg.arm}-s{cfg.seed}-{stamp}-{cfg.config_hash()[:8]}-{os.urandom(2).hex()}"
 
 
-def check_new_run(cfg: RunConfigLike) -> None:
-    """Refuse, before the run's data is made, a run whose directory could not be created: a runs folder
-    the file system will not write, or a --run-name already holding a run."""
+def check_runs_folder(cfg: RunConfigLike) -> Path:
+    """The runs folder, refused (one line) where the file system will not write it."""
     folder = runs_dir(cfg)
     error = writable_error(folder)
     if error is not None:
         raise MuonlabError(f"cannot write the runs folder {folder}: nothing was run ({error.strerror}; give another "
                            "--runs-dir)")
+    return folder
+
+
+def check_new_run(cfg: RunConfigLike) -> None:
+    """Refuse, before the run's data is made, a run whose directory could not be created: a runs folder
+    the file system will not write, or a --run-name already holding a run."""
+    folder = check_runs_folder(cfg)
     named = folder / cfg.record.run_name if cfg.record.run_name else None
     if named is not None and named.exists() and (not named.is_dir() or any(named.iterdir())):
         raise UsageError(f"run directory {named} already exists: give another --run-name, or continue that run "
