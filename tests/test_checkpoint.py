@@ -96,7 +96,7 @@ def test_killed_run_resumes_bitwise(tmp_path, reference_run, capsys):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR2])  # a preemption; SLURM's notice before one
-def test_sigterm_checkpoints_and_resumes(tmp_path, reference_run, capsys, sig):
+def test_sigterm_checkpoints_and_resumes(tmp_path, reference_run, capsys, monkeypatch, sig):
     ref_dir, _ = reference_run
     proc = _start(tmp_path, "preempted")
     run_dir = runs(tmp_path) / "preempted"
@@ -107,8 +107,11 @@ def test_sigterm_checkpoints_and_resumes(tmp_path, reference_run, capsys, sig):
     (rec,) = [r for r in ledger(tmp_path) if r["run_id"] == "preempted"]
     assert rec["status"] == "interrupted" and rec["resumable"] and sig.name in rec["error"]
     assert verify_checkpoint(Path(rec["checkpoint"])) is None
-    assert main(["train", "--resume", str(run_dir)]) == 0
+    if sig == signal.SIGUSR2:  # resumed from inside its folder: `--resume .` names the run by that folder
+        monkeypatch.chdir(run_dir)
+    assert main(["train", "--resume", "." if sig == signal.SIGUSR2 else str(run_dir)]) == 0
     assert_same_weights(ref_dir, run_dir)
+    assert [r["status"] for r in ledger(tmp_path) if r["run_id"] == "preempted"] == ["interrupted", "ok"]
 
 
 def test_a_checkpoint_interval_in_minutes_checkpoints_by_wall_time(tmp_path, monkeypatch, capsys):

@@ -450,7 +450,7 @@ CASES = [
      "argument --visited-rows: expected one value, got '--'"),
     # where the run would be written: checked before its data is made
     ("run-name-escapes-the-runs-folder", TINY + ["--num-steps", "1", "--run-name", "../escape"], USAGE,
-     "run_name must be a plain directory name"),
+     "--run-name must be a plain directory name"),
     ("run-name-taken", lambda t: TINY + ["--num-steps", "1", "--runs-dir", str(_file(t, "runs/taken/x", "x").parents[1]),
                                         "--run-name", "taken"], USAGE, "already exists: give another --run-name"),
     ("runs-dir-under-a-file", lambda t: TINY + ["--num-steps", "1", "--runs-dir", str(_file(t, "f.txt", "x") / "runs")],
@@ -458,6 +458,9 @@ CASES = [
     ("runs-dir-under-a-file-ledger-elsewhere", lambda t: TINY + [
         "--num-steps", "1", "--ledger", str(t / "in" / "ledger.jsonl"), "--runs-dir", str(_file(t, "g.txt", "x") / "runs")],
      RUNTIME, "cannot write the runs folder"),
+    ("runs-dir-is-a-file", lambda t: TINY + ["--num-steps", "1", "--ledger", str(t / "in" / "ledger.jsonl"),
+                                            "--runs-dir", str(_file(t, "runs.txt", "x"))],
+     RUNTIME, "the runs folder"),
     ("sweep-ledger-is-a-folder", ["sweep", "--preset", "cpu-tiny", "--arms", "baseline", "--seeds", "1",
                                   "--ledger", "{tmp}"], RUNTIME, "is a directory; give the ledger file"),
     ("sweep-runs-dir-under-a-file", lambda t: ["sweep", "--preset", "cpu-tiny", "--arms", "baseline", "--seeds", "1",

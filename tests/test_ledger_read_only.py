@@ -51,6 +51,23 @@ def test_a_read_only_ledger_is_refused_before_anything_runs(tmp_path):
     assert sorted(tmp_path.rglob("*")) == before  # no run directory, no corpus
 
 
+def test_a_writable_ledger_in_a_read_only_folder_is_refused_for_its_lock(tmp_path):
+    """The ledger's lock file is created beside it: a folder that refuses it would lose the line at the end."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (runs / "ledger.jsonl").write_text("")
+    runs.chmod(0o555)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "muonlab", "train", "--preset", "cpu-tiny", "--num-steps", "1",
+                               "--runs-dir", str(runs)], capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                              env={**os.environ, "MUONLAB_CACHE": str(tmp_path / "cache")}, **_held_to_permission_bits())
+    finally:
+        runs.chmod(0o755)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.count("\n") == 1 and f"cannot write the ledger's folder {runs}: nothing was run" in proc.stderr
+    assert sorted(p.name for p in runs.iterdir()) == ["ledger.jsonl"]
+
+
 def test_a_ledger_the_process_can_write_runs(tmp_path):
     """The same command on a writable ledger trains and appends (the refusal above is the mode's doing)."""
     runs = tmp_path / "runs"

@@ -39,7 +39,8 @@ class _Parser(argparse.ArgumentParser):
 
     def parse_known_args(self, args=None, namespace=None):
         for arg in args or () if self._subparsers is None else ():  # argparse reads `--flag=--` as an empty list
-            if isinstance(arg, str) and arg.startswith("--") and arg.endswith("=--"):
+            action = self._option_string_actions.get(arg[:-3]) if isinstance(arg, str) and arg.endswith("=--") else None
+            if action is not None and action.nargs in (None, "?"):
                 self.error(f"argument {arg[:-3]}: expected one value, got '--'")
         namespace, extras = super().parse_known_args(args, namespace)
         unknown = [a.split("=", 1)[0] for a in extras if a.startswith("--")]

@@ -144,8 +144,6 @@ def run_sweep(arms: list[str], seeds: list[int], preset_name: str, overrides: di
 
     jobs = plan_sweep(arms, seeds, preset_name, overrides)
     ledger = ledger_path(jobs[0].config)
-    check_writable(ledger)  # as each run checks them, once, before a job file is written
-    check_runs_folder(jobs[0].config)
     on_gpu = any(job.config.runtime.device != "cpu" for job in jobs)  # CPU runs ask SLURM for no GPU
     runner = make_executor(executor, parallel=parallel, slurm=slurm or {}, gpus_per_run=gpus_per_run, nodes=nodes,
                            on_gpu=on_gpu, detach=detach)  # validate first
@@ -166,6 +164,8 @@ def run_sweep(arms: list[str], seeds: list[int], preset_name: str, overrides: di
         log(f"skip {outcome.job.name}: already {outcome.status} in {ledger}"
             + ("" if outcome.status == "ok" else " (use --retry-failed to run it again)"))
     if to_run:
+        check_writable(ledger)  # as each run checks them, once, before a job file is written
+        check_runs_folder(jobs[0].config)
         log(f"sweep: {len(to_run)} run(s) to do, {len(skipped)} skipped; executor {executor}; ledger {ledger}")
         workdir = sweep_dir(to_run)
         try:

@@ -37,11 +37,6 @@ class RecordConfig(Section):
         return set(comma_items(self.trajectory_steps, "trajectory_steps", int))
 
     def validate(self) -> None:
-        name = self.run_name
-        if name is not None and (name.strip() in ("", ".", "..") or name.startswith(".") or "\0" in name
-                                 or any(sep in name for sep in ("/", "\\"))):
-            raise UsageError(f"run_name must be a plain directory name (no '/' or '\\', not starting with '.'), "
-                             f"got {name!r}")
         if self.log_every < 1:
             raise UsageError(f"log_every must be >= 1, got {self.log_every}")
         if self.checkpoint_every < 0 or self.checkpoint_keep < 1:

@@ -105,6 +105,8 @@ def read_records_tolerant(path: str | os.PathLike, validate=None) -> tuple[list[
     records, problems = [], []
     if not path.exists():
         return records, problems
+    if path.is_dir():
+        raise MuonlabError(f"the ledger {path} is a directory; give the ledger file (--ledger) or another --runs-dir")
     with open(path, encoding="utf-8", errors="replace") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
@@ -131,7 +133,8 @@ PENDING = "ledger_line.json"  # in a run directory: the line its ledger did not 
 
 def check_writable(path: str | os.PathLike) -> None:
     """Refuse (MuonlabError, one line) a ledger this process cannot append to: checked before a run
-    trains, so a finished run is not lost to a read-only or misplaced ledger."""
+    trains, so a finished run is not lost to a read-only or misplaced ledger. The file and its lock
+    file (in the same folder) are both tried."""
     path = Path(path)
     if path.is_dir():
         raise MuonlabError(f"the ledger {path} is a directory; give the ledger file (--ledger) or another --runs-dir")
@@ -139,8 +142,12 @@ def check_writable(path: str | os.PathLike) -> None:
     if error is not None and path.exists():
         raise MuonlabError(f"the ledger {path} is not writable: nothing was run ({error.strerror}; make it writable, "
                            f"or give another --runs-dir)")
-    if error is not None:  # where its lock file goes: the nearest folder that exists, for a ledger still to come
-        raise MuonlabError(f"cannot write the ledger's folder {path.parent}: nothing was run ({error.strerror}; give "
+    error = error or writable_error(path.with_name(path.name + ".lock"))
+    if error is not None:
+        folder = path.parent  # the nearest folder that exists: where a ledger still to come would go
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent
+        raise MuonlabError(f"cannot write the ledger's folder {folder}: nothing was run ({error.strerror}; give "
                            f"another --runs-dir)")
 
 

@@ -47,6 +47,8 @@ def new_run_id(cfg: RunConfigLike) -> str:
 def check_runs_folder(cfg: RunConfigLike) -> Path:
     """The runs folder, refused (one line) where the file system will not write it."""
     folder = runs_dir(cfg)
+    if folder.exists() and not folder.is_dir():
+        raise MuonlabError(f"the runs folder {folder} is a file: nothing was run (give another --runs-dir)")
     error = writable_error(folder)
     if error is not None:
         raise MuonlabError(f"cannot write the runs folder {folder}: nothing was run ({error.strerror}; give another "
@@ -57,6 +59,11 @@ def check_runs_folder(cfg: RunConfigLike) -> Path:
 def check_new_run(cfg: RunConfigLike) -> None:
     """Refuse, before the run's data is made, a run whose directory could not be created: a runs folder
     the file system will not write, or a --run-name already holding a run."""
+    name = cfg.record.run_name
+    if name is not None and (name.strip() in ("", ".", "..") or name.startswith(".") or "\0" in name
+                             or any(sep in name for sep in ("/", "\\"))):
+        raise UsageError(f"--run-name must be a plain directory name (no '/' or '\\', not starting with '.'), "
+                         f"got {name!r}")
     folder = check_runs_folder(cfg)
     named = folder / cfg.record.run_name if cfg.record.run_name else None
     if named is not None and named.exists() and (not named.is_dir() or any(named.iterdir())):

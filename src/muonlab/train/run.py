@@ -136,14 +136,13 @@ class StopSignals:
 
 @contextlib.contextmanager
 def signals_deferred():
-    """SIGINT/SIGTERM wait until the block is done (a record cut short is a record lost), then
+    """SIGINT/SIGTERM/SIGUSR2 wait until the block is done (a record cut short is a record lost), then
     are delivered as usual."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     received: list[int] = []
-    previous = {sig: signal.signal(sig, lambda signum, frame: received.append(signum))
-                for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.signal(sig, lambda signum, frame: received.append(signum)) for sig in STOP_SIGNALS}
     try:
         yield
     finally:
@@ -162,7 +161,7 @@ def evaluate_splits(model, data: PreparedData, cfg: RunConfig, runtime: Runtime,
 def resume_training(run_dir: str | Path, log: Callable[[str], None] = print, fallback: bool = False,
                     quiet: bool | None = None) -> "RunResult":
     """Continue an interrupted run in its own directory from its newest valid checkpoint."""
-    run_dir = Path(run_dir)
+    run_dir = Path(run_dir).resolve()  # `--resume .` names the run by its folder
     if not (run_dir / "config.json").is_file():
         raise UsageError(f"{run_dir} is not a run directory (no config.json)")
     saved = read_config_values(run_dir / "config.json")
@@ -226,17 +225,20 @@ def _run(cfg, log, data, resume, ctx: Dist, device, t_start) -> RunResult:
                              f"process(es); resume it with the same number, not {ctx.world_size} (the data "
                              "loaders' positions are per rank)")
         log(f"resuming {run.path.name} from {ckpt_path.name} (step {checkpoint['step']})")
-    if ctx.is_main:  # a finished run must reach the ledger: refuse one it could not append to, before anything
-        ledger.check_writable(ledger_path(cfg))
-        if resume is None:
-            check_new_run(cfg)
+    # a finished run must reach the ledger: refuse one it could not append to, and a run directory that
+    # could not be made, before anything (every rank: each refuses alike, none waits on another)
+    ledger.check_writable(ledger_path(cfg))
+    if resume is None:
+        check_new_run(cfg)
     if data is None:
         data = _prepare_data(cfg, log, ctx, runtime, None if resume is None else run, checkpoint)
     if resume is None:
         run_id = ctx.broadcast_object(new_run_id(cfg) if ctx.is_main else None)
-        run = RunDir.create(cfg, run_id) if ctx.is_main else RunDir(runs_dir(cfg) / run_id)
+        run = RunDir(runs_dir(cfg) / run_id)
+    record = _run_record(cfg, run, ctx, runtime, data, checkpoint)  # before the directory: nothing between
+    if resume is None and ctx.is_main:
+        RunDir.create(cfg, run.path.name)
     run_id = run.path.name
-    record = _run_record(cfg, run, ctx, runtime, data, checkpoint)
     summary: dict = {"status": "failed", "run_id": run_id}
     try:
         summary, metrics = _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx, record)
