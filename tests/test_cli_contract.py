@@ -446,6 +446,9 @@ CASES = [
     ("list-setting-negative-layer", TINY + ["--qk-scale", "head_temp", "--qk-freeze-layers", "0,-1"], USAGE,
      "qk_freeze_layers must be integers >= 0"),
     ("sinks-trailing-comma", TINY + ["--sinks", "tensorboard,"], USAGE, "sinks 'tensorboard,' has an empty element"),
+    ("plugin-without-a-value", ["config", "--preset", "cpu-tiny", "--plugin", "--"], USAGE,
+     "argument --plugin: expected one argument"),
+    ("preset-without-a-value", ["train", "--preset"], USAGE, "argument --preset: expected one argument"),
     ("flag-given-a-double-dash", ["diagnose", "accounting", "--visited-rows=--"], USAGE,
      "argument --visited-rows: expected one value, got '--'"),
     # where the run would be written: checked before its data is made

@@ -564,10 +564,13 @@ def _first_pass(argv: list[str] | None):
     flags' defaults are those of the config they resolve to (the family's settings shown)."""
     from muonlab.lab.plugin_methods import load_tracked
 
-    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)  # --pre is not --preset
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)  # --pre is not --preset
     for flag in ("--preset", "--arm", "--config", "--plugin"):
         pre.add_argument(flag, default=None)
-    known, _ = pre.parse_known_args(argv)
+    try:
+        known, _ = pre.parse_known_args(argv)
+    except argparse.ArgumentError:  # e.g. `--plugin --`: the real parse says so, in one line
+        known = argparse.Namespace(preset=None, arm=None, config=None, plugin=None)
     load_tracked(known.plugin or "")  # what each plug-in registers, seen at its first import
     try:
         from muonlab.arms import resolve_config
