@@ -329,7 +329,7 @@ CASES = [
     ("report-two-points", lambda t: ["report", "--ledger", str(_ledger_line(t, {"arm": "baseline", "seed": 1,
      "status": "ok"})), "--at-step", "5", "--at-tokens", "5k"], USAGE, "not both"),
     ("report-bad-tokens", lambda t: ["report", "--ledger", str(_ledger_line(t, {"arm": "baseline", "seed": 1,
-     "status": "ok"})), "--at-tokens", "lots"], USAGE, "--at-tokens expects a token count"),
+     "status": "ok"})), "--at-tokens", "lots"], USAGE, "argument --at-tokens: expects a token count"),
     ("report-no-ok-run", lambda t: ["report", "--ledger", str(_ledger_line(
         t, {"arm": "baseline", "seed": 1, "status": "failed"}))], RUNTIME, "no runs with status 'ok'"),
     ("report-unknown-baseline", lambda t: ["report", "--ledger", str(_ledger_line(
@@ -446,6 +446,7 @@ CASES = [
     ("list-setting-negative-layer", TINY + ["--qk-scale", "head_temp", "--qk-freeze-layers", "0,-1"], USAGE,
      "qk_freeze_layers must be integers >= 0"),
     ("sinks-trailing-comma", TINY + ["--sinks", "tensorboard,"], USAGE, "sinks 'tensorboard,' has an empty element"),
+    ("report-at-tokens-nan", ["report", "--at-tokens", "nan"], USAGE, "argument --at-tokens: must be a finite token"),
     ("plugin-without-a-value", ["config", "--preset", "cpu-tiny", "--plugin", "--"], USAGE,
      "argument --plugin: expected one argument"),
     ("preset-without-a-value", ["train", "--preset"], USAGE, "argument --preset: expected one argument"),

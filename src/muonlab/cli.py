@@ -15,7 +15,7 @@ import sys
 from typing import Any, Callable
 
 from muonlab.cli_flags import add_config_flags, collect_overrides
-from muonlab.settings import finite_number, integer_at_least
+from muonlab.settings import finite_number, integer_at_least, token_count
 from muonlab.errors import MuonlabError, UsageError
 
 
@@ -457,17 +457,7 @@ def _point(args):
         return None
     if args.at_step is not None and args.at_tokens is not None:
         raise UsageError("give --at-step or --at-tokens, not both")
-    return Point(step=args.at_step) if args.at_step is not None else Point(tokens=_tokens(args.at_tokens))
-
-
-def _tokens(text: str) -> int:
-    """A token count: 458752000, 458.752M, 2.62B."""
-    scale = {"k": 10**3, "m": 10**6, "b": 10**9}.get(text.strip()[-1:].lower(), 1)
-    try:
-        value = float(text.strip()[:-1] if scale > 1 else text)
-    except ValueError:
-        raise UsageError(f"--at-tokens expects a token count such as 458752000 or 458.8M, got {text!r}") from None
-    return int(round(value * scale))
+    return Point(step=args.at_step) if args.at_step is not None else Point(tokens=args.at_tokens)
 
 
 def cmd_diagnose(args) -> int:
@@ -746,7 +736,7 @@ def build_parser(argv: list[str] | None = None, only: str | None = None) -> argp
         p.add_argument("--at-step", type=integer_at_least(1), default=None, metavar="N",
                        help="compare each run at its last periodic evaluation at or before step N (val_ metrics; "
                             "the paper's comparison point) instead of its final value")
-        p.add_argument("--at-tokens", default=None, metavar="T",
+        p.add_argument("--at-tokens", type=token_count, default=None, metavar="T",
                        help="the same at T training tokens (458752000, 458.8M, 2.62B)")
         p.add_argument("--protocol", default=None, metavar="ID",
                        help="keep the one protocol whose id starts with ID (ids are printed per study)")

@@ -371,3 +371,18 @@ def finite_number(minimum: float, above: bool = False, maximum: float | None = N
     parse.__name__ = "finite number"
     parse.integer, parse.minimum, parse.maximum, parse.above = False, minimum, maximum, above
     return parse
+
+
+def token_count(text: str) -> int:
+    """An argparse `type`: a token count >= 1, as 458752000, 458.752M or 2.62B."""
+    scale = {"k": 10**3, "m": 10**6, "b": 10**9}.get(text.strip()[-1:].lower(), 1)
+    try:
+        value = float(text.strip()[:-1] if scale > 1 else text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expects a token count such as 458752000 or 458.8M, got {text!r}") from None
+    if not math.isfinite(value) or round(value * scale) < 1:
+        raise argparse.ArgumentTypeError(f"must be a finite token count >= 1, got {text!r}")
+    return int(round(value * scale))
+
+
+token_count.integer, token_count.minimum, token_count.maximum, token_count.above = False, 1, None, False
