@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import math
 import types
 import typing
@@ -76,7 +77,10 @@ class Section:
 
 
 # ----------------------------------------------------------------------------- types
+@functools.cache
 def _resolve_hints(cls) -> dict[str, Any]:
+    """A section's field types, resolved once per class: the annotations are strings (postponed
+    evaluation), and resolving them compiles each one, thousands of times per config otherwise."""
     return typing.get_type_hints(cls)
 
 
