@@ -78,7 +78,7 @@ class Section:
 
 # ----------------------------------------------------------------------------- types
 @functools.cache
-def _resolve_hints(cls) -> dict[str, Any]:
+def type_hints(cls) -> dict[str, Any]:
     """A section's field types, resolved once per class: the annotations are strings (postponed
     evaluation), and resolving them compiles each one, thousands of times per config otherwise."""
     return typing.get_type_hints(cls)
@@ -187,7 +187,7 @@ def leaves(obj, prefix: str = "", classes: dict[str, type] | None = None) -> Ite
     (a family's model or optimizer, a registry's generated section) is expanded from the instance's
     value, or from a class: `classes[field]` where given, else the class its default factory makes."""
     cls = obj if isinstance(obj, type) else type(obj)
-    hints = _resolve_hints(cls)
+    hints = type_hints(cls)
     for f in dataclasses.fields(cls):
         tp = hints[f.name]
         key = f"{prefix}{f.name}"
@@ -236,7 +236,7 @@ def set_dotted(obj: Section, key: str, value: Any, where: str = "") -> None:
         if part not in {f.name for f in dataclasses.fields(target)}:
             raise UsageError(f"{key} is not a setting{where}")
         if i == len(parts) - 1:
-            tp = _resolve_hints(type(target))[part]
+            tp = type_hints(type(target))[part]
             if _is_section_type(tp):
                 raise UsageError(f"{key} is a group of settings, not a setting")
             meta = next(f.metadata for f in dataclasses.fields(target) if f.name == part)

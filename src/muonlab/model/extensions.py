@@ -29,14 +29,13 @@ that are not matmul weights), `param_groups(lrs)` and `attach(optimizer)`.
 from __future__ import annotations
 
 import dataclasses
-import typing
 from dataclasses import dataclass, fields
 from typing import Any, Callable, ClassVar
 
 import torch
 
 from muonlab.errors import UsageError
-from muonlab.settings import METHOD_OFF, MethodInfo, Section, coerce, option_settings, setting
+from muonlab.settings import METHOD_OFF, MethodInfo, Section, coerce, option_settings, setting, type_hints
 
 HOOKS = ("embed", "stream", "block_input", "head_input", "attn_input", "mlp_input", "rotary", "qk",
          "branch", "residual_add", "loss", "run_block")
@@ -152,7 +151,7 @@ class VariantConfig(Section):
         if not self.is_on():
             raise ValueError(f"{self.METHOD.name} is off ({self.METHOD.selector} = {self.METHOD.off!r}): "
                              "it builds no model variant")
-        hints = typing.get_type_hints(type(self))
+        hints = type_hints(type(self))
         try:  # a config built in code, not resolved from settings: its values' types and the section's checks
             for f in dataclasses.fields(self):
                 coerce(getattr(self, f.name), hints[f.name], f.name)
