@@ -15,7 +15,7 @@ import sys
 from typing import Any, Callable
 
 from muonlab.cli_flags import add_config_flags, collect_overrides
-from muonlab.settings import finite_number, integer_at_least, token_count
+from muonlab.settings import comma_items, finite_number, integer_at_least, token_count
 from muonlab.errors import MuonlabError, UsageError
 
 
@@ -280,9 +280,7 @@ def _sweep_plan(args) -> tuple[list[str], list[int], str, dict]:
         return arms, seeds, preset, overrides
     if not args.arms:
         raise UsageError("muonlab sweep needs --arms or --experiment (or --status, to see where a sweep stands)")
-    arms = [a.strip() for a in args.arms.split(",")]
-    if not all(arms):
-        raise UsageError(f"--arms {args.arms!r} has an empty element")
+    arms = comma_items(args.arms, "--arms", empty_ok=False)
     for arm in arms:
         get_arm(arm)
     seeds = parse_seeds(args.seeds) if args.seeds is not None else default_seeds(arms)

@@ -152,10 +152,11 @@ def coerce(value: Any, tp, name: str, allow_inf: bool = False) -> Any:
     return value
 
 
-def comma_items(text: str, name: str, kind: type = str) -> list:
-    """The elements of a comma-separated list setting ("" is the empty list). An empty element (`1,,2`,
-    a trailing comma) is refused in one line, as is an element that is not of `kind` (int: >= 0)."""
-    if not text.strip():
+def comma_items(text: str, name: str, kind: type = str, empty_ok: bool = True) -> list:
+    """The elements of a comma-separated list ("" is the empty list where `empty_ok`, else an empty
+    element). An empty element (`1,,2`, a trailing comma) is refused in one line, as is an element that
+    is not of `kind` (int: >= 0)."""
+    if not text.strip() and empty_ok:
         return []
     items = [v.strip() for v in text.split(",")]
     if not all(items):

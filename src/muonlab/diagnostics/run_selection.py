@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from muonlab.errors import UsageError
+from muonlab.settings import comma_items
 
 SELECTION_OPTIONS = (
     ("--run", dict(action="append", default=[], metavar="RUN_DIR",
@@ -51,9 +52,7 @@ class Selection:
 def _csv(text: str | None, option: str, kind=str) -> list | None:
     if text is None:
         return None
-    items = [t.strip() for t in text.split(",")]
-    if not all(items):
-        raise UsageError(f"{option} {text!r} has an empty element")
+    items = comma_items(text, option, empty_ok=False)
     try:
         return [kind(t) for t in items]
     except ValueError:

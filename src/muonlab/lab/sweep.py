@@ -12,8 +12,8 @@ again: it is skipped as queued or running.
 from __future__ import annotations
 
 import json
-import shutil
 import os
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +24,7 @@ from muonlab.config import RunConfig
 from muonlab.errors import UsageError
 from muonlab.record.ledger import check_writable, read_records_tolerant
 from muonlab.record.rundir import check_runs_folder, ledger_path, new_run_id, runs_dir
+from muonlab.settings import comma_items
 
 
 @dataclass
@@ -55,9 +56,7 @@ class SweepOutcome:
 
 
 def parse_seeds(text: str) -> list[int]:
-    items = [s.strip() for s in text.split(",")]
-    if not all(items):
-        raise UsageError(f"--seeds {text!r} has an empty element")
+    items = comma_items(text, "--seeds", empty_ok=False)
     try:
         seeds = [int(s) for s in items]
     except ValueError as exc:
