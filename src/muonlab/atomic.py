@@ -138,6 +138,14 @@ def folder_undone_on_failure(folder: str | os.PathLike) -> Iterator[Path]:
         raise
 
 
+def nearest_existing(path: str | os.PathLike) -> Path:
+    """`path`, or its nearest parent that exists (where a file still to come would be created)."""
+    path = Path(path)
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
 def writable_error(path: str | os.PathLike) -> OSError | None:
     """Why `path` (a file that may not exist yet) could not be written, or None: an existing file is
     opened for append (nothing written), else a scratch file is created and removed in the nearest
@@ -148,9 +156,7 @@ def writable_error(path: str | os.PathLike) -> OSError | None:
         if path.exists() and not path.is_dir():
             os.close(os.open(path, os.O_WRONLY | os.O_APPEND))
             return None
-        folder = path if path.is_dir() else path.parent
-        while not folder.exists() and folder != folder.parent:
-            folder = folder.parent
+        folder = path if path.is_dir() else nearest_existing(path.parent)
         fd, name = create_temp_beside(folder / ".muonlab-write-check")
         os.close(fd)
         os.unlink(name)

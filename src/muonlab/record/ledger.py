@@ -1,9 +1,10 @@
 """The run ledger: append-only JSON Lines, one object per finished, failed or interrupted run.
 
 A line is strict JSON: a non-finite number (a diverged run's NaN loss, a cap of inf) is written as the
-string float() reads back ("nan", "inf") and named under `non_finite`. An append takes an exclusive file lock, writes the whole line (in as many writes as it takes:
-see atomic.WRITE_CHUNK) and fsyncs, so concurrent writers never interleave or tear lines, and
-a failed write (a full disk) is cut back under the lock, leaving no partial record.
+string float() reads back ("nan", "inf") and named under `non_finite`. An append takes an exclusive
+file lock, writes the whole line (in as many writes as it takes: see atomic.WRITE_CHUNK) and fsyncs,
+so concurrent writers never interleave or tear lines, and a failed write (a full disk) is cut back
+under the lock, leaving no partial record.
 
 Statuses: `ok`; `failed`; `diverged`; `interrupted` (Ctrl-C, SIGTERM, a preemption: not ok,
 and continued by the next sweep from its checkpoint when the record says `resumable`).
@@ -20,7 +21,7 @@ from typing import Any, Iterator
 
 from filelock import FileLock
 
-from muonlab.atomic import append_whole, writable_error
+from muonlab.atomic import append_whole, nearest_existing, writable_error
 from muonlab.errors import MuonlabError
 
 STATUSES = ("ok", "failed", "diverged", "interrupted")
@@ -105,8 +106,7 @@ def read_records_tolerant(path: str | os.PathLike, validate=None) -> tuple[list[
     records, problems = [], []
     if not path.exists():
         return records, problems
-    if path.is_dir():
-        raise MuonlabError(f"the ledger {path} is a directory; give the ledger file (--ledger) or another --runs-dir")
+    _refuse_a_directory(path)
     with open(path, encoding="utf-8", errors="replace") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
@@ -128,6 +128,11 @@ def read_records_tolerant(path: str | os.PathLike, validate=None) -> tuple[list[
     return records, problems
 
 
+def _refuse_a_directory(path: Path) -> None:
+    if path.is_dir():
+        raise MuonlabError(f"the ledger {path} is a directory; give the ledger file (--ledger) or another --runs-dir")
+
+
 PENDING = "ledger_line.json"  # in a run directory: the line its ledger did not take (muonlab ledger recover)
 
 
@@ -136,19 +141,15 @@ def check_writable(path: str | os.PathLike) -> None:
     trains, so a finished run is not lost to a read-only or misplaced ledger. The file and its lock
     file (in the same folder) are both tried."""
     path = Path(path)
-    if path.is_dir():
-        raise MuonlabError(f"the ledger {path} is a directory; give the ledger file (--ledger) or another --runs-dir")
+    _refuse_a_directory(path)
     error = writable_error(path)
     if error is not None and path.exists():
         raise MuonlabError(f"the ledger {path} is not writable: nothing was run ({error.strerror}; make it writable, "
                            f"or give another --runs-dir)")
     error = error or writable_error(path.with_name(path.name + ".lock"))
-    if error is not None:
-        folder = path.parent  # the nearest folder that exists: where a ledger still to come would go
-        while not folder.exists() and folder != folder.parent:
-            folder = folder.parent
-        raise MuonlabError(f"cannot write the ledger's folder {folder}: nothing was run ({error.strerror}; give "
-                           f"another --runs-dir)")
+    if error is not None:  # named as the nearest folder that exists: where a ledger still to come would go
+        raise MuonlabError(f"cannot write the ledger's folder {nearest_existing(path.parent)}: nothing was run "
+                           f"({error.strerror}; give another --runs-dir)")
 
 
 def recover(runs_dir: str | os.PathLike, ledger: str | os.PathLike | None = None) -> list[str]:

@@ -65,7 +65,7 @@ def check_new_run(cfg: RunConfigLike) -> None:
         raise UsageError(f"--run-name must be a plain directory name (no '/' or '\\', not starting with '.'), "
                          f"got {name!r}")
     folder = check_runs_folder(cfg)
-    named = folder / cfg.record.run_name if cfg.record.run_name else None
+    named = folder / name if name else None
     if named is not None and named.exists() and (not named.is_dir() or any(named.iterdir())):
         raise UsageError(f"run directory {named} already exists: give another --run-name, or continue that run "
                          f"with --resume {named}")
