@@ -26,6 +26,7 @@ from typing import Callable
 
 import torch
 
+from muonlab.atomic import write_json
 from muonlab.config import RunConfig, is_legacy, load_config_file, preset_of, read_config_values
 from muonlab.data.prepare import PreparedData
 from muonlab.device import (Runtime, detect_device, mfu_percent, peak_flops, peak_memory_mb, resolve_precision,
@@ -36,7 +37,6 @@ from muonlab.eval.text import evaluate_text_splits
 from muonlab.families import get_family
 from muonlab.optional import require
 from muonlab.plugins import load_plugins
-from muonlab.atomic import write_json
 from muonlab.record import ledger, provenance
 from muonlab.record.optimizer_groups import optimizer_groups
 from muonlab.record.rundir import (RunDir, check_new_run, ledger_path, metrics_writer, new_run_id, periodic_evals,
@@ -250,17 +250,7 @@ def _run(cfg, log, data, resume, ctx: Dist, device, t_start) -> RunResult:
                       error=str(exc))
         raise
     except BaseException as exc:
-        # Ctrl-C, SIGTERM (a preemption), or submitit's exit before it requeues a task
-        interrupted = isinstance(exc, (KeyboardInterrupt, SystemExit))
-        status = "interrupted" if interrupted else "failed"
-        message = (str(exc) or "interrupted") if interrupted else (str(exc) or exc.__class__.__name__)
-        # the checkpoint the loop wrote on the way out, else (a second signal) the newest complete one
-        ckpt = getattr(exc, "checkpoint", None) or (newest_complete_checkpoint(run.path) if interrupted else None)
-        ckpt = None if ckpt is None else str(ckpt)
-        summary = {"status": status, "run_id": run_id, "error": message, "checkpoint": ckpt, "phase": record["phase"]}
-        record.update(status=status, metrics={}, error=message, resumable=ckpt is not None, checkpoint=ckpt,
-                      error_kind="oom" if isinstance(exc, OutOfMemory) else exc.__class__.__name__,
-                      traceback=None if interrupted else traceback.format_exc(limit=8))
+        summary = _stopped(record, exc, run)
         raise
     finally:
         if ctx.is_main:  # one run, one record, whatever the number of processes
@@ -286,6 +276,22 @@ def _run_record(cfg: RunConfig, run: RunDir, ctx: Dist, runtime: Runtime, data: 
                 phase="data" if data is None else "build")
 
 
+def _stopped(record: dict, exc: BaseException, run: RunDir) -> dict:
+    """Mark the ledger line with how the run stopped short (interrupted: Ctrl-C, SIGTERM, a preemption,
+    or submitit's exit before it requeues a task; failed: any other error); the run's summary."""
+    interrupted = isinstance(exc, (KeyboardInterrupt, SystemExit))
+    status = "interrupted" if interrupted else "failed"
+    message = (str(exc) or "interrupted") if interrupted else (str(exc) or exc.__class__.__name__)
+    # the checkpoint the loop wrote on the way out, else (a second signal) the newest complete one
+    ckpt = getattr(exc, "checkpoint", None) or (newest_complete_checkpoint(run.path) if interrupted else None)
+    ckpt = None if ckpt is None else str(ckpt)
+    record.update(status=status, metrics={}, error=message, resumable=ckpt is not None, checkpoint=ckpt,
+                  error_kind="oom" if isinstance(exc, OutOfMemory) else exc.__class__.__name__,
+                  traceback=None if interrupted else traceback.format_exc(limit=8))
+    return {"status": status, "run_id": record["run_id"], "error": message, "checkpoint": ckpt,
+            "phase": record["phase"]}
+
+
 def _prepare_data(cfg: RunConfig, log, ctx: Dist, runtime: Runtime, run: RunDir | None,
                   checkpoint: dict | None) -> PreparedData:
     """The family's data. A refusal or a failure here writes nothing (the data is checked before the run
@@ -297,15 +303,9 @@ def _prepare_data(cfg: RunConfig, log, ctx: Dist, runtime: Runtime, run: RunDir 
         if ctx.is_main:
             with signals_deferred():
                 run = run or RunDir.create(cfg, new_run_id(cfg))
-                ckpt = newest_complete_checkpoint(run.path)
-                ckpt = None if ckpt is None else str(ckpt)
-                message = str(exc) or "interrupted"
-                record = _run_record(cfg, run, ctx, runtime, None, checkpoint)
-                record.update(status="interrupted", metrics={}, error=message, resumable=ckpt is not None,
-                              checkpoint=ckpt, error_kind=exc.__class__.__name__, traceback=None,
-                              finished_at=time.strftime(ledger.STAMP_FORMAT))
-                summary = {"status": "interrupted", "run_id": run.path.name, "error": message, "checkpoint": ckpt,
-                           "phase": "data"}
+                record = _run_record(cfg, run, ctx, runtime, None, checkpoint)  # phase data
+                summary = _stopped(record, exc, run)
+                record["finished_at"] = time.strftime(ledger.STAMP_FORMAT)
                 _record_outcome(run, summary, record, ledger_path(cfg), log)
         raise
 
