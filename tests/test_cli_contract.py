@@ -387,6 +387,8 @@ CASES = [
      "--parallel, --retry-failed: options of `muonlab paper run`, not of paper score"),
     ("paper-tables-with-settings", ["paper", "tables", "--depth", "3", "--threshold", "5"], USAGE,
      "takes no table or settings (--depth, --threshold)"),
+    ("paper-tables-with-a-price-option", ["paper", "tables", "--gpu", "A100"], USAGE,
+     "takes no table or settings (--gpu)"),
     ("config-empty-unknown-section", lambda t: ["train", "--config", str(_file(t, "c.json", json.dumps(
         {"config": {"format": 2, "family": "autoresearch", "seed": 1, "bogus_section": {}}})))], USAGE,
      "'bogus_section' is not a setting or a section"),

@@ -222,10 +222,12 @@ def _parse_slurm_options(items: list[str]) -> dict[str, Any]:
     return options
 
 
-def _run_flags_given(args) -> list[str]:
-    """The run flags (_add_run_flags) given a value other than their default, as flags."""
-    defaults = getattr(args, "run_flag_defaults", {})
-    return [f"--{k.replace('_', '-')}" for k, v in defaults.items() if getattr(args, k, v) != v]
+RUN_FLAGS = ("executor", "parallel", "gpus_per_run", "nodes", "detach", "retry_failed", "slurm")  # _add_run_flags' dests
+
+
+def _options_given(args, dests) -> list[str]:
+    """Those of the verb's own options `dests` given a value other than the parser's default, as flags."""
+    return [f"--{d.replace('_', '-')}" for d in dests if getattr(args, d) != args.option_defaults[d]]
 
 
 def cmd_sweep(args) -> int:
@@ -333,12 +335,12 @@ def cmd_paper(args) -> int:
     from muonlab.record.rundir import ledger_path
 
     args.action = args.tables.pop(0) if args.tables and args.tables[0] in ("score", "run", "tables") else "score"
-    if args.action != "run" and _run_flags_given(args):
-        raise UsageError(f"{', '.join(_run_flags_given(args))}: options of `muonlab paper run`, not of paper {args.action}")
+    run_flags = _options_given(args, RUN_FLAGS)
+    if args.action != "run" and run_flags:
+        raise UsageError(f"{', '.join(run_flags)}: options of `muonlab paper run`, not of paper {args.action}")
     if args.action == "tables":
         given = [f"--{k.replace('_', '-')}" for k in collect_overrides(args)]
-        given += ["--threshold"] * (args.threshold != 0.0005) + ["--out"] * bool(args.out) + \
-            ["--preset"] * (args.preset is not None) + ["--dry-run"] * args.dry_run
+        given += _options_given(args, [d for d in args.option_defaults if d not in RUN_FLAGS])
         if given or args.tables:
             raise UsageError(f"muonlab paper tables lists the tables and takes no table or settings "
                              f"({', '.join(given) or ' '.join(args.tables)})")
@@ -595,8 +597,6 @@ def _add_run_flags(p, prefix: str = "") -> None:
     p.add_argument("--retry-failed", action="store_true", help=f"{prefix}run failed or diverged (arm, seed)s again")
     p.add_argument("--slurm", action="append", default=[], metavar="KEY=VALUE",
                    help=f"{prefix}submitit parameter, e.g. slurm_partition=gpu, timeout_min=60, cluster=local")
-    flags = ("executor", "parallel", "gpus_per_run", "nodes", "detach", "retry_failed", "slurm")
-    p.set_defaults(run_flag_defaults={dest: p.get_default(dest) for dest in flags})  # what _run_flags_given compares
 
 
 def build_parser(argv: list[str] | None = None, only: str | None = None) -> argparse.ArgumentParser:
@@ -777,6 +777,9 @@ def build_parser(argv: list[str] | None = None, only: str | None = None) -> argp
         p.add_argument("--gpu", default=None,
                        help="paper run --dry-run: the GPU whose dense bf16 peak the GPU-hours assume (default H100)")
         p.add_argument("--json", action="store_true", help="print the scorecard as JSON")
+        # the defaults of paper's own options, which score and tables refuse where they are given
+        p.set_defaults(option_defaults={a.dest: a.default for a in p._actions if a.option_strings and a.dest not in
+                                        ("help", "json")})
         base, _, families = config_context()
         add_config_flags(p, base, families, skip=("arm",))  # settings on top of the preset: run and score under them
         p.set_defaults(func=cmd_paper)
