@@ -16,6 +16,7 @@ from typing import Any
 from muonlab.config import RunConfig, all_presets, build_config, canonical_overrides, family_leaves
 from muonlab.errors import UsageError
 from muonlab.families import get_family
+from muonlab.families.afmuon import TABLE1_FAMILIES
 from muonlab.record.ledger import read_records_tolerant
 from muonlab.record.protocol import recorded_arm_overrides
 from muonlab.settings import coerce
@@ -371,8 +372,7 @@ _AF_ARMS = [
        f"K.6 aux lr {3e-4 * m:g} ({m}x), {opt}", _S43)
       for opt in ("hybrid", "sign", "afmuon") for m in (0.25, 0.5, 1, 2, 4, 8, 32)],
 ]
-_TABLE1_FAMILIES = ("tied", "t5", "imagegpt", "hf")
 for _name, _overrides, _what, _seeds in _AF_ARMS:
-    _families = () if "model_family" in _overrides else ("t5",) if _name.startswith("t15") else _TABLE1_FAMILIES
+    _families = () if "model_family" in _overrides else ("t5",) if _name.startswith("t15") else TABLE1_FAMILIES
     register(Arm(name=_name, description=f"seed 004 {_name}: {_what}", overrides=_overrides, paper="seed 004",
                  experiment=_name, group="seed004", seeds=_seeds, model_families=_families))

@@ -51,9 +51,10 @@ def tied_diagnostics(B: torch.Tensor, cap: float) -> dict:
 def run(run_dir: str | Path) -> dict:
     """The diagnostics of a tied run's newest checkpoint (its momentum buffer and cap)."""
     from muonlab.diagnostics.runs import load_run, require_family
+    from muonlab.families.afmuon import TABLE1_FAMILIES
     from muonlab.errors import UsageError
 
-    require_family(run_dir, ("tied", "t5", "imagegpt", "hf"), "afmuon", "an AF-Muon optimizer's tied-table state")
+    require_family(run_dir, TABLE1_FAMILIES, "afmuon", "an AF-Muon optimizer's tied-table state")
     loaded = load_run(run_dir)
     groups = [g for g in loaded.optimizer.param_groups if g.get("role") == "tied"]
     if not groups:

@@ -69,8 +69,9 @@ def run(run_dir: str | Path, micro_batches: int | None = None, device: str = "cp
     """The diagnostics of a tied run's newest checkpoint over its next optimizer step's batch."""
     from muonlab.diagnostics.replay import capture_batches
     from muonlab.diagnostics.runs import load_run, require_family
+    from muonlab.families.afmuon import TABLE1_FAMILIES
 
-    require_family(run_dir, ("tied", "t5", "imagegpt", "hf"), "tied", "a tied token table")  # before any data
+    require_family(run_dir, TABLE1_FAMILIES, "tied", "a tied token table")  # before any data
     loaded = load_run(run_dir, device=device, precision=precision)
     result = measure(loaded.model, capture_batches(loaded, micro_batches), loaded.runtime.autocast)
     kind = getattr(loaded.cfg.optim, "kind", None)

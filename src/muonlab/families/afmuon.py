@@ -26,6 +26,8 @@ AF_OPTIMIZERS = ("afmuon", "hybrid", "sign", "factorial_lmo_rms", "factorial_lmo
                  "factorial_adamw_adamw", "adamw")
 
 
+# the families seed 004's Table-1 optimizers run under, each with a tied token table (reuse: K.9's own arm)
+TABLE1_FAMILIES = ("tied", "t5", "imagegpt", "hf")
 PAPER_MATRIX_LR = 0.02  # seed 004 §3: the Muon lr of every Table-1 setting
 PAPER_BATCH_TOKENS = 2**19  # seed 004 App. J: 524,288 tokens an update (target tokens for the T5s)
 
