@@ -34,17 +34,21 @@ def _held_to_permission_bits() -> dict:
     return {"preexec_fn": drop_override}
 
 
+def _train_one_step(tmp_path, runs, *extra: str, program=("-m", "muonlab")) -> subprocess.CompletedProcess:
+    """`muonlab train --preset cpu-tiny --num-steps 1 --runs-dir RUNS` (or `program`'s), held to file modes."""
+    return subprocess.run([sys.executable, *program, "train", "--preset", "cpu-tiny", "--num-steps", "1", *extra,
+                           "--runs-dir", str(runs)], capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                          env={**os.environ, "MUONLAB_CACHE": str(tmp_path / "cache")}, **_held_to_permission_bits())
+
+
 def test_a_read_only_ledger_is_refused_before_anything_runs(tmp_path):
-    runs, cache = tmp_path / "runs", tmp_path / "cache"
+    runs = tmp_path / "runs"
     runs.mkdir()
     ledger = runs / "ledger.jsonl"
     ledger.write_text("")
     ledger.chmod(0o444)
     before = sorted(tmp_path.rglob("*"))
-    env = {**os.environ, "MUONLAB_CACHE": str(cache)}
-    proc = subprocess.run([sys.executable, "-m", "muonlab", "train", "--preset", "cpu-tiny", "--num-steps", "1",
-                           "--runs-dir", str(runs)], capture_output=True, text=True, env=env, cwd=tmp_path,
-                          timeout=300, **_held_to_permission_bits())
+    proc = _train_one_step(tmp_path, runs)
     assert proc.returncode == 1, proc.stderr
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
     assert f"the ledger {ledger} is not writable: nothing was run" in proc.stderr
@@ -58,9 +62,7 @@ def test_a_writable_ledger_in_a_read_only_folder_is_refused_for_its_lock(tmp_pat
     (runs / "ledger.jsonl").write_text("")
     runs.chmod(0o555)
     try:
-        proc = subprocess.run([sys.executable, "-m", "muonlab", "train", "--preset", "cpu-tiny", "--num-steps", "1",
-                               "--runs-dir", str(runs)], capture_output=True, text=True, cwd=tmp_path, timeout=300,
-                              env={**os.environ, "MUONLAB_CACHE": str(tmp_path / "cache")}, **_held_to_permission_bits())
+        proc = _train_one_step(tmp_path, runs)
     finally:
         runs.chmod(0o755)
     assert proc.returncode == 1, proc.stderr
@@ -73,10 +75,7 @@ def test_a_ledger_the_process_can_write_runs(tmp_path):
     runs = tmp_path / "runs"
     runs.mkdir()
     (runs / "ledger.jsonl").write_text("")
-    env = {**os.environ, "MUONLAB_CACHE": str(tmp_path / "cache")}
-    proc = subprocess.run([sys.executable, "-m", "muonlab", "train", "--preset", "cpu-tiny", "--num-steps", "1",
-                           "--quiet", "--runs-dir", str(runs)], capture_output=True, text=True, env=env, cwd=tmp_path,
-                          timeout=300, **_held_to_permission_bits())
+    proc = _train_one_step(tmp_path, runs, "--quiet")
     assert proc.returncode == 0, proc.stderr
     assert len((runs / "ledger.jsonl").read_text().splitlines()) == 1
 
@@ -97,10 +96,7 @@ def test_a_ledger_that_turns_read_only_keeps_the_finished_run_for_recover(tmp_pa
     runs.mkdir()
     ledger = runs / "ledger.jsonl"
     ledger.write_text("")
-    env = {**os.environ, "MUONLAB_CACHE": str(tmp_path / "cache")}
-    proc = subprocess.run([sys.executable, "-c", _LEDGER_TURNS_READ_ONLY, str(ledger), "train", "--preset", "cpu-tiny",
-                           "--num-steps", "1", "--quiet", "--runs-dir", str(runs)], capture_output=True, text=True,
-                          env=env, cwd=tmp_path, timeout=300, **_held_to_permission_bits())
+    proc = _train_one_step(tmp_path, runs, "--quiet", program=("-c", _LEDGER_TURNS_READ_ONLY, str(ledger)))
     assert proc.returncode == 1, proc.stderr
     assert proc.stderr.count("\n") == 1 and "Permission denied" in proc.stderr and "muonlab ledger recover" in proc.stderr
     (run_dir,) = [p for p in runs.iterdir() if p.is_dir()]
@@ -108,7 +104,7 @@ def test_a_ledger_that_turns_read_only_keeps_the_finished_run_for_recover(tmp_pa
     assert ledger.read_text() == ""
     ledger.chmod(0o644)
     recovered = subprocess.run([sys.executable, "-m", "muonlab", "ledger", "recover", str(runs)], capture_output=True,
-                               text=True, env=env, timeout=120)
+                               text=True, env={**os.environ, "MUONLAB_CACHE": str(tmp_path / "cache")}, timeout=120)
     assert recovered.returncode == 0, recovered.stderr
     (line,) = ledger.read_text().splitlines()
     assert '"status":"ok"' in line and run_dir.name in line
