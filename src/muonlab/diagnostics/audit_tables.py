@@ -12,7 +12,8 @@ from typing import Any
 
 from muonlab.diagnostics import Command, printed
 from muonlab.diagnostics.audit002 import excess_change, format_audit_table, run_audit
-from muonlab.diagnostics.run_selection import SELECTION_OPTIONS, Selection, select_runs, single_run
+from muonlab.diagnostics.run_selection import (SELECTION_OPTIONS, Selection, format_one_or_selection,
+                                               one_run_or_selection)
 
 
 def _mean(values: list[float]) -> float | None:
@@ -126,16 +127,9 @@ def format_audit_runs(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _run(args) -> dict[str, Any]:
-    run = single_run(args)
-    if run is not None:
-        return run_audit(run)  # one run: its whole reading
-    return audit_runs(select_runs(args))
-
-
 COMMAND = Command(
     'audit', "seed 002 checkpoint audits (stable rank, mean-row energy, q_tau profile, terminal scalars) of one "
              "run, or of several as Tables 4, 5a (with its percent excess) and 8b beside the printed values",
     options=SELECTION_OPTIONS,
-    run=_run,
-    format=lambda result: format_audit_runs(result) if "protocols" in result else format_audit_table(result))
+    run=one_run_or_selection(run_audit, audit_runs),
+    format=format_one_or_selection(format_audit_table, format_audit_runs))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable
 
 from muonlab.errors import UsageError
 from muonlab.settings import comma_items
@@ -124,3 +125,20 @@ def select_runs(args: argparse.Namespace) -> Selection:
     if not by_ledger:
         raise UsageError("name the runs: --run RUN_DIR (repeatable), or --arms/--seeds/--where over a ledger")
     return _from_ledger(args)
+
+
+def one_run_or_selection(one: Callable[[str], dict[str, Any]],
+                         many: Callable[[Selection], dict[str, Any]]) -> Callable[[argparse.Namespace], dict[str, Any]]:
+    """A diagnostic's `run`: one run directory named alone (`--run`) gets `one(run_dir)`, its whole
+    reading; otherwise `many(selection)` reads the runs --run or the ledger options select."""
+
+    def run(args: argparse.Namespace) -> dict[str, Any]:
+        single = single_run(args)
+        return one(single) if single is not None else many(select_runs(args))
+
+    return run
+
+
+def format_one_or_selection(one: Callable[[dict], str], many: Callable[[dict], str]) -> Callable[[dict], str]:
+    """The matching `format`: a selection's result holds its `protocols`, one run's does not."""
+    return lambda result: many(result) if "protocols" in result else one(result)

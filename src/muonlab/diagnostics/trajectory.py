@@ -13,7 +13,8 @@ import json
 from pathlib import Path
 
 from muonlab.diagnostics import Command, printed
-from muonlab.diagnostics.run_selection import SELECTION_OPTIONS, Selection, select_runs, single_run
+from muonlab.diagnostics.run_selection import (SELECTION_OPTIONS, Selection, format_one_or_selection,
+                                               one_run_or_selection)
 from muonlab.errors import UsageError
 
 
@@ -101,16 +102,9 @@ def format_runs(res: dict) -> str:
     return "\n".join(lines)
 
 
-def _run(args) -> dict:
-    run = single_run(args)
-    if run is not None:
-        return read_trajectory(run)  # one run: its whole reading
-    return trajectory_runs(select_runs(args))
-
-
 COMMAND = Command(
     'trajectory', "a run's loss and residual scalars at its trajectory steps; over several runs, seed 000 "
                   "Table 4B (means over seeds) beside the printed values",
     options=SELECTION_OPTIONS,
-    run=_run,
-    format=lambda res: format_runs(res) if "protocols" in res else format_table(res))
+    run=one_run_or_selection(read_trajectory, trajectory_runs),
+    format=format_one_or_selection(format_table, format_runs))
