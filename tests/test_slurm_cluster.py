@@ -20,7 +20,7 @@ from muonlab.record.ledger import read_records
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 
-STEPS = 30  # long enough to be caught mid-run, short enough for the suite
+STEPS = 120  # long enough to be caught mid-run under a loaded suite (30 finished first), short enough for it
 
 
 @pytest.fixture(scope="module")
