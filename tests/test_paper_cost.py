@@ -48,14 +48,15 @@ def test_runs_already_done_are_not_priced(tmp_path, capsys):
     priced = _price(capsys, tmp_path)
     assert priced["done"] == 1 and len(priced["runs"]) == 8
     assert ("t1_sign", 43) not in {(r["arm"], r["seed"]) for r in priced["runs"]}
-    assert priced["mfu"] == 0.4 and priced["gpu"] == "H100"  # the stated defaults
+    assert priced["mfu"] == 0.4 and priced["gpu"] == "H100"  # the stated defaults: no GPU run to measure from
+    assert priced["mfu_basis"].startswith("assumed: no run of preset tied-cpu on a H100")
 
 
 @pytest.mark.parametrize("argv, says", [
     (["paper", "run", "004-t1-nanogpt", "--preset", "tied-cpu", "--dry-run", "--mfu", "0"], "argument --mfu: must be a finite number in (0, 1], got 0"),
     (["paper", "run", "004-t1-nanogpt", "--preset", "tied-cpu", "--dry-run", "--gpu", "Voodoo2"], "peak is known"),
     (["paper", "run", "004-t1-nanogpt", "--preset", "tied-cpu", "--mfu", "0.3"], "give --dry-run"),
-    (["paper", "004-t1-nanogpt", "--dry-run"], "price the runs"),
+    (["paper", "004-t1-nanogpt", "--dry-run"], "options of `muonlab paper run`"),
 ])
 def test_pricing_refusals(tmp_path, capsys, argv, says):
     assert main([*argv, "--runs-dir", str(tmp_path / "runs")]) == 2

@@ -346,13 +346,14 @@ _AF_ARMS = [
        dict(_TIED, optimizer="sign" if c == 1 and s == 1.0 else "afmuon", af_cap=c, af_scale=s, num_steps=750,
             eval_every=125), f"K.7 cap c = {c}, scale s = {s}", _SEED004)
       for c in (1, 2, 3, 4, 6, 10, float("inf")) for s in (0.5, 1.0)],
-    # K.8: compared at 458.8M tokens (875 steps of 512 x 1024), seed 43
-    *[(f"k8_{src}", dict(_TIED, optimizer="afmuon", tied_grad_source=src, num_steps=875),
+    # K.8: compared at 458.8M tokens (875 steps of 512 x 1024), seed 43; K.5, K.6 and K.8 evaluate every 125 steps
+    # (the authors' launchers), so each run's curve is there to read
+    *[(f"k8_{src}", dict(_TIED, optimizer="afmuon", tied_grad_source=src, num_steps=875, eval_every=125),
        f"K.8 gradient source: {src}", _S43) for src in ("lookup", "softmax", "both")],
     # K.5: global batch b sequences of 1,024 tokens (micro-batch 16 fixed), compared at the same
     # 458.8M tokens: 875 x 512 / b steps (14,000 at b = 32 ... 875 at b = 512), seed 43
     *[(f"k5_{opt}_b{b}", dict(_TIED, optimizer=opt, sequence_len=1024, device_batch_size=16,
-                              total_batch_size=b * 1024, num_steps=_K5_TOKENS // (b * 1024)),
+                              total_batch_size=b * 1024, num_steps=_K5_TOKENS // (b * 1024), eval_every=125),
        f"K.5 batch {b} x 1024 tokens, {_K5_TOKENS // (b * 1024):,} steps, {opt}", _S43)
       for opt in ("hybrid", "sign", "afmuon") for b in (32, 64, 128, 256, 512)],
     # K.2: ByteLevel BPE vocabularies of 50k / 100k / 150k tokens (a BPE trained on the run's corpus at that
@@ -368,7 +369,8 @@ _AF_ARMS = [
        _SEED004) for opt in ("sign", "afmuon") for d in (768, 1024, 1536)],
     # K.6: the auxiliary lr at 0.25x..32x of 3e-4 (16x absent), batch 512 at 458.8M tokens (875 steps), seed 43;
     # Hybrid's covers the tied table and 1-D AdamW, the AdamW-free arms' only the vectors (the tied lr is eq. 6's)
-    *[(f"k6_{opt}_x{str(m).replace('.', 'p')}", dict(_TIED, optimizer=opt, af_vector_lr=3e-4 * m, num_steps=875),
+    *[(f"k6_{opt}_x{str(m).replace('.', 'p')}", dict(_TIED, optimizer=opt, af_vector_lr=3e-4 * m, num_steps=875,
+                                                    eval_every=125),
        f"K.6 aux lr {3e-4 * m:g} ({m}x), {opt}", _S43)
       for opt in ("hybrid", "sign", "afmuon") for m in (0.25, 0.5, 1, 2, 4, 8, 32)],
 ]

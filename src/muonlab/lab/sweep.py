@@ -17,7 +17,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Sequence
 
 from muonlab.arms import resolve_config
 from muonlab.config import RunConfig
@@ -68,14 +68,25 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
-def plan_sweep(arms: list[str], seeds: list[int], preset_name: str,
-               overrides: dict[str, Any] | None = None) -> list[SweepJob]:
+# the seeds of a sweep: the same for every arm, or each arm's own (`paper run`: the seeds the paper ran per arm)
+Seeds = Sequence[int] | Mapping[str, Sequence[int]]
+
+
+def seeds_of(seeds: Seeds, arm: str) -> Sequence[int]:
+    return seeds[arm] if isinstance(seeds, Mapping) else seeds
+
+
+def plan_sweep(arms: list[str], seeds: Seeds, preset_name: str, overrides: dict[str, Any] | None = None,
+               arm_overrides: Mapping[str, dict[str, Any]] | None = None) -> list[SweepJob]:
+    """The sweep's jobs; `arm_overrides` adds settings of each arm's own (a paper table's miniature) on top of
+    `overrides`."""
     if not arms or len(set(arms)) != len(arms):
         raise UsageError("arms must be a non-empty list without repeats")
     jobs = []
     for arm in arms:
-        for seed in seeds:
-            cfg = resolve_config(arm, preset_name, {**(overrides or {}), "seed": seed})
+        for seed in seeds_of(seeds, arm):
+            own = (arm_overrides or {}).get(arm, {})
+            cfg = resolve_config(arm, preset_name, {**(overrides or {}), **own, "seed": seed})
             jobs.append(SweepJob(arm, seed, cfg))
     # one ledger and one runs directory for the whole sweep
     if len({str(ledger_path(j.config)) for j in jobs}) != 1:
@@ -135,13 +146,14 @@ def in_queue(ledger: Path, latest: dict[tuple, dict], log: Callable[[str], None]
     return {key: queue_state(live[sub.job_id]) for key, sub in pending.items() if sub.job_id in live}
 
 
-def run_sweep(arms: list[str], seeds: list[int], preset_name: str, overrides: dict[str, Any] | None = None,
+def run_sweep(arms: list[str], seeds: Seeds, preset_name: str, overrides: dict[str, Any] | None = None,
               executor: str = "local", parallel: int | None = None, retry_failed: bool = False,
               slurm: dict[str, Any] | None = None, log: Callable[[str], None] = print,
-              gpus_per_run: int = 1, nodes: int = 1, detach: bool = False) -> list[SweepOutcome]:
+              gpus_per_run: int = 1, nodes: int = 1, detach: bool = False,
+              arm_overrides: Mapping[str, dict[str, Any]] | None = None) -> list[SweepOutcome]:
     from muonlab.lab.executors import SubmissionRefused, make_executor
 
-    jobs = plan_sweep(arms, seeds, preset_name, overrides)
+    jobs = plan_sweep(arms, seeds, preset_name, overrides, arm_overrides)
     ledger = ledger_path(jobs[0].config)
     on_gpu = any(job.config.runtime.device != "cpu" for job in jobs)  # CPU runs ask SLURM for no GPU
     runner = make_executor(executor, parallel=parallel, slurm=slurm or {}, gpus_per_run=gpus_per_run, nodes=nodes,
@@ -191,13 +203,14 @@ def run_sweep(arms: list[str], seeds: list[int], preset_name: str, overrides: di
     return sorted(skipped + ran, key=lambda o: order[o.job.key])
 
 
-def dry_run(arms: list[str], seeds: list[int], preset_name: str, overrides: dict[str, Any] | None = None,
-            retry_failed: bool = False, log: Callable[[str], None] = print) -> list[dict[str, Any]]:
+def dry_run(arms: list[str], seeds: Seeds, preset_name: str, overrides: dict[str, Any] | None = None,
+            retry_failed: bool = False, log: Callable[[str], None] = print,
+            arm_overrides: Mapping[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """What `run_sweep` would do, run by run, without running, submitting or writing anything:
     each (arm, seed) with its config hash, protocol id, the arm's overrides and the action."""
     from muonlab.arms import get_arm
 
-    jobs = plan_sweep(arms, seeds, preset_name, overrides)
+    jobs = plan_sweep(arms, seeds, preset_name, overrides, arm_overrides)
     ledger = ledger_path(jobs[0].config)
     latest = latest_records(ledger, log)
     to_run, skipped = select(jobs, latest, retry_failed, in_queue(ledger, latest, log))

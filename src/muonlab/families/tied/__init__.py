@@ -80,6 +80,9 @@ PRESETS = {
                      "train.sequence_len": 1024, "train.device_batch_size": 16, "train.total_batch_size": 2**19,
                      "train.num_steps": 5100, "schedule.warmup_ratio": 0.0, "schedule.warmdown_ratio": 0.0,
                      "train.grad_clip": 1.0, "train.loss_logged": "mean", "record.checkpoint_every": 250, "train.eval_tokens": 5 * 2**20,
+                     # validation every 250 steps (the authors' launcher): Table 1 compares at step 5,000, the last
+                     # evaluation within its 2.62B-token budget
+                     "train.eval_every": 250,
                      "data.source": "climbmix", "data.vocab_size": 50304},
     # a seconds-long tied-GPT configuration (seed 004's arms on CPU; on the CPU on a GPU machine too); the Muon
     # lr scaled to its 512-token batch (cpu_matrix_lr: 0.02 / 32), so each Table-1 arm's val loss falls

@@ -5,9 +5,14 @@ FLOPs of a run = the model's training FLOPs per token (its `estimate_flops()`, u
 attention, the number the runs' MFU is computed from) times the tokens it trains (steps x batch), plus
 its evaluations at a third of that per token (a forward pass) times the evaluated tokens (each periodic
 evaluation of val, and the final val and holdout). GPU-hours = FLOPs / (peak x MFU) / 3600, peak being the
-GPU's dense bf16 FLOP/s (`muonlab.device`'s table). A run with a time budget instead of a step count
-costs its budget: FLOPs = peak x MFU x budget. Data preparation, compilation and checkpoints are not
-counted. The models are built on the meta device: nothing is allocated.
+GPU's dense bf16 FLOP/s (`muonlab.device`'s table). A run that checkpoints its blocks (seed 003's gates)
+computes each block's forward twice: its training FLOPs are 8N instead of 6N a token, 4/3 of the count.
+A run with a time budget instead of a step count costs its budget: FLOPs = peak x MFU x budget. Data
+preparation, compilation and checkpoints are not counted. The models are built on the meta device:
+nothing is allocated.
+
+The MFU is the last one measured in the ledger for the preset on that GPU where there is one (a run's
+`mfu_percent`, its device named in its provenance), else 40%, and the output says which.
 """
 
 from __future__ import annotations
@@ -55,6 +60,30 @@ def gpu_peak(gpu: str) -> float:
     return peak
 
 
+ASSUMED_MFU = 0.4
+
+
+def measured_mfu(records: list[dict], preset: str, gpu: str) -> tuple[float, str]:
+    """(MFU, where it comes from): the latest ok run's of `preset` on a GPU of `gpu`'s peak, else ASSUMED_MFU."""
+    from muonlab.config import preset_of  # noqa: PLC0415
+    from muonlab.device import peak_flops_of  # noqa: PLC0415
+
+    peak = gpu_peak(gpu)
+    for rec in reversed(records):
+        mfu = (rec.get("metrics") or {}).get("mfu_percent")
+        name = (rec.get("provenance") or {}).get("device_name") or ""
+        if (rec.get("status") == "ok" and isinstance(mfu, (int, float)) and mfu > 0 and isinstance(rec.get("config"), dict)
+                and peak_flops_of(name) == peak and preset_of(rec["config"]) == preset):
+            return mfu / 100, f"measured: run {rec.get('run_id')} on {name}"
+    return ASSUMED_MFU, f"assumed: no run of preset {preset} on a {gpu} in the ledger"
+
+
+def recompute_factor(cfg) -> float:
+    """4/3 where every block's forward runs again in the backward (activation checkpointing), else 1."""
+    memory = getattr(cfg.model, "memory", None)
+    return 4 / 3 if memory is not None and getattr(memory, "checkpoint_blocks", False) else 1.0
+
+
 def run_cost(cfg, peak: float, mfu: float) -> dict[str, Any]:
     """{flops, gpu_hours, tokens} of one run of `cfg` at `mfu` of `peak` FLOP/s."""
     t = cfg.train
@@ -66,12 +95,15 @@ def run_cost(cfg, peak: float, mfu: float) -> dict[str, Any]:
     tokens = t.num_steps * t.total_batch_size
     periodic = t.num_steps // t.eval_every if t.eval_every else 0
     evaluated = t.eval_tokens * (periodic + 2)  # each periodic val evaluation, then the final val and holdout
-    flops = per_token * tokens + per_token / 3 * evaluated
+    recompute = recompute_factor(cfg)
+    flops = per_token * recompute * tokens + per_token / 3 * evaluated
     return {"tokens": tokens, "flops": flops, "gpu_hours": flops / (peak * mfu) / 3600,
-            "basis": f"{per_token:.4g} FLOPs/token x {tokens:,} tokens + evaluation"}
+            "basis": f"{per_token:.4g} FLOPs/token x {tokens:,} tokens" + (" x 4/3 (recompute)" if recompute != 1 else "")
+                     + " + evaluation"}
 
 
-def price(plan: list[dict[str, Any]], configs: dict[tuple, Any], gpu: str, mfu: float) -> dict[str, Any]:
+def price(plan: list[dict[str, Any]], configs: dict[tuple, Any], gpu: str, mfu: float,
+          mfu_basis: str = "given") -> dict[str, Any]:
     """The plan's runs to do, each with its cost, and the totals."""
     if not 0 < mfu <= 1:
         raise UsageError(f"--mfu must be in (0, 1], got {mfu}")
@@ -87,7 +119,7 @@ def price(plan: list[dict[str, Any]], configs: dict[tuple, Any], gpu: str, mfu: 
         if key not in cache:
             cache[key] = run_cost(cfg, peak, mfu)
         rows.append({**p, **cache[key]})
-    return {"gpu": gpu, "peak_flops": peak, "mfu": mfu, "runs": rows,
+    return {"gpu": gpu, "peak_flops": peak, "mfu": mfu, "mfu_basis": mfu_basis, "runs": rows,
             "total_flops": sum(r["flops"] for r in rows), "total_gpu_hours": sum(r["gpu_hours"] for r in rows)}
 
 
@@ -98,7 +130,8 @@ def format_price(priced: dict[str, Any], done: int) -> str:
         lines.append(f"{r['arm']:<24} {r['seed']:>5}  {tokens:>15}  {r['flops']:>10.3e}  {r['gpu_hours']:>9.2f}  "
                      f"{r['action']}")
     lines.append(f"\n{len(priced['runs'])} run(s) to do ({done} already done): {priced['total_flops']:.3e} FLOPs, "
-                 f"{priced['total_gpu_hours']:.1f} GPU-hours at {100 * priced['mfu']:.0f}% MFU of a {priced['gpu']} "
+                 f"{priced['total_gpu_hours']:.1f} GPU-hours at {100 * priced['mfu']:.1f}% MFU "
+                 f"({priced.get('mfu_basis', 'given')}) of a {priced['gpu']} "
                  f"({priced['peak_flops'] / 1e12:.1f} TFLOP/s dense bf16); data preparation and compilation not "
                  f"counted (dry run: nothing was run)")
     return "\n".join(lines)

@@ -2,10 +2,11 @@
 
 Per arm: the paper's mean ± sample SD over its seeds (or its printed mean), the measured mean ± SD over
 the ledger's latest `ok` run of each of those seeds under the protocol, the difference and the difference
-in units of the paper's seed SD, and the seeds with no run yet. Per printed contrast: the paper's gain and
-p as printed, the same paired contrast recomputed from the paper's per-seed numbers (mean Δ = arm -
-baseline, p, decision by the report's rule), and the measured one. The protocol is the table's paper preset
-unless `preset` names another (a CPU preset: the output then says that the protocol differs).
+in units of the paper's seed SD (under the paper's own protocol only), and the seeds with no run yet. Per printed
+contrast: what the paper prints (gain, p, 95% t-interval, k/n, its conclusion), the same paired contrast from the
+paper's per-seed numbers and from the measured runs (mean Δ = arm - baseline ± SD, CI, p, k/n), each decided by
+the paper's rule (`rules.py`) or the reader's. The runs read are the table's plan (`runs.py`): the paper's run
+set under its protocol, another preset, or the miniature, each arm at its comparison point.
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ from functools import lru_cache
 from typing import Any, Iterable
 
 from muonlab.errors import UsageError
-from muonlab.lab.paper.tables import PaperTable
+from muonlab.lab.paper.rules import decision_rule, describe
+from muonlab.lab.paper.runs import TablePlan
 from muonlab.lab.report.loading import Point, evaluation_at, metric_value
 from muonlab.lab.report.protocol import recorded_settings
-from muonlab.lab.stats import (SINGLE_SEED_RULE, DecisionRule, paired_contrast, paired_deltas, retention_ratio,
+from muonlab.lab.stats import (DecisionRule, contrast_from_deltas, paired_deltas, retention_ratio,
                                single_seed_decision, summarize_arm)
 from muonlab.lab.sweep_status import unfinished_text
 
@@ -95,60 +97,78 @@ def _stats(values: dict[int, float]) -> dict[str, Any]:
     return {"n": s.n, "mean": s.mean, "sd": s.sd, "seeds": list(s.seeds)}
 
 
-def score_table(table: PaperTable, records: list[dict], preset: str | None = None,
-                rule: DecisionRule | None = None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    rule = rule or DecisionRule()
-    preset = preset or table.preset
-    given = overrides or {}
-    overrides = {**table.settings, **given}  # the table's protocol settings, the command line's on top
-    # the paper's comparison point holds for its own protocol; another preset's runs are read at their end
-    point = Point(tokens=table.at_tokens) if table.at_tokens and preset == table.preset else None
+def score_table(plan: TablePlan, records: list[dict], rule: str | None = None,
+                threshold: float = 0.0005) -> dict[str, Any]:
+    """One table beside the ledger's runs of its plan (the arms, seeds, settings and comparison points that
+    `paper run` makes), judged by the paper's rule or `rule`."""
+    table, preset = plan.table, plan.preset
+    rule_name = rule or table.rule
+    decide = decision_rule(rule_name, threshold)
     rows, measured_values, missing = [], {}, []
-    for paper_arm in table.arms:
-        protocol = expected_protocol(paper_arm.arm, preset, overrides)
-        seeds = paper_arm.run_seeds
-        expected = expected_settings(paper_arm.arm, preset, overrides)
-        found, left_out = _measured(records, paper_arm.arm, protocol, table.metric, point, expected)
-        found = {s: v for s, v in found.items() if s in seeds}
-        measured_values[paper_arm.arm] = found
-        missing += [(paper_arm.arm, s) for s in seeds if s not in found] if protocol else []
+    for runs in plan.arms:
+        protocol = expected_protocol(runs.arm, preset, runs.overrides)
+        expected = expected_settings(runs.arm, preset, runs.overrides)
+        point = Point(tokens=runs.at_tokens) if runs.at_tokens else None
+        found, left_out = _measured(records, runs.arm, protocol, table.metric, point, expected)
+        found = {s: v for s, v in found.items() if s in runs.seeds}
+        measured_values[runs.arm] = found
+        missing += [(runs.arm, s) for s in runs.seeds if s not in found] if protocol else []
+        paper_arm = table.arm(runs.arm)
         paper = _stats(paper_arm.values) if paper_arm.values else {"n": paper_arm.n, "mean": paper_arm.mean,
-                                                                    "sd": None, "seeds": list(seeds)}
+                                                                    "sd": None, "seeds": list(paper_arm.run_seeds)}
         measured = _stats(found)
         diff = None if measured["mean"] is None else measured["mean"] - paper["mean"]
-        rows.append({"arm": paper_arm.arm, "paper": paper, "measured": measured, "difference": diff,
-                     "difference_in_paper_sd": diff / paper["sd"] if diff is not None and paper["sd"] else None,
+        in_sd = diff / paper["sd"] if diff is not None and paper["sd"] and not plan.differs else None
+        rows.append({"arm": runs.arm, "paper": paper, "measured": measured, "difference": diff,
+                     "difference_in_paper_sd": in_sd, "compared_at_tokens": runs.at_tokens,
                      "runs_of_other_protocols": sum(r["protocol"] != protocol for r in left_out),
                      "left_out": left_out, "runs_under_preset": protocol is not None})
     contrasts = []
     for c in table.contrasts:
         arm, base = table.arm(c.arm), table.arm(c.baseline)
         name = f"{c.arm} - {c.baseline}"
-        if table.rule == "single_seed":  # seed 003: one seed's Δ against θ alone
-            paper = _single(single_seed_decision(arm.values, base.values, name=name, rule=rule))
-            measured = _single(single_seed_decision(measured_values[c.arm], measured_values[c.baseline], name=name,
-                                                    rule=rule))
-        elif table.rule == "descriptive":  # the paper prints the difference only: no test, no decision
-            paper = _descriptive(arm.values, base.values)
-            measured = _descriptive(measured_values[c.arm], measured_values[c.baseline])
-        else:
-            paper = _contrast(paired_contrast(arm.values, base.values, name, rule))
-            measured = _contrast(paired_contrast(measured_values[c.arm], measured_values[c.baseline], name, rule))
-        contrasts.append({"arm": c.arm, "baseline": c.baseline, "printed_gain": c.gain, "printed_p": c.p,
-                          "paper": paper, "measured": measured})
+        printed = {"gain": c.gain, "p_value": c.p, "ci95": list(c.ci) if c.ci else None,
+                   "seeds_improved": list(c.k) if c.k else None, "decision": c.decision, "source": c.source}
+        contrasts.append({"arm": c.arm, "baseline": c.baseline, "printed": printed,
+                          "paper": _judge(arm.values, base.values, name, rule_name, decide, threshold),
+                          "measured": _judge(measured_values[c.arm], measured_values[c.baseline], name, rule_name,
+                                             decide, threshold)})
     derived = [_derived(d, {a.arm: a.values for a in table.arms}, measured_values) for d in table.derived]
-    # the runs' protocol is the paper's only if the preset and settings resolve to the paper preset's
-    differs = any(expected_protocol(a.arm, preset, overrides) != expected_protocol(a.arm, table.preset, table.settings)
-                  for a in table.arms)
-    settings = "".join(f" --{k.replace('_', '-')} {v}" for k, v in sorted(given.items()))
+    settings = "".join(f" --{k.replace('_', '-')} {v}" for k, v in sorted(plan.given.items()))
+    note = None
+    if plan.miniature:
+        note = (f"miniature: {plan.describe()}; the runs keep the protocol's structure, not its scale: they compare "
+                "in kind, not in value")
+    elif plan.differs:
+        note = (f"protocol differs: these runs are preset {preset}{settings}, the paper's is {table.preset}; they "
+                "compare in kind, not in value")
     return {"id": table.id, "paper": table.paper, "source": table.source, "metric": table.metric,
-            "paper_preset": table.preset, "table_settings": table.settings, "preset": preset, "settings": given,
-            "protocol_differs": differs,
-            "note": (f"protocol differs: these runs are preset {preset}{settings}, the paper's is {table.preset}; they "
-                     "compare in kind, not in value") if differs else None,
-            "compared_at": _compared_at(table, point), "decision_rule": _rule_text(table, rule),
-            "rows": rows, "contrasts": contrasts, "derived": derived,
+            "paper_preset": table.preset, "table_settings": table.settings, "preset": preset, "settings": plan.given,
+            "miniature": plan.miniature, "scale": plan.scale, "protocol_differs": plan.differs, "note": note,
+            "compared_at": _compared_at(plan), "rule": rule_name, "paper_rule": table.rule,
+            "decision_rule": describe(rule_name, threshold, table.rule_source if rule_name == table.rule else None),
+            "choices": list(table.choices), "rows": rows, "contrasts": contrasts, "derived": derived,
             "missing": [{"arm": a, "seed": s} for a, s in missing]}
+
+
+def _judge(arm: dict[int, float], baseline: dict[int, float], name: str, rule_name: str,
+           decide: DecisionRule | None, threshold: float) -> dict[str, Any]:
+    """A paired contrast as the paper prints it: n, mean Δ ± SD, 95% t-CI, p, k/n (from two seeds on), and the
+    decision of the rule (descriptive: none; seed 003's single-seed rule: one seed's Δ against θ)."""
+    if rule_name == "single_seed":
+        d = single_seed_decision(arm, baseline, name=name, rule=DecisionRule(threshold=threshold))
+        return {"n": 0 if d.delta is None else 1, "mean_delta": d.delta, "sd_delta": None, "ci95": None,
+                "p_value": None, "seeds_improved": None if d.delta is None else int(d.delta < 0),
+                "decision": d.decision}
+    deltas = paired_deltas(arm, baseline)
+    c = contrast_from_deltas(deltas, name, decide or DecisionRule(kind="ci"))
+    if not c.estimable:  # one seed: its difference, no spread
+        mean = _mean(list(deltas.values()))
+        return {"n": c.n, "mean_delta": mean, "sd_delta": None, "ci95": None, "p_value": None,
+                "seeds_improved": None if mean is None else int(mean < 0),
+                "decision": "descriptive" if decide is None else c.decision}
+    return {"n": c.n, "mean_delta": c.mean_delta, "sd_delta": c.sd_delta, "ci95": list(c.ci95), "p_value": c.p_value,
+            "seeds_improved": c.seeds_improved, "decision": "descriptive" if decide is None else c.decision}
 
 
 def _mean(values: list[float]) -> float | None:
@@ -156,67 +176,47 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _derived_value(row, values: dict[str, dict[int, float]]) -> tuple[float | None, int]:
-    """(the derived number, seeds it rests on) from per-seed values."""
+def _derived_value(row, values: dict[str, dict[int, float]]) -> tuple[float | None, float | None, int]:
+    """(the derived number, its SD over seeds for a difference of differences, seeds it rests on)."""
     (a, b), (c, d) = row.first, row.second
     first, second = paired_deltas(values.get(a, {}), values.get(b, {})), paired_deltas(values.get(c, {}), values.get(d, {}))
     if row.kind == "dod":  # per seed (A - B) - (C - D), over the seeds all four arms have
         common = sorted(set(first) & set(second))
-        return _mean([first[s] - second[s] for s in common]), len(common)
-    return retention_ratio(_mean(list(first.values())), _mean(list(second.values()))), min(len(first), len(second))
+        per_seed = [first[s] - second[s] for s in common]
+        return _mean(per_seed), statistics.stdev(per_seed) if len(per_seed) > 1 else None, len(common)
+    ratio = retention_ratio(_mean(list(first.values())), _mean(list(second.values())))
+    return ratio, None, min(len(first), len(second))
 
 
 def _derived(row, paper_values: dict[str, dict[int, float]], measured: dict[str, dict[int, float]]) -> dict[str, Any]:
     """A derived row: as printed, recomputed from the paper's per-seed values, and from the ledger's runs."""
-    from_paper, _ = _derived_value(row, paper_values)
-    value, n = _derived_value(row, measured)
+    from_paper, paper_sd, _ = _derived_value(row, paper_values)
+    value, sd, n = _derived_value(row, measured)
     (a, b), (c, d) = row.first, row.second
     formula = f"({a} − {b}) − ({c} − {d})" if row.kind == "dod" else f"mean({a} − {b}) / mean({c} − {d})"
     return {"kind": row.kind, "name": row.name, "formula": formula, "source": row.source, "printed": row.printed,
-            "from_paper_seeds": from_paper, "measured": value, "n": n,
+            "from_paper_seeds": from_paper, "paper_sd": paper_sd, "measured": value, "measured_sd": sd, "n": n,
             "difference": None if value is None else value - row.printed}
 
 
-def _compared_at(table: PaperTable, point: Point | None) -> str:
-    if point is not None:
-        return (f"compared at {point.describe()}, each run's last periodic evaluation at or before it "
-                f"({table.at_source})")
+def _compared_at(plan: TablePlan) -> str:
+    table = plan.table
+    points = sorted({a.at_tokens for a in plan.arms if a.at_tokens})
+    if points:
+        where = ", ".join(f"{p:,}" for p in points)
+        paper = "" if not plan.miniature else f"; the paper's {table.at_tokens:,} tokens, steps / {plan.scale}"
+        return (f"compared at {where} tokens, each run's last evaluation at or before it ({table.at_source}{paper})")
     if table.at_tokens:
         return (f"final values: the paper compares at {table.at_tokens:,} tokens ({table.at_source}), a point of "
                 f"its own protocol, preset {table.preset}")
     return "final values, as the paper compares"
 
 
-def _single(d) -> dict[str, Any]:
-    """A single-seed decision in the shape of a contrast row (no spread, no p)."""
-    return {"n": 0 if d.delta is None else 1, "mean_delta": d.delta, "sd_delta": None, "p_value": None,
-            "decision": d.decision}
-
-
-def _rule_text(table: PaperTable, rule: DecisionRule) -> str:
-    if table.rule == "single_seed":
-        return f"{SINGLE_SEED_RULE}, θ = {rule.threshold:g} ({table.rule_source})"
-    if table.rule == "descriptive":
-        return f"descriptive: each Δ as the paper prints it, no test ({table.rule_source})"
-    return f"paired t over seeds: {rule.describe()}" + (f" ({table.rule_source})" if table.rule_source else "")
-
-
-def _descriptive(arm: dict[int, float], baseline: dict[int, float]) -> dict[str, Any]:
-    """The mean paired difference (one seed's difference where there is one seed), without a test."""
-    deltas = list(paired_deltas(arm, baseline).values())
-    sd = statistics.stdev(deltas) if len(deltas) > 1 else None
-    return {"n": len(deltas), "mean_delta": _mean(deltas), "sd_delta": sd, "p_value": None, "decision": "descriptive"}
-
-
-def _contrast(c) -> dict[str, Any]:
-    return {"n": c.n, "mean_delta": c.mean_delta, "sd_delta": c.sd_delta, "p_value": c.p_value,
-            "decision": c.decision}
-
-
-def scorecard(tables: list[PaperTable], records: list[dict], preset: str | None = None,
-              threshold: float = 0.0005, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    rule = DecisionRule(threshold=threshold)
-    return {"rule": rule.describe(), "tables": [score_table(t, records, preset, rule, overrides) for t in tables]}
+def scorecard(plans: list[TablePlan], records: list[dict], rule: str | None = None,
+              threshold: float = 0.0005) -> dict[str, Any]:
+    head = f"each table's paper rule{'' if rule is None else ' overridden: ' + describe(rule, threshold)}"
+    return {"rule": rule, "rule_text": head, "threshold": threshold,
+            "tables": [score_table(p, records, rule, threshold) for p in plans]}
 
 
 def _num(v: float | None, digits: int = 6) -> str:
@@ -230,9 +230,36 @@ def _pm(stats: dict) -> str:
     return f"{_num(stats['mean'])} ± {_num(stats['sd'])} (n {stats['n']})"
 
 
+def _stat_cell(c: dict) -> str:
+    """Δ ± SD [CI], p, k/n, decision: what the papers print for a paired contrast."""
+    if c["mean_delta"] is None:
+        return f"no pairs, {c['decision']}"
+    parts = [_num(c["mean_delta"]) + (f" ± {_num(c['sd_delta'])}" if c["sd_delta"] is not None else "")]
+    if c["ci95"]:
+        parts.append(f"[{_num(c['ci95'][0])}, {_num(c['ci95'][1])}]")
+    if c["p_value"] is not None:
+        parts.append(f"p {_num(c['p_value'], 4)}")
+    if c["seeds_improved"] is not None:
+        parts.append(f"{c['seeds_improved']}/{c['n']}")
+    return " ".join(parts) + f", {c['decision']}"
+
+
+def _printed_cell(p: dict) -> str:
+    parts = [f"gain {_num(p['gain'])}" if p["gain"] is not None else "–"]
+    if p["ci95"]:
+        parts.append(f"[{_num(p['ci95'][0])}, {_num(p['ci95'][1])}]")
+    if p["p_value"] is not None:
+        parts.append(f"p {_num(p['p_value'], 4)}")
+    if p["seeds_improved"]:
+        parts.append(f"{p['seeds_improved'][0]}/{p['seeds_improved'][1]}")
+    if p["decision"]:
+        parts.append(p["decision"].replace("_", " "))
+    return " ".join(parts)
+
+
 def format_scorecard(card: dict[str, Any]) -> str:
     """Markdown: one section per table."""
-    lines = [f"# Scorecard against the seed papers (decision rule: {card['rule']})"]
+    lines = [f"# Scorecard against the seed papers (decision rule: {card.get('rule_text', 'each table paper rule')})"]
     for t in card["tables"]:
         lines += ["", f"## {t['id']}: {t['paper']}, {t['source']} ({t['metric']}, preset {t['preset']})"]
         if t["note"]:
@@ -244,23 +271,23 @@ def format_scorecard(card: dict[str, Any]) -> str:
             lines.append(f"| {r['arm']} | {_pm(r['paper'])} | {measured} | {_num(r['difference'])} | "
                          f"{_num(r['difference_in_paper_sd'], 2)} |")
         if t["contrasts"]:
-            lines += ["", "| contrast | printed gain, p | paper Δ, p, decision | measured Δ, p, decision |",
-                      "| --- | --- | --- | --- |"]
+            lines += ["", "| contrast (Δ = arm − baseline) | printed | from the paper's seeds: Δ ± SD [95% CI], p, "
+                          "k/n, decision | measured |", "| --- | --- | --- | --- |"]
             for c in t["contrasts"]:
-                p, m = c["paper"], c["measured"]
-                printed = f"{_num(c['printed_gain'])}, {_num(c['printed_p'], 4) if c['printed_p'] else '–'}"
-                lines.append(f"| {c['arm']} − {c['baseline']} | {printed} | {_num(p['mean_delta'])}, "
-                             f"{_num(p['p_value'], 4)}, {p['decision']} | {_num(m['mean_delta'])}, "
-                             f"{_num(m['p_value'], 4)}, {m['decision']} (n {m['n']}) |")
+                lines.append(f"| {c['arm']} − {c['baseline']} | {_printed_cell(c['printed'])} | "
+                             f"{_stat_cell(c['paper'])} | {_stat_cell(c['measured'])} |")
         if t.get("derived"):
             lines += ["", "| derived | printed | from the paper's seeds | measured | difference |",
                       "| --- | --- | --- | --- | --- |"]
             for d in t["derived"]:
                 pct = d["kind"] == "ratio"
                 show = (lambda v: "–" if v is None else f"{100 * v:.1f}%") if pct else _num
+                sd = (lambda v: "" if v is None else f" ± {_num(v)}")
                 lines.append(f"| {d['name']}: {d['formula']} ({d['source']}) | {show(d['printed'])} | "
-                             f"{show(d['from_paper_seeds'])} | {show(d['measured'])} (n {d['n']}) | "
-                             f"{show(d['difference'])} |")
+                             f"{show(d['from_paper_seeds'])}{sd(d['paper_sd'])} | {show(d['measured'])}"
+                             f"{sd(d['measured_sd'])} (n {d['n']}) | {show(d['difference'])} |")
+        if t["choices"]:
+            lines += ["", "where the paper is silent, muonlab chose:"] + [f"- {c}" for c in t["choices"]]
         left = [(r["arm"], x) for r in t["rows"] for x in r.get("left_out", [])]
         if left:
             lines += ["", f"runs of these arms left out ({len(left)}):"]

@@ -3,7 +3,8 @@
 A table: an id, where it is printed (`source`), the ledger metric it reports, the preset that is the
 paper's protocol, where it compares when not at the end (`at_tokens`, with `at_source`), its arms (each either per-seed values {"43": v, ...} or a printed mean over n seeds,
 {"mean": v, "n": 3}, where the paper gives no per-seed numbers), the contrasts the paper printed
-(gain = baseline - arm, as the papers state gains, and the paired t-test's p where printed), and the
+(gain = baseline - arm, as the papers state gains, the paired t-test's p, the 95% t-interval, k/n and the
+paper's conclusion where printed), its decision rule (`rules.py`), and the
 numbers it derives from two contrasts (differences of differences, retention ratios, effect shares).
 """
 
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 
 from muonlab.errors import UsageError
+from muonlab.lab.paper.rules import check_rule
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,11 @@ class PrintedContrast:
     baseline: str
     gain: float | None = None  # baseline - arm, as printed
     p: float | None = None
+    ci: tuple[float, float] | None = None  # the printed 95% t-interval of Δ = arm - baseline
+    k: tuple[int, int] | None = None  # the printed "k/n" seeds improved
+    # what the paper concludes: "excludes_zero" / "spans_zero" (its interval), "not_significant" (in words)
+    decision: str | None = None
+    source: str | None = None
 
 
 @dataclass(frozen=True)
@@ -71,31 +78,33 @@ class PaperTable:
     # evaluation before its budget), in training tokens, and where the paper says so
     at_tokens: int | None = None
     at_source: str | None = None
-    # the paper's decision rule for its contrasts: the paired t-test over seeds (the report's rule), seed
-    # 003's preregistered single-seed threshold ("single_seed"), or none ("descriptive": one seed, the
-    # differences printed without a test, seed 000 Table 2), with where the paper states it
-    rule: str = "paired"
+    # the paper's decision rule for its contrasts (muonlab.lab.paper.rules), with where the paper states it
+    rule: str = "descriptive"
     rule_source: str | None = None
     derived: tuple[DerivedRow, ...] = field(default=())
     # settings on top of the preset that make the table's protocol (seed 004's long-horizon continuations:
     # the Table-1 arms trained to 12,207 or 19,042 steps); the command line's settings win over them
     settings: dict = field(default_factory=dict)
+    # what muonlab chose where the paper is silent, printed beside the table (the paper's, then the table's own)
+    choices: tuple[str, ...] = field(default=())
 
     def arm(self, name: str) -> PaperArm:
         return next(a for a in self.arms if a.arm == name)
 
 
-def _table(paper: str, raw: dict) -> PaperTable:
+def _table(paper: str, raw: dict, choices: tuple[str, ...] = ()) -> PaperTable:
     arms = []
     for name, entry in raw["arms"].items():
         if "mean" in entry:
             arms.append(PaperArm(name, {}, float(entry["mean"]), int(entry["n"])))
         else:
             arms.append(PaperArm(name, {int(s): float(v) for s, v in entry.items()}))
-    contrasts = tuple(PrintedContrast(c["arm"], c["baseline"], c.get("printed_gain"), c.get("printed_p"))
+    contrasts = tuple(PrintedContrast(c["arm"], c["baseline"], c.get("printed_gain"), c.get("printed_p"),
+                                      tuple(c["printed_ci"]) if "printed_ci" in c else None,
+                                      tuple(c["printed_k"]) if "printed_k" in c else None,
+                                      c.get("printed_decision"), c.get("printed_source"))
                       for c in raw.get("contrasts", ()))
-    if raw.get("rule", "paired") not in ("paired", "single_seed", "descriptive"):
-        raise ValueError(f"{raw['id']}: decision rule {raw['rule']!r}")
+    check_rule(raw["rule"], f"table {raw['id']}")
     derived = []
     for d in raw.get("derived", ()):
         (a, b), (c, e) = (tuple(term.split(":")) for term in d["terms"])
@@ -103,8 +112,8 @@ def _table(paper: str, raw: dict) -> PaperTable:
             raise ValueError(f"{raw['id']}: derived row kind {d['kind']!r}")
         derived.append(DerivedRow(d["kind"], d["name"], (a, b), (c, e), float(d["printed"]), d.get("source", "")))
     return PaperTable(raw["id"], paper, raw["source"], raw["metric"], raw["preset"], tuple(arms), contrasts,
-                      raw.get("at_tokens"), raw.get("at_source"), raw.get("rule", "paired"), raw.get("rule_source"),
-                      tuple(derived), dict(raw.get("settings", {})))
+                      raw.get("at_tokens"), raw.get("at_source"), raw["rule"], raw.get("rule_source"),
+                      tuple(derived), dict(raw.get("settings", {})), choices + tuple(raw.get("choices", ())))
 
 
 def load_tables() -> dict[str, PaperTable]:
@@ -114,7 +123,7 @@ def load_tables() -> dict[str, PaperTable]:
         if item.name.endswith(".json"):
             raw = json.loads(item.read_text())
             for t in raw["tables"]:
-                out[t["id"]] = _table(raw["paper"], t)
+                out[t["id"]] = _table(raw["paper"], t, tuple(raw.get("choices", ())))
     return out
 
 

@@ -156,9 +156,9 @@ class Point:
 
 
 def evaluation_at(record: Mapping[str, Any], point: Point, ledger_dir: Path | None) -> dict[str, Any] | None:
-    """The run's periodic evaluation at the point ({"step", "tokens", "val_bpb", ...}), from its
-    ledger line (`evals`) or, for a line written before those were recorded, its metrics.jsonl;
-    None when it evaluated nowhere at or before the point."""
+    """The run's last evaluation at or before the point ({"step", "tokens", "val_bpb", ...}): a periodic one,
+    from its ledger line (`evals`) or, for a line written before those were recorded, its metrics.jsonl, or its
+    final evaluation where the run ended at or before the point; None when it evaluated nowhere before it."""
     evals = record.get("evals")
     if not isinstance(evals, list):
         run_dir = find_run_dir(record, ledger_dir or Path("."))
@@ -168,4 +168,19 @@ def evaluation_at(record: Mapping[str, Any], point: Point, ledger_dir: Path | No
     key = "step" if point.step is not None else "tokens"
     limit = point.step if point.step is not None else point.tokens
     due = [e for e in evals if isinstance(e, dict) and isinstance(e.get(key), int) and e[key] <= limit]
+    final = final_evaluation(record)  # a run's last evaluation is its final one, at its end
+    if final is not None and final[key] <= limit:
+        due.append(final)
     return max(due, key=lambda e: e[key]) if due else None
+
+
+def final_evaluation(record: Mapping[str, Any]) -> dict[str, Any] | None:
+    """An ok run's final evaluation as one at its end ({"step", "tokens", metrics...}), where its line records
+    how far it trained (`metrics.steps` and `metrics.tokens`)."""
+    metrics = record.get("metrics")
+    if record.get("status") != "ok" or not isinstance(metrics, dict):
+        return None
+    steps, tokens = metrics.get("steps"), metrics.get("tokens")
+    if not (isinstance(steps, int) and isinstance(tokens, int)) or isinstance(steps, bool):
+        return None
+    return {**metrics, "step": steps, "tokens": tokens}
