@@ -183,3 +183,91 @@ def test_the_scorecard_prints_what_the_papers_print(tmp_path, capsys):
     assert main(["paper", "002-d8", "--ledger", str(ledger), "--rule", "descriptive"]) == 0
     assert "descriptive" in capsys.readouterr().out
     assert main(["paper", "002-d8", "--rule", "bayes"]) == 2
+
+
+def test_k4s_widths_have_the_papers_parameter_counts():
+    """App. K.4: 123.4M / 202.2M / 416.6M parameters at K.2's 50k vocabulary (50,304 rows gave 202.5M / 417M)."""
+    import torch
+
+    from muonlab.device import Runtime
+    from muonlab.train.build import build_model
+
+    for width, millions in ((768, 123.4), (1024, 202.2), (1536, 416.6)):
+        cfg = resolve_config(f"k4_afmuon_d{width}", "nanogpt-124m")
+        model = build_model(cfg, cfg.data.vocab_size, Runtime(torch.device("meta"), "fp32"))
+        assert round(sum(p.numel() for p in model.parameters()) / 1e6, 1) == millions
+
+
+# ---------------------------------------------------------------------------- prices
+def test_a_price_takes_the_mfu_last_measured_for_the_preset_on_that_gpu():
+    from muonlab.lab.paper.cost import ASSUMED_MFU, measured_mfu
+
+    def line(mfu, device, preset="nanogpt-124m", status="ok"):
+        cfg = resolve_config("t1_afmuon", preset, {"seed": 43})
+        return {"status": status, "run_id": f"{device}-{mfu}", "metrics": {"mfu_percent": mfu},
+                "provenance": {"device_name": device}, "config": cfg.to_dict()}
+
+    h100 = "NVIDIA H100 80GB HBM3"
+    records = [line(19.0, h100), line(23.5, h100), line(30.0, h100, status="failed"), line(40.0, "NVIDIA A100-SXM4-80GB"),
+               line(50.0, h100, preset="tied-cpu")]
+    mfu, basis = measured_mfu(records, "nanogpt-124m", "H100")
+    assert mfu == pytest.approx(0.235) and h100 in basis  # the latest ok run of the preset on that GPU
+    assert measured_mfu(records, "nanogpt-124m", "A100")[0] == pytest.approx(0.40)
+    assert measured_mfu(records, "nanogpt-124m", "H200") == (ASSUMED_MFU, "assumed: no run of preset nanogpt-124m "
+                                                                          "on a H200 in the ledger")
+
+
+def test_a_gate_runs_price_counts_its_recomputed_forward():
+    from muonlab.lab.paper.cost import run_cost
+
+    gate, ordinary = (resolve_config(a, "gpu-d8") for a in ("p003_state_gate", "p003_ordinary"))
+    assert gate.model.memory.checkpoint_blocks and not ordinary.model.memory.checkpoint_blocks
+    g, o = run_cost(gate, 1e15, 0.4), run_cost(ordinary, 1e15, 0.4)
+    from muonlab.lab.paper.cost import flops_per_token
+
+    evaluated = gate.train.eval_tokens * 2 * flops_per_token(gate) / 3
+    assert g["flops"] - evaluated == pytest.approx(4 / 3 * flops_per_token(gate) * g["tokens"], rel=1e-12)
+    assert "recompute" in g["basis"] and "recompute" not in o["basis"]
+
+
+def test_the_choices_muonlab_made_are_printed_beside_each_papers_tables_and_name_real_settings():
+    import re
+
+    from muonlab.cli import build_parser
+
+    train = next(a for a in build_parser()._subparsers._group_actions[0].choices.items() if a[0] == "train")[1]
+    flags = {s for action in train._actions for s in action.option_strings}
+    for t in TABLES.values():
+        assert t.choices, t.id
+        for flag in re.findall(r"--[a-z0-9-]+", " ".join(t.choices)):
+            assert flag in flags, (t.id, flag)
+    (scored,) = scorecard([table_plan(TABLES["003-t2"])], [])["tables"]
+    from muonlab.lab.paper import format_scorecard
+
+    assert "where the paper is silent, muonlab chose:" in format_scorecard({"tables": [scored]})
+    assert any("--gate-lr-mult" in c for c in scored["choices"])
+
+
+def test_runs_on_the_papers_own_data_are_the_tables_protocol_wherever_the_cache_is():
+    """The settings `prepare --preset P --download` prints (FineWeb and the model's tokenizer under the user's
+    cache) are the table's protocol: scored, not flagged; another tokenizer's runs are left out."""
+    from pathlib import Path
+
+    from muonlab.data.paper_data import GPT2, PAPER_DATA
+
+    t = TABLES["004-t1-smollm2"]
+    route = PAPER_DATA[t.preset]
+    assert PAPER_DATA["t5-small"].tokenizer.repo_id == "HuggingFaceTB/SmolLM2-135M"  # App. J.5: V = 49,152
+
+    def line(seed, settings):
+        cfg = resolve_config("t1_afmuon", t.preset, {"seed": seed, **settings})
+        return {"arm": "t1_afmuon", "seed": seed, "status": "ok", "protocol": cfg.protocol_id(), "config": cfg.to_dict(),
+                "run_id": f"r{seed}", "metrics": {"val_ce": 3.4}, "evals": [{"step": 1, "tokens": t.at_tokens, "val_ce": 3.44}]}
+
+    paper = route.settings(Path("/data/lab cache"))
+    other = {**paper, "data.tokenizer_json": str(GPT2.folder(Path("/data/lab cache")) / "tokenizer.json")}
+    lines = [line(43, paper), line(44, route.settings(Path("/elsewhere"))), line(45, other)]
+    (scored,) = scorecard([table_plan(t)], lines)["tables"]
+    row = next(r for r in scored["rows"] if r["arm"] == "t1_afmuon")
+    assert row["measured"]["seeds"] == [43, 44] and row["measured"]["mean"] == pytest.approx(3.44)
+    assert [x["seed"] for x in row["left_out"]] == [45] and not scored["protocol_differs"]

@@ -364,8 +364,10 @@ _AF_ARMS = [
                                        num_steps=_K24_STEPS),
        f"K.2 vocabulary {v:,}, {opt}", _SEED004)
       for opt in ("sign", "afmuon") for v in (50_000, 100_000, 150_000)],
-    # K.4: width d 768 / 1024 / 1536 (12 layers, MLP 4d, head dim 128: 6 / 8 / 12 heads), 500M tokens, seeds 43-45
-    *[(f"k4_{opt}_d{d}", dict(_TIED, optimizer=opt, tied_n_embd=d, num_steps=_K24_STEPS), f"K.4 width {d}, {opt}",
+    # K.4: width d 768 / 1024 / 1536 (12 layers, MLP 4d, head dim 128: 6 / 8 / 12 heads), K.2's 50k BPE (123.4M /
+    # 202.2M / 416.6M parameters, App. K.4), 500M tokens, seeds 43-45
+    *[(f"k4_{opt}_d{d}", dict(_TIED, optimizer=opt, tied_n_embd=d, vocab_size=50_000, num_steps=_K24_STEPS),
+       f"K.4 width {d}, {opt}",
        _SEED004) for opt in ("sign", "afmuon") for d in (768, 1024, 1536)],
     # K.6: the auxiliary lr at 0.25x..32x of 3e-4 (16x absent), batch 512 at 458.8M tokens (875 steps), seed 43;
     # Hybrid's covers the tied table and 1-D AdamW, the AdamW-free arms' only the vectors (the tied lr is eq. 6's)

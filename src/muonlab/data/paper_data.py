@@ -3,9 +3,8 @@
 token files from them; `train` then reads them with the settings `prepare` prints.
 
   preset                             dataset (App. J)                             tokenizer
-  nanogpt-124m, nanogpt-124m-moe,    FineWeb sample-10BT                          GPT-2's BPE (openai-community/gpt2)
-  t5-small
-  smollm2-135m, reuse-k9             FineWeb sample-10BT                          SmolLM2's (HuggingFaceTB/SmolLM2-135M)
+  nanogpt-124m, nanogpt-124m-moe     FineWeb sample-10BT                          GPT-2's BPE (openai-community/gpt2)
+  smollm2-135m, reuse-k9, t5-small   FineWeb sample-10BT                          SmolLM2's (HuggingFaceTB/SmolLM2-135M)
   qwen2.5-0.5b                       FineWeb sample-10BT (the subset J.3 names)   Qwen2.5's (Qwen/Qwen2.5-0.5B)
   llama-3.2-1b                       FineWeb sample-10BT                          Llama-3.2's (meta-llama/Llama-3.2-1B,
                                                                                   gated: accept its licence, HF_TOKEN)
@@ -90,7 +89,7 @@ SMOLLM2 = _tokenizer("HuggingFaceTB/SmolLM2-135M")
 PAPER_DATA = {
     "nanogpt-124m": PaperData(FINEWEB, GPT2),
     "nanogpt-124m-moe": PaperData(FINEWEB, GPT2),
-    "t5-small": PaperData(FINEWEB, GPT2),
+    "t5-small": PaperData(FINEWEB, SMOLLM2),  # App. J.5: V = 49,152, the SmolLM2 tokenizer
     "smollm2-135m": PaperData(FINEWEB, SMOLLM2),
     "reuse-k9": PaperData(FINEWEB, SMOLLM2),
     "qwen2.5-0.5b": PaperData(FINEWEB, _tokenizer("Qwen/Qwen2.5-0.5B")),

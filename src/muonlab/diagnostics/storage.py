@@ -462,7 +462,41 @@ def run_storage_audit(setup: StorageSetup | None = None, modes: tuple[str, ...] 
                               delta_mib=predicted_slice_delta(pred_cfg, pB, pT, 2), audit_delta_mib=audit_delta,
                               measured_slice_minus_fused_mib=(None if slice_peak is None or fused_peak is None
                                                               else slice_peak - fused_peak)),
-            "paper": PAPER, "paper_batch": 64 if B == 64 else 32}
+            "paper": PAPER, "paper_batch": 64 if B == 64 else 32,
+            "verdict": verdict(models, n_ve_layers(base_cfg), B == 64 if B in (32, 64) else None,
+                               _paper_shape({"n_layer": n_layer, "n_embd": base_cfg.n_embd, "seq_len": T,
+                                             "dtype": str(dtype), "batch": B}))}
+
+
+def verdict(models: dict, n_ve: int, batch64: bool | None, paper_shape: bool) -> dict:
+    """The paper's claim checked on the compiled counts: against the "none" implementation, unfused_slice keeps
+    one more full (B, T, d) storage per value-embedding layer, unfused_contig one more (B, T, 32) gate storage
+    per layer and no full one, weight_fused neither; at the paper's shape, the counts are the paper's too."""
+    compiled = {impl: per_mode.get("compiled") for impl, per_mode in models.items()}
+    base = compiled.get("none")
+    if base is None:
+        return {"holds": None, "checks": [], "text": "no compiled 'none' implementation to compare with"}
+    want = {"unfused_slice": (n_ve, 0), "unfused_contig": (0, n_ve), "weight_fused": (0, 0), "gate_scaled": (0, n_ve)}
+    checks = []
+    for impl, (full, gate) in want.items():
+        r = compiled.get(impl)
+        if r is not None:
+            got = (r["full"] - base["full"], r["gate"] - base["gate"])
+            checks.append({"impl": impl, "claim": f"+{full} full / +{gate} gate storages vs none", "measured": got,
+                           "holds": got == (full, gate)})
+    if paper_shape and batch64 is not None:
+        paper = PAPER["depth8"]["64" if batch64 else "32"]
+        for impl, r in compiled.items():
+            if r is not None and impl in paper:
+                checks.append({"impl": impl, "claim": f"{paper[impl]['full']} / {paper[impl]['gate']} storages "
+                                                      f"(the paper's, torch 2.9.1)",
+                               "measured": (r["full"], r["gate"]),
+                               "holds": (r["full"], r["gate"]) == (paper[impl]["full"], paper[impl]["gate"])})
+    held = sum(c["holds"] for c in checks)
+    shape = "" if paper_shape else "; absolute counts only at the paper's shape (--preset gpu-d8 --batch 32 on CUDA)"
+    text = (f"{'the paper’s counts hold' if held == len(checks) else 'the paper’s counts do not all hold'}: "
+            f"{held} of {len(checks)} checks{shape}")
+    return {"holds": held == len(checks), "checks": checks, "text": text}
 
 
 def _paper_shape(setup: dict) -> bool:
@@ -503,6 +537,11 @@ def format_storage_table(result: dict) -> str:
     measured = p["measured_slice_minus_fused_mib"]
     lines.append("measured peak, unfused_slice - weight_fused (compiled): "
                  + (NO_PEAK if measured is None else f"{measured:+.3f} MiB"))
+    v = result.get("verdict")
+    if v:
+        lines.append(f"verdict: {v['text']}")
+        lines += [f"  {'holds' if c['holds'] else 'DIFFERS'}: {c['impl']} {c['claim']}, measured "
+                  f"{c['measured'][0]} / {c['measured'][1]}" for c in v["checks"] if not c["holds"]]
     return "\n".join(lines)
 
 

@@ -64,16 +64,20 @@ ASSUMED_MFU = 0.4
 
 
 def measured_mfu(records: list[dict], preset: str, gpu: str) -> tuple[float, str]:
-    """(MFU, where it comes from): the latest ok run's of `preset` on a GPU of `gpu`'s peak, else ASSUMED_MFU."""
+    """(MFU, where it comes from): the latest ok run's of `preset` on a `gpu` (its name's words in the device's:
+    H100 and H200 share a peak, not a memory system), else ASSUMED_MFU."""
     from muonlab.config import preset_of  # noqa: PLC0415
-    from muonlab.device import peak_flops_of  # noqa: PLC0415
 
-    peak = gpu_peak(gpu)
+    gpu_peak(gpu)  # a GPU whose peak is known
+
+    def words(name: str) -> set[str]:
+        return set(name.upper().replace("-", " ").replace("_", " ").split())
+
     for rec in reversed(records):
         mfu = (rec.get("metrics") or {}).get("mfu_percent")
         name = (rec.get("provenance") or {}).get("device_name") or ""
         if (rec.get("status") == "ok" and isinstance(mfu, (int, float)) and mfu > 0 and isinstance(rec.get("config"), dict)
-                and peak_flops_of(name) == peak and preset_of(rec["config"]) == preset):
+                and words(gpu) <= words(name) and preset_of(rec["config"]) == preset):
             return mfu / 100, f"measured: run {rec.get('run_id')} on {name}"
     return ASSUMED_MFU, f"assumed: no run of preset {preset} on a {gpu} in the ledger"
 

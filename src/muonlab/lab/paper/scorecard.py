@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import statistics
 from functools import lru_cache
+from pathlib import Path
 from typing import Any, Iterable
 
 from muonlab.errors import UsageError
@@ -50,8 +51,8 @@ def _expected(arm: str, preset: str, overrides: tuple) -> tuple[str | None, dict
 
 
 def _measured(records: Iterable[dict], arm: str, protocol: str | None, metric: str,
-              point: Point | None = None, expected: dict[str, Any] | None = None
-              ) -> tuple[dict[int, float], list[dict[str, Any]]]:
+              point: Point | None = None, expected: dict[str, Any] | None = None,
+              same_protocol=lambda record: False) -> tuple[dict[int, float], list[dict[str, Any]]]:
     """{seed: value} of the latest ok run per seed under the protocol (at `point`: its last periodic
     evaluation at or before it); and the ok runs of the arm it left out, each with why: the settings
     that set it apart from `expected` (the hashed settings the table's protocol gives the arm), or
@@ -61,7 +62,7 @@ def _measured(records: Iterable[dict], arm: str, protocol: str | None, metric: s
         if rec.get("arm") != arm or rec.get("status") != "ok":
             continue
         value = metric_value(rec, metric) if point is None else _value_at(rec, metric, point)
-        if rec.get("protocol") != protocol:
+        if rec.get("protocol") != protocol and not same_protocol(rec):
             left_out.append({"run_id": rec.get("run_id"), "seed": rec.get("seed"), "protocol": rec.get("protocol"),
                              "why": _apart(rec, expected) or "another protocol id"})
             continue
@@ -72,6 +73,31 @@ def _measured(records: Iterable[dict], arm: str, protocol: str | None, metric: s
             continue
         values[int(rec["seed"])] = value  # later lines win: the latest run of a seed
     return values, left_out
+
+
+def on_paper_data(record: dict, arm: str, plan: TablePlan, overrides: dict[str, Any]) -> bool:
+    """Is the run one of the table's protocol on the paper's own data (the settings `prepare --preset P --download`
+    prints, wherever the user's cache is)? Its recorded paths are read back into the route's settings."""
+    from muonlab.data.paper_data import PAPER_DATA  # noqa: PLC0415
+
+    route = PAPER_DATA.get(plan.preset)
+    settings = recorded_settings(record)
+    if plan.miniature or plan.preset != plan.table.preset or route is None or settings is None:
+        return False
+    marker = "\0root"
+    written = route.settings(Path(marker))
+    roots = set()
+    for key, value in written.items():
+        recorded = settings.hashed.get(key)
+        if not isinstance(value, str) or not value.startswith(marker):
+            continue
+        suffix = value[len(marker):]
+        if not isinstance(recorded, str) or not recorded.endswith(suffix):
+            return False
+        roots.add(recorded[: -len(suffix)])
+    if len(roots) != 1:
+        return False
+    return record.get("protocol") == expected_protocol(arm, plan.preset, {**overrides, **route.settings(Path(roots.pop()))})
 
 
 def _apart(record: dict, expected: dict[str, Any] | None) -> str:
@@ -109,7 +135,8 @@ def score_table(plan: TablePlan, records: list[dict], rule: str | None = None,
         protocol = expected_protocol(runs.arm, preset, runs.overrides)
         expected = expected_settings(runs.arm, preset, runs.overrides)
         point = Point(tokens=runs.at_tokens) if runs.at_tokens else None
-        found, left_out = _measured(records, runs.arm, protocol, table.metric, point, expected)
+        found, left_out = _measured(records, runs.arm, protocol, table.metric, point, expected,
+                                    lambda rec, a=runs: on_paper_data(rec, a.arm, plan, a.overrides))
         found = {s: v for s, v in found.items() if s in runs.seeds}
         measured_values[runs.arm] = found
         missing += [(runs.arm, s) for s in runs.seeds if s not in found] if protocol else []
