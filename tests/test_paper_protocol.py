@@ -271,3 +271,19 @@ def test_runs_on_the_papers_own_data_are_the_tables_protocol_wherever_the_cache_
     row = next(r for r in scored["rows"] if r["arm"] == "t1_afmuon")
     assert row["measured"]["seeds"] == [43, 44] and row["measured"]["mean"] == pytest.approx(3.44)
     assert [x["seed"] for x in row["left_out"]] == [45] and not scored["protocol_differs"]
+
+
+def test_seed_004s_test_is_against_the_strongest_non_af_baseline():
+    """The paper's printed contrast of each Table-1 setting is against its strongest non-AF arm by mean loss; a
+    ledger where Sign became the strongest says so."""
+    t = TABLES["004-t1-nanogpt"]
+    (scored,) = scorecard([table_plan(t)], _paper_ledger([t]))["tables"]
+    assert scored["strongest_baseline"] == {"paper": "t1_hybrid", "measured": "t1_hybrid"}
+    assert t.contrasts[0].baseline == "t1_hybrid"
+    shifted = [dict(line, evals=[{**line["evals"][0], "val_ce": line["evals"][0]["val_ce"] - 1.0}])
+               if line["arm"] == "t1_sign" else line for line in _paper_ledger([t])]
+    (scored,) = scorecard([table_plan(t)], shifted)["tables"]
+    assert scored["strongest_baseline"] == {"paper": "t1_hybrid", "measured": "t1_sign"}
+    for tid in ("004-t1-smollm2", "004-t1-llama", "004-t1-imagegpt"):
+        (s,) = scorecard([table_plan(TABLES[tid])], [])["tables"]
+        assert s["strongest_baseline"]["paper"] == TABLES[tid].contrasts[0].baseline, tid

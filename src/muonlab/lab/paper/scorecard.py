@@ -142,7 +142,7 @@ def score_table(plan: TablePlan, records: list[dict], rule: str | None = None,
         missing += [(runs.arm, s) for s in runs.seeds if s not in found] if protocol else []
         paper_arm = table.arm(runs.arm)
         paper = _stats(paper_arm.values) if paper_arm.values else {"n": paper_arm.n, "mean": paper_arm.mean,
-                                                                    "sd": None, "seeds": list(paper_arm.run_seeds)}
+                                                                    "sd": paper_arm.sd, "seeds": list(paper_arm.run_seeds)}
         measured = _stats(found)
         diff = None if measured["mean"] is None else measured["mean"] - paper["mean"]
         in_sd = diff / paper["sd"] if diff is not None and paper["sd"] and not plan.differs else None
@@ -161,6 +161,10 @@ def score_table(plan: TablePlan, records: list[dict], rule: str | None = None,
                           "measured": _judge(measured_values[c.arm], measured_values[c.baseline], name, rule_name,
                                              decide, threshold)})
     derived = [_derived(d, {a.arm: a.values for a in table.arms}, measured_values) for d in table.derived]
+    strongest = None
+    if table.rule == "paired_t":  # seed 004 tests AF-Muon against the non-AF arm of the lowest mean loss
+        strongest = {"paper": _strongest({a.arm: a.values for a in table.arms}),
+                     "measured": _strongest(measured_values)}
     settings = "".join(f" --{k.replace('_', '-')} {v}" for k, v in sorted(plan.given.items()))
     note = None
     if plan.miniature:
@@ -174,8 +178,15 @@ def score_table(plan: TablePlan, records: list[dict], rule: str | None = None,
             "miniature": plan.miniature, "scale": plan.scale, "protocol_differs": plan.differs, "note": note,
             "compared_at": _compared_at(plan), "rule": rule_name, "paper_rule": table.rule,
             "decision_rule": describe(rule_name, threshold, table.rule_source if rule_name == table.rule else None),
-            "choices": list(table.choices), "rows": rows, "contrasts": contrasts, "derived": derived,
+            "choices": list(table.choices), "strongest_baseline": strongest, "rows": rows, "contrasts": contrasts, "derived": derived,
             "missing": [{"arm": a, "seed": s} for a, s in missing]}
+
+
+def _strongest(values: dict[str, dict[int, float]]) -> str | None:
+    """The non-AF arm (no AF-Muon in its name) of the lowest mean: seed 004's "strongest non-AF baseline by mean
+    validation loss" (App. J, Table 2's caption)."""
+    means = {arm: sum(v.values()) / len(v) for arm, v in values.items() if v and "afmuon" not in arm}
+    return min(means, key=means.get) if means else None
 
 
 def _judge(arm: dict[int, float], baseline: dict[int, float], name: str, rule_name: str,
@@ -313,6 +324,10 @@ def format_scorecard(card: dict[str, Any]) -> str:
                 lines.append(f"| {d['name']}: {d['formula']} ({d['source']}) | {show(d['printed'])} | "
                              f"{show(d['from_paper_seeds'])}{sd(d['paper_sd'])} | {show(d['measured'])}"
                              f"{sd(d['measured_sd'])} (n {d['n']}) | {show(d['difference'])} |")
+        if t.get("strongest_baseline"):
+            b = t["strongest_baseline"]
+            lines += ["", f"strongest non-AF baseline by mean (the paper tests AF-Muon against it): paper "
+                          f"{b['paper'] or '–'}, measured {b['measured'] or '–'}"]
         if t["choices"]:
             lines += ["", "where the paper is silent, muonlab chose:"] + [f"- {c}" for c in t["choices"]]
         left = [(r["arm"], x) for r in t["rows"] for x in r.get("left_out", [])]

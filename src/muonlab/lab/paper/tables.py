@@ -24,6 +24,7 @@ class PaperArm:
     values: dict[int, float]  # per seed; empty when the paper prints only a mean
     mean: float | None = None
     n: int | None = None
+    sd: float | None = None  # the SD printed beside a mean
 
     @property
     def seeds(self) -> tuple[int, ...]:
@@ -96,7 +97,8 @@ def _table(paper: str, raw: dict, choices: tuple[str, ...] = ()) -> PaperTable:
     arms = []
     for name, entry in raw["arms"].items():
         if "mean" in entry:
-            arms.append(PaperArm(name, {}, float(entry["mean"]), int(entry["n"])))
+            arms.append(PaperArm(name, {}, float(entry["mean"]), int(entry["n"]),
+                                 float(entry["sd"]) if "sd" in entry else None))
         else:
             arms.append(PaperArm(name, {int(s): float(v) for s, v in entry.items()}))
     contrasts = tuple(PrintedContrast(c["arm"], c["baseline"], c.get("printed_gain"), c.get("printed_p"),
