@@ -287,3 +287,22 @@ def test_seed_004s_test_is_against_the_strongest_non_af_baseline():
     for tid in ("004-t1-smollm2", "004-t1-llama", "004-t1-imagegpt"):
         (s,) = scorecard([table_plan(TABLES[tid])], [])["tables"]
         assert s["strongest_baseline"]["paper"] == TABLES[tid].contrasts[0].baseline, tid
+
+
+def test_nanogpts_table_has_the_papers_50304_rows_whatever_the_tokenizer():
+    """App. J.1: a 50,304-row tied table; the paper-data routes give GPT-2's 50,257 tokens (SmolLM2's 49,152 in the
+    authors' release): the table is padded, the data's ids unchanged. A CPU preset keeps the data's rows."""
+    import torch
+
+    from muonlab.device import Runtime
+    from muonlab.train.build import build_model
+
+    meta = Runtime(torch.device("meta"), "fp32")
+    for preset in ("nanogpt-124m", "nanogpt-124m-moe"):
+        cfg = resolve_config("t1_afmuon", preset)
+        for tokens in (50_257, 49_152, 50_304):
+            assert build_model(cfg, tokens, meta).wte.weight.shape[0] == 50_304
+    small = resolve_config("t1_afmuon", "tied-cpu")
+    assert build_model(small, 300, meta).wte.weight.shape[0] == 300
+    with pytest.raises(UsageError, match="tied_vocab_rows"):
+        resolve_config("t1_afmuon", "tied-cpu", {"tied_vocab_rows": 0})

@@ -309,6 +309,11 @@ _SEED004, _S43 = (43, 44, 45), (43,)
 _K5_TOKENS = 875 * 512 * 1024  # 458,752,000 tokens: K.5 and K.6 compare there
 _K24_STEPS = 500_000_000 // (512 * 1024)  # K.2 and K.4: 500M tokens at 524,288 a step, 953 steps
 _TIED = dict(model_family="tied")
+
+
+def _OWN_BPE(vocab: int) -> dict:  # noqa: N802
+    """K.2-K.4's own ByteLevel BPE: a table of exactly its rows, not NanoGPT's 50,304 (123.4M parameters at d 768)."""
+    return dict(vocab_size=vocab, tied_vocab_rows=None)
 _T14_STEPS = 110_000_000 // (16 * 256)  # Table 14: 110M target tokens at 16 x 256 a step
 _T25_BATCH = 32_768_000 // 500 // 512 * 512  # Table 25: 500 steps, 32.77M tokens: 65,536 tokens a step
 _AF_ARMS = [
@@ -338,7 +343,7 @@ _AF_ARMS = [
     *[(f"k1_{t}_{v}", dict(_TIED, optimizer=f"factorial_{t}_{v}", num_steps=2000),
        f"K.1 factorial: tied {t}, vectors {v}", _SEED004) for t in ("lmo", "adamw") for v in ("rms", "adamw")],
     # K.3: K.2's 50k BPE at 500M tokens, seed 43 (on a CPU corpus too small for it: --vocab-size)
-    *[(f"k3_s{str(s).replace('.', 'p')}", dict(_TIED, optimizer="afmuon", af_scale=s, vocab_size=50_000,
+    *[(f"k3_s{str(s).replace('.', 'p')}", dict(_TIED, optimizer="afmuon", af_scale=s, **_OWN_BPE(50_000),
                                                num_steps=_K24_STEPS),
        f"K.3 tied scale s = {s}", _S43) for s in (0.5, 0.43, 0.375, 0.25, 0.1875, 0.125)],
     # K.7: 750 steps (393.2M tokens), eval every 125
@@ -359,14 +364,14 @@ _AF_ARMS = [
     # K.2: ByteLevel BPE vocabularies of 50k / 100k / 150k tokens (a BPE trained on the run's corpus at that
     # size; with your own token files use t1_sign / t1_afmuon with each --path), micro-batch 16 / 8 / 8, batch 512
     # x 1024 tokens, 500M tokens (953 steps), d 768; Sign against AF-Muon, seeds 43-45
-    *[(f"k2_{opt}_v{v // 1000}k", dict(_TIED, optimizer=opt, vocab_size=v, sequence_len=1024,
+    *[(f"k2_{opt}_v{v // 1000}k", dict(_TIED, optimizer=opt, **_OWN_BPE(v), sequence_len=1024,
                                        device_batch_size=16 if v == 50_000 else 8, total_batch_size=512 * 1024,
                                        num_steps=_K24_STEPS),
        f"K.2 vocabulary {v:,}, {opt}", _SEED004)
       for opt in ("sign", "afmuon") for v in (50_000, 100_000, 150_000)],
     # K.4: width d 768 / 1024 / 1536 (12 layers, MLP 4d, head dim 128: 6 / 8 / 12 heads), K.2's 50k BPE (123.4M /
     # 202.2M / 416.6M parameters, App. K.4), 500M tokens, seeds 43-45
-    *[(f"k4_{opt}_d{d}", dict(_TIED, optimizer=opt, tied_n_embd=d, vocab_size=50_000, num_steps=_K24_STEPS),
+    *[(f"k4_{opt}_d{d}", dict(_TIED, optimizer=opt, tied_n_embd=d, **_OWN_BPE(50_000), num_steps=_K24_STEPS),
        f"K.4 width {d}, {opt}",
        _SEED004) for opt in ("sign", "afmuon") for d in (768, 1024, 1536)],
     # K.6: the auxiliary lr at 0.25x..32x of 3e-4 (16x absent), batch 512 at 458.8M tokens (875 steps), seed 43;

@@ -31,8 +31,13 @@ class TiedModelConfig(Section):
     n_embd: int | None = setting(None, "the width d (none: the preset's); heads keep the preset's head dim and "
                                  "the MLP its 4d (seed 004 K.4: d 768, 1024, 1536 at head dim 128)",
                                  flag="tied-n-embd")
+    vocab_rows: int | None = setting(None, "the tied table's rows where the data's vocabulary has fewer (none: the "
+                                     "data's): NanoGPT pads its tokenizer to 50,304 rows (seed 004 App. J.1)",
+                                     flag="tied-vocab-rows")
 
     def validate(self) -> None:
+        if self.vocab_rows is not None and self.vocab_rows < 1:
+            raise UsageError(f"tied_vocab_rows must be >= 1, got {self.vocab_rows}")
         head_dim = TIED_SHAPES[self.preset].n_embd // TIED_SHAPES[self.preset].n_head
         if self.n_embd is not None and (self.n_embd < 1 or self.n_embd % head_dim):
             raise UsageError(f"tied_n_embd must be a positive multiple of {self.preset}'s head dim {head_dim}, "
@@ -48,11 +53,12 @@ class TiedModelConfig(Section):
 
 def build_model(cfg, vocab_size: int, runtime):
     """Fp32 parameters (seed 004 keeps parameters and state in fp32 under bf16 autocast), the
-    preset's shape with the data's vocabulary and the run's context."""
+    preset's shape with the data's vocabulary (padded to `vocab_rows`) and the run's context."""
     from muonlab.families.tied.model import build_tied_model  # noqa: PLC0415
 
+    rows = max(vocab_size, cfg.model.vocab_rows or 0)
     with torch.device("meta"):
-        model = build_tied_model(cfg.model.shape(), vocab_size=vocab_size, sequence_len=cfg.train.sequence_len,
+        model = build_tied_model(cfg.model.shape(), vocab_size=rows, sequence_len=cfg.train.sequence_len,
                                  grad_source=cfg.model.grad_source)
     model.to_empty(device=runtime.device)
     model.init_weights()
@@ -83,6 +89,8 @@ PRESETS = {
                      # validation every 250 steps (the authors' launcher): Table 1 compares at step 5,000, the last
                      # evaluation within its 2.62B-token budget
                      "train.eval_every": 250,
+                     # the table has 50,304 rows whatever the tokenizer (GPT-2's 50,257, SmolLM2's 49,152: App. J.1)
+                     "model.vocab_rows": 50304,
                      "data.source": "climbmix", "data.vocab_size": 50304},
     # a seconds-long tied-GPT configuration (seed 004's arms on CPU; on the CPU on a GPU machine too); the Muon
     # lr scaled to its 512-token batch (cpu_matrix_lr: 0.02 / 32), so each Table-1 arm's val loss falls
