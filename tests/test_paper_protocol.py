@@ -118,7 +118,7 @@ def _paper_ledger(tables):
     return lines
 
 
-RULE_OF = {"seed 000": {"ci", "descriptive"}, "seed 002": {"ci"}, "seed 003": {"descriptive", "single_seed"},
+RULE_OF = {"seed 000": {"ci", "descriptive"}, "seed 002": {"ci", "descriptive"}, "seed 003": {"descriptive", "single_seed"},
            "seed 004": {"paired_t", "descriptive"}}
 
 

@@ -8,7 +8,9 @@ R_i = b_i sqrt(d) / ||b_i|| (rows with B_i != 0):
   - tail energy: the share of sum R^2 in entries with |R_ij| > c (what the cap removes);
   - cos(AF, Sign): global cosine between A and sign(B);
   - objective ratio: <B, A> / <B, sign B> (>= 1 by optimality for c >= 1, Prop. 1).
-The paper's values at (c, s) = (3, 0.5) on NanoGPT: 0.0028, 0.8949, 0.0303, 0.799, 1.253.
+The paper's values at (c, s) = (3, 0.5) on NanoGPT: 0.0028, 0.8949, 0.0303, 0.799, 1.253. Where the run's
+model is a table's (`muonlab.diagnostics.printed004`), that table's row is printed beside: Table 22 on the
+tied ImageGPT (by optimizer), Table 37 on NanoGPT (by the run's c and s).
 Source of B: a run directory (the newest checkpoint's optimizer state) or a raw tensor.
 """
 
@@ -50,6 +52,7 @@ def tied_diagnostics(B: torch.Tensor, cap: float) -> dict:
 
 def run(run_dir: str | Path) -> dict:
     """The diagnostics of a tied run's newest checkpoint (its momentum buffer and cap)."""
+    from muonlab.diagnostics.printed004 import for_afmuon
     from muonlab.diagnostics.runs import load_run, require_family
     from muonlab.families.afmuon import TABLE1_FAMILIES
     from muonlab.errors import UsageError
@@ -64,16 +67,28 @@ def run(run_dir: str | Path) -> dict:
     if "momentum_buffer" not in state:
         raise UsageError(f"{run_dir}: the tied table has no momentum buffer yet")
     result = tied_diagnostics(state["momentum_buffer"], groups[0]["cap"])
+    model_preset = getattr(loaded.cfg.model, "preset", None)
+    printed = for_afmuon(model_preset, loaded.cfg.optim.kind, groups[0]["cap"], groups[0]["scale"])
     return {"run_dir": str(run_dir), "arm": loaded.cfg.arm, "step": loaded.step, "scale": groups[0]["scale"],
-            **result, "paper_c3_s05": PAPER_C3_S05}
+            "model_preset": model_preset, **result, "paper_c3_s05": PAPER_C3_S05,
+            "paper_model": None if printed is None else {"source": printed[0], "values": printed[1]}}
 
 
 def format_table(res: dict) -> str:
+    model = res.get("paper_model")
     lines = [f"AF-Muon tied momentum diagnostics{' of ' + res['run_dir'] if 'run_dir' in res else ''} "
              f"(c = {res['cap']}, {res['active_rows']}/{res['rows']} active rows of width {res['width']})",
-             f"{'metric':<18} {'value':>10} {'paper (3, 0.5)':>15}"]
+             f"{'metric':<18} {'value':>10} {'paper (3, 0.5)':>15}" + (f" {'paper (this model)':>20}" if model else "")]
     for key in ("coord_capped", "rows_clipped", "tail_energy", "cos_sign", "objective_ratio"):
-        lines.append(f"{key:<18} {res[key]:>10.4f} {PAPER_C3_S05[key]:>15.4f}")
+        line = f"{key:<18} {res[key]:>10.4f} {PAPER_C3_S05[key]:>15.4f}"
+        if model and key in model["values"]:
+            mean, sd = model["values"][key]
+            line += f" {f'{mean:.4f} ± {sd:.4f}':>20}"
+        elif model:  # the paper prints "–": no such statistic for the optimizer
+            line += f" {'–':>20}"
+        lines.append(line)
+    if model:
+        lines.append(f"paper (this model): {model['source']}")
     return "\n".join(lines)
 
 

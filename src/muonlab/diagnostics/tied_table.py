@@ -6,6 +6,8 @@
   of vocabulary rows each source reaches ("input rows" 0.601, "output rows" 1.000 in the paper) and the
   cosine between the two (0.003), `muonlab.optim.af_muon.GradientSources`.
 - Table 19: for an MoE, the router statistics of the same forward passes (`muonlab.families.tied.moe.RouterCounts`).
+- Table 13's gradient norm: the norm of the step's mean gradient over every parameter, before any clip (what
+  the run logs per step), printed beside the paper's on a Llama-3.2-1B run (`muonlab.diagnostics.printed004`).
 Printed beside the paper's NanoGPT / NanoGPT-MoE values (mean over seeds 43-45 of the run's optimizer):
 a CPU preset's model and data differ from the paper's, so they compare in kind, not in value.
 """
@@ -33,18 +35,23 @@ PAPER_TABLE19 = {
     "afmuon": {"router_entropy": 0.9994, "router_max_frac": 0.2626, "router_cv": 0.0396, "router_unused_experts": 0.0},
 }
 PAPER_K8 = {"lookup_rows": 0.601, "softmax_rows": 1.000, "cosine": 0.003}  # Table 38, both sources
-KEYS = ("tied_rms", "tied_max", "matrix_rms", "lookup_rows", "softmax_rows", "cosine",
+KEYS = ("tied_rms", "tied_max", "matrix_rms", "grad_norm", "lookup_rows", "softmax_rows", "cosine",
         "router_entropy", "router_max_frac", "router_cv", "router_unused_experts")
 
 
-def paper_values(kind: str) -> dict[str, float]:
-    """The paper's numbers for the run's optimizer (Table 3 as the mean of its three seeds)."""
+def paper_values(kind: str, model_preset: str | None = None) -> dict[str, float]:
+    """The paper's numbers for the run's optimizer (Table 3 as the mean of its three seeds), and Table 13's
+    gradient norm where the run's model is the table's (Llama-3.2-1B)."""
+    from muonlab.diagnostics.printed004 import for_tied
+
     table3 = {k: sum(v) / len(v) for k, v in PAPER_TABLE3.get(kind, {}).items()}
-    return {**table3, **PAPER_K8, **PAPER_TABLE19.get(kind, {})}
+    printed = for_tied(model_preset, kind)
+    return {**table3, **PAPER_K8, **PAPER_TABLE19.get(kind, {}), **(printed[1] if printed else {})}
 
 
 def measure(model: torch.nn.Module, batches, autocast) -> dict:
-    """Table 3 of `model`'s weights; K.8 and Table 19 over `batches` (gradients left in .grad)."""
+    """Table 3 of `model`'s weights; K.8, Table 19 and the mean gradient's norm over `batches` (gradients left
+    in .grad, summed over the micro-batches)."""
     from muonlab.errors import UsageError
     from muonlab.optim.af_muon import GradientSources
     from muonlab.families.tied.moe import RouterCounts
@@ -60,8 +67,11 @@ def measure(model: torch.nn.Module, batches, autocast) -> dict:
                 loss = model(x, y)
             loss.backward()
         split = sources.sources()
-    return {**weights, "lookup_rows": split["lookup_rows"], "softmax_rows": split["softmax_rows"],
-            "cosine": split["cosine"], **router.stats(),
+    # the step's mean gradient (the run divides each micro-batch's loss by their number), as the run logs it
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    grad_norm = float(torch.nn.utils.get_total_norm(grads)) / len(batches)
+    return {**weights, "grad_norm": grad_norm, "lookup_rows": split["lookup_rows"],
+            "softmax_rows": split["softmax_rows"], "cosine": split["cosine"], **router.stats(),
             "micro_batches": len(batches), "tokens": sum(y.numel() for _, y in batches)}
 
 
@@ -69,14 +79,18 @@ def run(run_dir: str | Path, micro_batches: int | None = None, device: str = "cp
     """The diagnostics of a tied run's newest checkpoint over its next optimizer step's batch."""
     from muonlab.diagnostics.replay import capture_batches
     from muonlab.diagnostics.runs import load_run, require_family
+    from muonlab.diagnostics.printed004 import for_tied
     from muonlab.families.afmuon import TABLE1_FAMILIES
 
     require_family(run_dir, TABLE1_FAMILIES, "tied", "a tied token table")  # before any data
     loaded = load_run(run_dir, device=device, precision=precision)
     result = measure(loaded.model, capture_batches(loaded, micro_batches), loaded.runtime.autocast)
     kind = getattr(loaded.cfg.optim, "kind", None)
+    model_preset = getattr(loaded.cfg.model, "preset", None)
+    printed = for_tied(model_preset, kind)
     return {"run_dir": str(run_dir), "arm": loaded.cfg.arm, "step": loaded.step, "optimizer": kind,
-            "device": device, "precision": precision, **result, "paper": paper_values(kind)}
+            "model_preset": model_preset, "device": device, "precision": precision, **result,
+            "paper": paper_values(kind, model_preset), "paper_model_source": printed[0] if printed else None}
 
 
 def format_table(res: dict) -> str:
@@ -90,6 +104,8 @@ def format_table(res: dict) -> str:
             lines.append(f"{key:<24} {res[key]:>10.4f} {'' if paper is None else f'{paper:>10.4f}'}")
     lines.append("paper: NanoGPT (Table 3, mean of seeds 43-45), K.8 (Table 38), NanoGPT-MoE (Table 19); a CPU "
                  "preset's model and data differ, so these compare in kind, not in value")
+    if res.get("paper_model_source"):
+        lines.append(f"paper grad_norm: {res['paper_model_source']}")
     return "\n".join(lines)
 
 
