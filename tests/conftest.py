@@ -32,11 +32,16 @@ def one_thread(monkeypatch):
 def forget_plugins():
     """The plug-ins a test registers leave the registries with it: their options would otherwise stay
     settings of the run config (optim.prepolar, model.plugin_variants) for the later tests of the process."""
+    from muonlab import plugins
+    from muonlab.lab import plugin_methods
     from muonlab.model import REGISTRY
     from muonlab.optim import extensions
 
-    conditioners, variants = set(extensions.prepolars()), set(REGISTRY)
+    conditioners, variants, loaded = set(extensions.prepolars()), set(REGISTRY), set(plugins._LOADED)
     yield
+    for item in set(plugins._LOADED) - loaded:
+        plugins.forget(item)
+        plugin_methods._METHODS.pop(item, None)
     for name in set(extensions.prepolars()) - conditioners:
         extensions.unregister("prepolar", name)
     for name in set(REGISTRY) - variants:

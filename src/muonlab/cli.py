@@ -430,7 +430,23 @@ def cmd_report(args) -> int:
     from muonlab.record.ledger import read_records_tolerant
     from muonlab.record.results_tsv import results_tsv
 
-    ledger = Path(args.ledger) if args.ledger else cache_root() / "runs" / "ledger.jsonl"
+    only, baseline, jobs = None, args.baseline, None
+    if args.experiment:  # exactly the runs the file plans: its arms and seeds under its protocol
+        from muonlab.lab.experiment import load_experiment
+        from muonlab.lab.sweep import plan_sweep
+
+        study = load_experiment(args.experiment)
+        jobs = plan_sweep(list(study.arms), list(study.seeds), study.preset, study.settings)
+        only = {(j.arm, j.seed, j.config.protocol_id()) for j in jobs}
+        baseline = study.baseline if args.baseline is None else args.baseline
+    if args.ledger:
+        ledger = Path(args.ledger)
+    elif jobs:  # the ledger the file's runs went to (its record.runs_dir or record.ledger)
+        from muonlab.record.rundir import ledger_path
+
+        ledger = ledger_path(jobs[0].config)
+    else:
+        ledger = cache_root() / "runs" / "ledger.jsonl"
     if ledger.is_dir():
         raise UsageError(f"--ledger {ledger} is a directory; give the ledger file (e.g. {ledger / 'ledger.jsonl'})")
     if args.tsv and Path(args.tsv).is_dir():  # before the report writes anything
@@ -441,15 +457,6 @@ def cmd_report(args) -> int:
             raise MuonlabError(f"no run has finished yet: {len(out)} submitted run(s) are still out "
                                f"(muonlab sweep --status --ledger {ledger})")
         raise UsageError(f"ledger not found: {ledger}")
-    only, baseline = None, args.baseline
-    if args.experiment:  # exactly the runs the file plans: its arms and seeds under its protocol
-        from muonlab.lab.experiment import load_experiment
-        from muonlab.lab.sweep import plan_sweep
-
-        study = load_experiment(args.experiment)
-        jobs = plan_sweep(list(study.arms), list(study.seeds), study.preset, study.settings)
-        only = {(j.arm, j.seed, j.config.protocol_id()) for j in jobs}
-        baseline = study.baseline if args.baseline is None else args.baseline
     report = run_report(ledger, baseline=baseline or "baseline", metric=args.metric, threshold=args.threshold,
                         out_dir=args.out, rule=args.rule, where=args.where, protocol=args.protocol,
                         contrasts=args.contrast, dods=args.dod, retentions=args.retention,

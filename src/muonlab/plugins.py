@@ -2,11 +2,14 @@
 
 A plug-in registers methods through the public registries (a pre-polar conditioner, a model
 variant, an optimizer add-on); its methods are then named in the config like built-in ones. The
-list is saved with the run (record.plugins), so `--resume` and sweep children import it again.
+list is saved with the run (record.plugins), so `--resume` and sweep children import it again, and so
+is the content hash of each plug-in's source (source_digests): it is part of the run's config hash, so a
+run made with an edited plug-in is another arm version, never "done" by the old runs.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import sys
@@ -15,6 +18,7 @@ from pathlib import Path
 from muonlab.errors import UsageError
 
 _LOADED: dict[str, object] = {}
+_IMPORTED: dict[str, str] = {}  # plug-in -> digest of the source this process imported
 
 
 def load_plugins(spec: str) -> list[str]:
@@ -25,6 +29,7 @@ def load_plugins(spec: str) -> list[str]:
             continue
         if item not in _LOADED:
             _LOADED[item] = _import(item)
+            _IMPORTED[item] = _digest(_source_files(item))
         loaded.append(item)
     return loaded
 
@@ -48,3 +53,69 @@ def _import(item: str):
         return importlib.import_module(item)
     except ImportError as exc:
         raise UsageError(f"plug-in module {item!r} cannot be imported: {exc}") from exc
+
+
+def source_digests(spec: str) -> dict[str, str]:
+    """{plug-in: sha256 (16 hex digits) of its source}: a .py file's bytes; a module's file, or every .py
+    file under a package's folder (with their relative paths). The source, not the import: what a run ran."""
+    out = {}
+    for item in (s.strip() for s in (spec or "").split(",")):
+        if item:
+            out[item] = _digest(_source_files(item))
+            if _IMPORTED.get(item, out[item]) != out[item]:  # this process runs the source it imported
+                raise UsageError(f"plug-in {item} changed since this process imported it: start a new one "
+                                 "(muonlab imports a plug-in once per process)")
+    return out
+
+
+def changed_sources(saved: dict[str, str], spec: str) -> list[str]:
+    """The plug-ins of `saved` (a run's recorded digests) whose source in `spec` differs now, each named with
+    the file to look at."""
+    now = source_digests(spec)
+    return [item if item.endswith(".py") else f"{item} ({', '.join(str(f) for _, f in _source_files(item))})"
+            for item in saved if now.get(item) != saved[item]]
+
+
+def _source_files(item: str) -> list[tuple[str, Path]]:
+    if item.endswith(".py"):
+        path = Path(item).expanduser()
+        if not path.is_file():
+            raise UsageError(f"plug-in file not found: {item}")
+        return [(path.name, path)]
+    try:
+        spec = importlib.util.find_spec(item)
+    except (ImportError, ValueError) as exc:
+        raise UsageError(f"plug-in module {item!r} cannot be found: {exc}") from exc
+    if spec is None or spec.origin is None:
+        raise UsageError(f"plug-in module {item!r} cannot be found")
+    if not spec.submodule_search_locations:
+        return [(Path(spec.origin).name, Path(spec.origin))]
+    files = []
+    for root in map(Path, spec.submodule_search_locations):
+        files += [(str(f.relative_to(root)), f) for f in sorted(root.rglob("*.py"))]
+    return files
+
+
+def _digest(files: list[tuple[str, Path]]) -> str:
+    h = hashlib.sha256()
+    for name, path in files:
+        data = path.read_bytes()
+        h.update(f"{name}\0{len(data)}\0".encode())
+        h.update(data)
+    return h.hexdigest()[:16]
+
+
+def plugin_module(item: str) -> str | None:
+    """The module name a loaded plug-in was imported as (None: not loaded in this process)."""
+    module = _LOADED.get(item)
+    return getattr(module, "__name__", None)
+
+
+def forget(item: str) -> None:
+    """Drop a loaded plug-in from this process's cache (its registrations stay: the caller removes them), so
+    the next load_plugins imports its source again. For tests and interactive use."""
+    module = _LOADED.pop(item, None)
+    _IMPORTED.pop(item, None)
+    name = getattr(module, "__name__", None)
+    if name is not None and item.endswith(".py"):
+        sys.modules.pop(name, None)

@@ -49,7 +49,8 @@ PROTOCOL_KEYS = ("data.source", "train.num_steps", "train.time_budget", "train.t
 DEFINING_KEYS = (*PROTOCOL_KEYS, "model.aspect_ratio", "model.n_embd", "model.head_dim", "model.n_kv_head",
                  "model.preset", "data.path", "data.tokenizer_json")
 LAYERS_KEY = "layers"  # a saved config's resolution layers (beside `format` and `protocol`)
-_RECORD_KEYS = ("format", PROTOCOL_KEY, LAYERS_KEY)  # a saved config's own keys, not settings
+CODE_KEY = "plugin_code"  # a saved config's {plug-in: digest of its source} (plugins.source_digests)
+_RECORD_KEYS = ("format", PROTOCOL_KEY, LAYERS_KEY, CODE_KEY)  # a saved config's own keys, not settings
 
 
 @dataclass
@@ -101,8 +102,9 @@ class RunConfig(Section):
         resolution = self.resolution()
         protocol = None if resolution is None else resolution.id(self)
         layers = None if resolution is None or resolution.layers is None else resolution.saved_layers()
+        code = self.plugin_code()
         return {"format": CONFIG_FORMAT, **({PROTOCOL_KEY: protocol} if protocol else {}),
-                **({LAYERS_KEY: layers} if layers else {}), **to_dict(self)}
+                **({LAYERS_KEY: layers} if layers else {}), **({CODE_KEY: code} if code else {}), **to_dict(self)}
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "RunConfig":
@@ -113,7 +115,36 @@ class RunConfig(Section):
         layers = Resolution.read_layers(values.get(LAYERS_KEY))
         if known or layers:  # a sweep job's or a resumed run's: as resolved
             cfg.resolved_from = Resolution(_guard(cfg), layers, known)
+        code = values.get(CODE_KEY)
+        if isinstance(code, dict) and all(isinstance(v, str) for v in code.values()):
+            cfg.saved_code = (cfg.record.plugins, dict(code))  # the code the run ran, not today's files
         return cfg
+
+    def plugin_code(self) -> dict[str, str]:
+        """{plug-in: sha256 of its source} for the plug-ins of record.plugins that act on this run
+        (config.plugin_code): as recorded where this config was read from a run that recorded it, else read
+        from the files now. Part of the config hash: an edited plug-in makes another arm version ({} without
+        plug-ins: the hashes of built-in runs stay)."""
+        saved = self.__dict__.get("saved_code")
+        if saved is not None and saved[0] == self.record.plugins:
+            return dict(saved[1])
+        from muonlab.config.plugin_code import plugin_code  # noqa: PLC0415
+
+        return plugin_code(self)
+
+    def check_plugin_code(self, doing: str) -> None:
+        """Refuse (UsageError) to go on with a config that recorded its plug-ins' source when a file changed
+        since: `doing` (a resume, a re-evaluation) would run other code under the run's name and hash."""
+        saved = self.__dict__.get("saved_code")
+        if saved is None or saved[0] != self.record.plugins:
+            return
+        from muonlab.plugins import changed_sources  # noqa: PLC0415
+
+        changed = changed_sources(saved[1], self.record.plugins)
+        if changed:
+            raise UsageError(f"plug-in {changed[0]} changed since this run was configured: {doing} would run other "
+                             "code than the run's; restore that source, or start a new run (a sweep runs the "
+                             "edited plug-in as a new arm version)")
 
     def resolution(self) -> "Resolution | None":
         """How this config was resolved (its layers, its protocol), or None where that is not known:
@@ -131,7 +162,9 @@ class RunConfig(Section):
 
     def config_hash(self) -> str:
         """sha256 (first 16 hex digits) of every setting that acts and can change a number."""
-        blob = json.dumps({"format": CONFIG_FORMAT, **self.hashed_values()}, sort_keys=True, separators=(",", ":"))
+        code = self.plugin_code()
+        blob = json.dumps({"format": CONFIG_FORMAT, **self.hashed_values(), **({CODE_KEY: code} if code else {})},
+                          sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def describe_model(self) -> str:
@@ -325,14 +358,18 @@ def protocol_values(layers: list[tuple[str, dict[str, Any]]], resolved: RunConfi
                                                                             k in DEFINING_KEYS)})
             for origin, values in layers]
     try:
-        values = build_config(kept).hashed_values()
+        shared = build_config(kept)
     except UsageError:
         return None
+    values = shared.hashed_values()
     full = resolved.hashed_values()
     for origin, layer in layers:
         if origin in CHECKED_ORIGINS and origin != ARM_ORIGIN:
             values.update({k: full[k] for k in layer if k not in values and k in full})
     values.pop("seed", None)
+    code = shared.plugin_code()
+    if code:  # a plug-in the study shares (not an arm's): two versions of it are two studies, never pooled
+        values[CODE_KEY] = code
     return values
 
 

@@ -66,11 +66,24 @@ _INFO: dict[tuple[str, str], AddonInfo] = {}
 
 def _register(point: str, name: str, obj: Any, *, paper: str, config_keys, tests, summary: str,
               replace: bool) -> None:
-    if not replace and name in _REGISTRY[point]:
-        raise ValueError(f"{point} add-on {name!r} is already registered")
     module = sys._getframe(2).f_globals.get("__name__", "?")  # the module calling register_*
+    if name in _REGISTRY[point]:
+        if not replace:
+            raise ValueError(f"{point} add-on {name!r} is already registered")
+        theirs = _INFO[(point, name)].module
+        if _built_in(theirs) and not _built_in(module):  # a run naming it would train other code under its hash
+            raise ValueError(f"{point} add-on {name!r} is built in ({theirs}): a plug-in registers a name of its own")
     _REGISTRY[point][name] = obj
     _INFO[(point, name)] = AddonInfo(name, point, paper, tuple(config_keys), tuple(tests), module, summary)
+
+
+def registrations() -> dict[tuple[str, str], str]:
+    """{(point, name): the module that registered it} for every add-on."""
+    return {key: info.module for key, info in _INFO.items()}
+
+
+def _built_in(module: str) -> bool:
+    return module == "muonlab" or module.startswith("muonlab.")
 
 
 def unregister(point: str, name: str) -> None:

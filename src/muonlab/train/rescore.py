@@ -87,6 +87,7 @@ def rescore_run(run_dir: str | Path, step: int | None = None, splits: tuple[str,
     if is_legacy(saved):
         raise UsageError(f"{run_dir} was written by an older muonlab (config format 1): it cannot be re-scored")
     cfg = load_config_file(run_dir / "config.json", values=saved)
+    cfg.check_plugin_code("re-scoring it")
     if device is not None:
         cfg.runtime.device = device
     weights_path, weights, _ = run_weights(run_dir, step)

@@ -199,6 +199,7 @@ def run_training(cfg: RunConfig, log: Callable[[str], None] = print, data: Prepa
                  resume: tuple[Path, bool] | None = None) -> RunResult:
     """Train and evaluate one run; raises on failure after recording it."""
     cfg.validate()
+    cfg.check_plugin_code("resuming it" if resume is not None else "this run")
     for module in get_family(cfg.family).requires(cfg):  # a missing package: one line, nothing written
         require(module, f"the {cfg.family} family's {getattr(cfg.model, 'preset', 'model')}")
     t_start = time.time()

@@ -22,6 +22,7 @@ from muonlab.lab.report.across import across_protocols
 from muonlab.lab.report.grouping import Protocol, agree, distinguishing, group_protocols
 from muonlab.lab.report.loading import Curve, Point, evaluation_at, load_ledger, metric_value
 from muonlab.lab.report.protocol import recorded_settings
+from muonlab.lab.report.versions import split_versions
 from muonlab.record.protocol import recorded_arm_overrides, recorded_protocol
 from muonlab.lab.report.requests import Requests
 from muonlab.lab.report.selection import parse_where, select_records
@@ -59,12 +60,13 @@ def analyse(ledger: Path, baseline: str, metric: str, threshold: float, rule_kin
                                "(muonlab sweep --experiment FILE runs them)")
     # arms the ledger's own lines define (ad-hoc and experiment-file arms record their overrides)
     arm_overrides = {**recorded_arm_overrides(records), **(_registry() if arm_overrides is None else arm_overrides)}
+    records, arm_overrides, version_notes = split_versions(records, arm_overrides)
     overrides = _override_keys(arm_overrides)
     if metric == AUTO_METRIC:
         metric = family_metric(records)
     rule = DecisionRule(threshold, rule_kind, higher_is_better=metric in HIGHER_IS_BETTER)
     warnings = [f"ledger {p}; skipped" for p in problems]
-    notes: list[str] = []
+    notes: list[str] = list(version_notes)
     if at is not None:
         records = _at_point(records, at, metric, ledger.parent, warnings, notes)
     ok_all = [r for r in records if r["status"] == "ok"]

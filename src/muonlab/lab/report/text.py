@@ -97,7 +97,7 @@ def format_text(report: Mapping[str, Any]) -> str:
         rets = [x for x in across if x["kind"] == "retention"]
         out += _retention_lines(rets, w) if rets else []
         out.append("")
-    notes = [n for n in report["notes"] if n.startswith(("--across", "compared at"))]
+    notes = [n for n in report["notes"] if n.startswith(("--across", "compared at")) or "plug-in source" in n]
     out += [f"note: {n}" for n in notes]
     if report["warnings"]:
         out += [f"warnings ({len(report['warnings'])}):"] + [f"  - {x}" for x in report["warnings"]]
