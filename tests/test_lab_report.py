@@ -153,7 +153,7 @@ def test_report_md_shows_every_seed_and_the_contrast_table(tmp_path):
     assert "| oe_opt - baseline | 3 |" in md and "3/3" in md and "**improves**" in md
     assert "| p (paired t) |" in md
     assert "s41: " in md  # per-seed Δs
-    assert "t_0.975,2 = 4.302653" in md
+    assert "(t_0.975,2 = 4.302653)" in md
 
 
 def test_plots_are_valid_pngs(tmp_path):
@@ -366,3 +366,22 @@ def test_ledgers_of_the_older_config_format_still_report(tmp_path):
     assert main["contrasts"]["adamw_only"]["n"] == 2 and "deeper" not in main["arms"]
     assert study_with(report, "deeper")["settings"] == {"model.depth": 9}
     assert main["settings"] == {"model.depth": 8}
+
+
+@pytest.mark.parametrize("n", [2, 3, 5])
+def test_the_method_line_gives_the_t_quantile_of_each_contrasts_own_n(tmp_path, n):
+    from scipy import stats as scipy_stats
+
+    seeds = range(1, n + 1)
+    records = [record("baseline", s, 1.0 + 0.001 * s, 1.0) for s in seeds]
+    records += [record("opt", s, 0.99 + 0.0013 * s, 1.0) for s in seeds]
+    report = run_report(write_ledger(tmp_path / "ledger.jsonl", records))
+    df = n - 1
+    t = float(scipy_stats.t.ppf(0.975, df))  # independent of muonlab's own t_quantile
+    assert report["t_975"] == {str(df): pytest.approx(t, rel=1e-9)}
+    contrast = only_study(report)["contrasts"]["opt"]
+    half = (contrast["ci95"][1] - contrast["ci95"][0]) / 2
+    assert half == pytest.approx(t * contrast["sd_delta"] / n ** 0.5, rel=1e-9)  # the quantile the interval used
+    md = (tmp_path / "report" / "report.md").read_text()
+    method = next(line for line in md.splitlines() if line.startswith("- Statistics:"))
+    assert f"t_0.975,{df} = {t:.6f}" in method and method.count("t_0.975,") == 1

@@ -114,7 +114,7 @@ def analyse(ledger: Path, baseline: str, metric: str, threshold: float, rule_kin
                           "higher_is_better": rule.higher_is_better, "text": rule.describe()},
         "single_seed_rule": SINGLE_SEED_RULE,
         "statistics": STATISTICS,
-        "t_975_n3": t_quantile(3),
+        "t_975": t_quantiles([s.report for s in studies], across),
         "protocol_free": protocol_free,
         "compared_at": None if at is None else {"step": at.step, "tokens": at.tokens, "text": at.describe()},
         "selection": {"where": {f.key: f.raw for f in filters}, "protocol": protocol,
@@ -268,3 +268,22 @@ def _protocol_notes(protocols: Iterable[Protocol]) -> tuple[list[str], list[str]
             notes.append(f"derived protocol {p.id} records the same settings as protocol {', '.join(twins)}; "
                          f"kept apart because its lines carry no protocol id")
     return warnings, notes
+
+
+def t_quantiles(*parts: Any) -> dict[str, float]:
+    """{df: t_0.975,df} for the degrees of freedom of every estimable interval in `parts` (a contrast's own
+    n - 1: a 2-seed contrast's interval uses t_0.975,1 = 12.706205, a 3-seed one's t_0.975,2 = 4.302653)."""
+    dfs: set[int] = set()
+
+    def walk(x: Any) -> None:
+        if isinstance(x, Mapping):
+            if isinstance(x.get("df"), int) and x.get("ci95") is not None:
+                dfs.add(x["df"])
+            for v in x.values():
+                walk(v)
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                walk(v)
+
+    walk(parts)
+    return {str(df): t_quantile(df + 1) for df in sorted(dfs)}

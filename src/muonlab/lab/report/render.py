@@ -195,6 +195,13 @@ def _across(report: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _quantiles(t_975: Mapping[str, float]) -> str:
+    """The t quantiles the intervals used, each for its own df (n - 1 paired seeds)."""
+    if not t_975:
+        return ""
+    return " (" + ", ".join(f"t_0.975,{df} = {t:.6f}" for df, t in t_975.items()) + ")"
+
+
 def render_markdown(report: Mapping[str, Any]) -> str:
     """report.md: the method, ledger warnings, one section per study, contrasts across protocols."""
     counts, selection = report["counts"], report["selection"]
@@ -205,7 +212,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
              f"- Primary metric: `{report['metric']}`; baseline arm: `{report['baseline']}`"
              + (f"; compared at {report['compared_at']['text']} (each run's last periodic evaluation at or "
                 "before it)." if report.get("compared_at") else "; each run's final value."),
-             f"- Statistics: {report['statistics']} (t_0.975,2 = {report['t_975_n3']:.6f}).",
+             f"- Statistics: {report['statistics']}" + _quantiles(report["t_975"]) + ".",
              f"- Decision rule: {report['decision_rule']['text']}. "
              f"A contrast with fewer than 2 paired seeds is not estimable.",
              f"- Single-seed decisions (when asked for): {report['single_seed_rule']}.",
