@@ -385,3 +385,29 @@ def test_the_method_line_gives_the_t_quantile_of_each_contrasts_own_n(tmp_path, 
     md = (tmp_path / "report" / "report.md").read_text()
     method = next(line for line in md.splitlines() if line.startswith("- Statistics:"))
     assert f"t_0.975,{df} = {t:.6f}" in method and method.count("t_0.975,") == 1
+
+
+def test_each_arm_shows_its_own_settings_even_those_the_baseline_does_not_have(tmp_path):
+    from muonlab.arms import ARMS, define_arm, resolve_config
+
+    arms = {"baseline": {}, "hb10": {"optim.prepolar.kind": "hbieq", "optim.prepolar.tau": 10},
+            "hb25": {"optim.prepolar.kind": "hbieq", "optim.prepolar.tau": 25}}
+    records = []
+    for arm, overrides in arms.items():
+        if arm != "baseline":
+            define_arm(arm, overrides)
+        for seed in (1, 2):
+            cfg = resolve_config(arm, "cpu-tiny", {"seed": seed})
+            records.append({"run_id": f"{arm}-s{seed}", "arm": arm, "seed": seed, "status": "ok",
+                            "config_hash": cfg.config_hash(), "config": cfg.to_dict(),
+                            "metrics": {"val_bpb": 1.0 + 0.01 * seed + 0.001 * len(arm), "holdout_bpb": 1.0}})
+    ARMS.pop("hb10"), ARMS.pop("hb25")  # the ledger alone knows them, as in another process
+    report = run_report(write_ledger(tmp_path / "ledger.jsonl", records))
+    own = only_study(report)["arm_settings"]
+    assert own["hb10"]["optim.prepolar.tau"] == [10.0, None] and own["hb25"]["optim.prepolar.tau"] == [25.0, None]
+    assert own["hb10"]["optim.prepolar.kind"] == ["hbieq", None]
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "`optim.prepolar.tau` = 10.0 (baseline off)" in md and "`optim.prepolar.tau` = 25.0 (baseline off)" in md
+    text = format_text(report)
+    hb10 = next(line for line in text.splitlines() if line.strip().startswith("hb10 ") and "=" in line)
+    assert "optim.prepolar.tau = 10.0" in hb10

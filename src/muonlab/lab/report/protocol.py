@@ -96,6 +96,14 @@ def _differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, tuple[
     return {k: (a[k], b[k]) for k in sorted(set(a) & set(b)) if k not in IGNORED_KEYS and a[k] != b[k]}
 
 
+def _own_settings(a: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, list]:
+    """Every hashed setting of arm `a` that is not the baseline's: those both set differently, and those that
+    act only in the arm (its method's own, e.g. optim.prepolar.tau = 10 of an HBIEQ arm; the baseline's value
+    None: off there), so two arms of one method at two settings never read alike."""
+    return {k: [a.get(k), base.get(k)] for k in sorted(set(a) | set(base))
+            if k not in IGNORED_KEYS and k in a and a.get(k) != base.get(k)}
+
+
 def _show(diffs: Mapping[str, tuple[Any, Any]], limit: int = 6) -> str:
     items = [f"{k}={a!r} vs {b!r}" for k, (a, b) in list(diffs.items())[:limit]]
     more = f" and {len(diffs) - limit} more" if len(diffs) > limit else ""
@@ -140,7 +148,7 @@ def check_protocol(runs: Mapping[str, list[dict]], baseline: str,
         if arm == baseline:
             continue
         diffs = _differences(flat, base)
-        settings[arm] = {k: [a, b] for k, (a, b) in diffs.items()}
+        settings[arm] = _own_settings(flat, base)
         defining = {k: v for k, v in diffs.items() if k in DEFINING_KEYS}
         if defining:
             refused[arm] = (f"arm {arm!r} runs at {_show(defining)} (the baseline's values second): settings that "

@@ -150,7 +150,8 @@ def _study(report: Mapping[str, Any], study: Mapping[str, Any], index: int, tota
         diffs = study["arm_settings"].get(arm)
         if diffs:
             lines += ["Settings that differ from the baseline: " +
-                      ", ".join(f"`{k}` = {a!r} (baseline {b!r})" for k, (a, b) in diffs.items()), ""]
+                      ", ".join(f"`{k}` = {a!r} (baseline {'off' if b is None else repr(b)})"
+                                for k, (a, b) in diffs.items()), ""]
     if study["has_baseline"]:
         lines += [f"### Contrasts vs `{baseline}` ({metric}; Δ < 0 means lower)", ""] + CONTRAST_HEADER
         lines += [_contrast_row(x) for x in study["contrasts"].values()] + [""]

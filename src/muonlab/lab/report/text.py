@@ -56,6 +56,10 @@ def _study(report: Mapping[str, Any], study: Mapping[str, Any], index: int, tota
     for arm, summary in study["arms"].items():
         cells = [mean_sd(summary)] + [mean_sd(study["secondary"][m]["arms"].get(arm)) for m in extra]
         out.append(f"{arm:<{w}}  {summary['n']:>2}  " + "  ".join(f"{c:<24}" for c in cells))
+    own = {arm: diffs for arm, diffs in study["arm_settings"].items() if diffs}
+    if own:  # each arm's own settings, so two arms of one method at two settings never read alike
+        out += ["", f"settings of each arm that are not {baseline}'s:"]
+        out += [f"  {arm:<{w}}  " + ", ".join(f"{k} = {a!r}" for k, (a, _) in diffs.items()) for arm, diffs in own.items()]
     out.append("")
     if not study["has_baseline"]:
         out.append(f"no contrasts against {baseline}: it has no ok run under this protocol")
