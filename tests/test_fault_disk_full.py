@@ -88,7 +88,7 @@ class _FullFile:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("target", ["metrics.jsonl", "summary.json", "model.pt", "ledger.jsonl"])
+@pytest.mark.parametrize("target", ["metrics.jsonl", "summary.json", "model.pt", "model.safetensors", "ledger.jsonl"])
 def test_full_disk_leaves_a_failed_record_and_nothing_torn(tmp_path, monkeypatch, capsys, one_thread, target):
     runs = tmp_path / "cache" / "runs"
     run_dir, ledger = runs / "full", runs / "ledger.jsonl"
@@ -114,7 +114,17 @@ def test_full_disk_leaves_a_failed_record_and_nothing_torn(tmp_path, monkeypatch
         assert rec["status"] == "failed" and "No space left on device" in rec["error"]
         assert summary is None if target == "summary.json" else summary["status"] == "failed"
     assert not list(run_dir.rglob(".*.tmp"))  # no half-written temp file left behind
-    if target == "model.pt":
-        assert not (run_dir / "model.pt").exists()
+    if target in ("model.pt", "model.safetensors"):  # trained and evaluated: its scores stand, its checkpoint
+        assert not (run_dir / target).exists()           # finishes it
+        (rec,) = records
+        assert rec["resumable"] is True and Path(rec["checkpoint"]).is_file() and "--resume" in rec["error"]
+        assert rec["metrics"]["val_bpb"] > 0 and rec["metrics"]["steps"] == 4
+        assert main(["train", "--resume", str(run_dir)]) == 0
+        done = list(read_records(ledger))
+        assert [r["status"] for r in done] == ["failed", "ok"]
+        assert done[1]["metrics"]["val_bpb"] == rec["metrics"]["val_bpb"]  # bit for bit
+        assert (run_dir / "model.pt").is_file() and (run_dir / "model.safetensors").is_file()
+        assert main(["train", "--resume", str(run_dir)]) == 2  # finished now: nothing to resume
+        assert "nothing to resume" in capsys.readouterr().err
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == ([0, 1] if target == "metrics.jsonl" else [0, 1, 2, 3])  # whole lines only

@@ -14,6 +14,7 @@ written, and a summary that cannot be written never stops the ledger line.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import signal
@@ -168,6 +169,7 @@ def resume_training(run_dir: str | Path, log: Callable[[str], None] = print, fal
     if is_legacy(saved):
         raise UsageError(f"{run_dir} was written by an older muonlab (config format 1): `muonlab report` reads "
                          "it, but it cannot be resumed")
+    _refuse_finished(run_dir)
     load_plugins(saved.get("record", {}).get("plugins", ""))  # before resolving: they register methods
     cfg = load_config_file(run_dir / "config.json", values=saved)
     if quiet is not None:
@@ -175,6 +177,29 @@ def resume_training(run_dir: str | Path, log: Callable[[str], None] = print, fal
     # the run lives where it is, whatever runs_dir said where it was created
     cfg.record.runs_dir, cfg.record.run_name = str(run_dir.parent), run_dir.name
     return run_training(cfg, log=log, resume=(run_dir, fallback))
+
+
+def _refuse_finished(run_dir: Path) -> None:
+    """A run that finished has nothing to resume: resuming it would evaluate it again and add a second `ok`
+    line for one run (its summary says it finished)."""
+    try:
+        status = json.loads((run_dir / "summary.json").read_text()).get("status")
+    except (OSError, ValueError, AttributeError):
+        return
+    if status == "ok":
+        raise UsageError(f"{run_dir.name} finished (ok): there is nothing to resume; `muonlab eval {run_dir}` "
+                         "re-scores its weights")
+
+
+class WeightsNotWritten(MuonlabError):
+    """The run trained and evaluated, but its final weights could not be written (a full disk): its scores
+    and its final checkpoint stand, and `--resume` writes the weights from that checkpoint."""
+
+    def __init__(self, cause: Exception, metrics: dict, run_dir: Path):
+        super().__init__(f"writing the final weights failed ({cause.__class__.__name__}: {cause}); the run trained "
+                         "and evaluated (its scores are in its ledger line): free the space and `muonlab train "
+                         f"--resume {run_dir}` writes them from its final checkpoint, bit for bit")
+        self.metrics = metrics
 
 
 def cpu_presets() -> list[str]:
@@ -284,9 +309,12 @@ def _stopped(record: dict, exc: BaseException, run: RunDir) -> dict:
     status = "interrupted" if interrupted else "failed"
     message = (str(exc) or "interrupted") if interrupted else (str(exc) or exc.__class__.__name__)
     # the checkpoint the loop wrote on the way out, else (a second signal) the newest complete one
-    ckpt = getattr(exc, "checkpoint", None) or (newest_complete_checkpoint(run.path) if interrupted else None)
+    unsaved = isinstance(exc, WeightsNotWritten)  # trained and evaluated: its final checkpoint finishes it
+    ckpt = getattr(exc, "checkpoint", None) or (newest_complete_checkpoint(run.path) if interrupted or unsaved
+                                                else None)
     ckpt = None if ckpt is None else str(ckpt)
-    record.update(status=status, metrics={}, error=message, resumable=ckpt is not None, checkpoint=ckpt,
+    record.update(status=status, metrics=exc.metrics if unsaved else {}, error=message, resumable=ckpt is not None,
+                  checkpoint=ckpt,
                   error_kind="oom" if isinstance(exc, OutOfMemory) else exc.__class__.__name__,
                   traceback=None if interrupted else traceback.format_exc(limit=8))
     return {"status": status, "run_id": record["run_id"], "error": message, "checkpoint": ckpt,
@@ -410,9 +438,6 @@ def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx: 
             raise
     record["phase"] = "evaluate"
     evals = evaluate(train_model, data, cfg, runtime, ctx)  # compiled, as upstream scores it
-    if ctx.is_main:  # what a reader needs besides config.json to rebuild the model (muonlab.load_run)
-        run.save_weights(model, {"family": cfg.family, "vocab_size": str(data.vocab_size),
-                                 "config_hash": cfg.config_hash()})
     timed_steps = state.step - min(cfg.train.untimed_steps, state.step)
     mfu = mfu_percent(flops_per_token, cfg.train.total_batch_size * timed_steps, state.training_seconds,
                       peak_flops(runtime.device), ctx.world_size)
@@ -420,6 +445,13 @@ def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx: 
     scores = {f"{split}_{k}": v for split, result in evals.items() for k, v in result.metrics().items()}
     final = family.final_metrics(model)  # e.g. seed 004 Table 3's tied-table and matrix RMS
     scores.update(final)
+    if ctx.is_main:  # what a reader needs besides config.json to rebuild the model (muonlab.load_run)
+        record["phase"] = "save"
+        try:
+            run.save_weights(model, {"family": cfg.family, "vocab_size": str(data.vocab_size),
+                                     "config_hash": cfg.config_hash()})
+        except Exception as exc:  # a full disk (torch.save turns its OSError into a RuntimeError)
+            raise WeightsNotWritten(exc, {**scores, "steps": state.step, "tokens": total_tokens}, run.path) from exc
     summary = {
         "val_bpb": scores.get("val_bpb"),
         "holdout_bpb": scores.get("holdout_bpb"),
