@@ -411,3 +411,19 @@ def test_each_arm_shows_its_own_settings_even_those_the_baseline_does_not_have(t
     text = format_text(report)
     hb10 = next(line for line in text.splitlines() if line.strip().startswith("hb10 ") and "=" in line)
     assert "optim.prepolar.tau = 10.0" in hb10
+
+
+def test_a_line_of_a_config_this_version_cannot_read_is_a_study_of_its_own(tmp_path):
+    records = [record(arm, seed, *D8[arm][seed]) for arm in ("baseline", "opt") for seed in SEEDS]
+    newer = [record("opt", seed, D8["opt"][41][0] - 0.01 * (seed - 49), 1.0) for seed in (50, 51)]
+    for rec in records + newer:
+        rec["protocol"] = "a1b2c3d4e5f60718"
+    for rec in newer:  # a newer muonlab's line: a section this one does not know, the same protocol id
+        rec["config"]["telemetry"] = {"eval_every": 5}
+    report = run_report(write_ledger(tmp_path / "ledger.jsonl", records + newer))
+    assert len(report["studies"]) == 2
+    main_study, newer_study = report["studies"]
+    assert main_study["arms"]["opt"]["n"] == 3 and not main_study["unread"]  # not pooled with the newer lines
+    assert newer_study["unread"] and "'telemetry'" in newer_study["unread"]
+    assert newer_study["arms"]["opt"]["n"] == 2 and not newer_study["warnings"]
+    assert any("cannot read" in n and "never pooled" in n for n in report["notes"])

@@ -253,6 +253,10 @@ def _protocol_notes(protocols: Iterable[Protocol]) -> tuple[list[str], list[str]
     warnings, notes = [], []
     exact = [p for p in protocols if not p.derived]
     for p in protocols:
+        if p.unread:
+            notes.append(f"protocol {p.id}: {len(p.records)} line(s) whose config this muonlab cannot read ({p.unread}): "
+                         "a study of their own, never pooled with the others; report them with the muonlab that "
+                         "wrote them")
         if not p.derived:
             continue
         unchecked = ", ".join(p.unchecked[:6]) + (f" and {len(p.unchecked) - 6} more" if len(p.unchecked) > 6 else "")

@@ -12,6 +12,7 @@ protocol and enters no study.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
@@ -30,6 +31,7 @@ class Protocol:
     ambiguous: bool = False
     unchecked: tuple[str, ...] = ()  # derived: settings some arm overrides, so not compared
     unknown: bool = False  # lines with neither a protocol id nor a config (one each, or vouched for together)
+    unread: str | None = None  # why this muonlab cannot read the lines' configs (a newer config format)
 
 
 def known_settings(record: dict, overrides: Mapping[str, set[str]]) -> dict[str, Any]:
@@ -102,15 +104,21 @@ def group_protocols(records: list[dict], overrides: Mapping[str, set[str]], prot
     one protocol together."""
     exact: dict[str, list[dict]] = {}
     old, orphans = [], []
+    unread: dict[str, tuple[str, list[dict]]] = {}
     for r in records:
         pid = recorded_protocol(r)
-        if pid is not None:
+        why = unreadable_config(r)
+        if pid is not None and why is not None:  # its id may hash settings this version cannot see: never pooled
+            unread.setdefault(pid, (why, []))[1].append(r)
+        elif pid is not None:
             exact.setdefault(pid, []).append(r)
         elif recorded_settings(r) is not None:
             old.append(r)
         else:
             orphans.append(r)
     protocols = [Protocol(pid, False, lines, shared_settings(lines, overrides)) for pid, lines in exact.items()]
+    protocols += [Protocol(protocol_hash({"unread": pid}), False, lines, {}, unread=why)
+                  for pid, (why, lines) in unread.items()]
     protocols += _derived(old, overrides) if old else []
     if protocol_free and orphans:
         protocols.append(Protocol(protocol_hash({"protocol_free": True}), True, orphans, {}, unknown=True))
@@ -124,6 +132,24 @@ def group_protocols(records: list[dict], overrides: Mapping[str, set[str]], prot
         ids.add(p.id)
     protocols.sort(key=lambda p: min(r["_line"] for r in p.records))
     return protocols, orphans
+
+
+def unreadable_config(record: Mapping[str, Any]) -> str | None:
+    """Why this muonlab cannot read a line's config (a newer config format, a section it does not know), or
+    None: such a line's settings and protocol id are another version's, so it is a study of its own."""
+    from muonlab.config import CONFIG_FORMAT, RunConfig  # noqa: PLC0415
+
+    config = record.get("config")
+    if not isinstance(config, Mapping):
+        return None
+    fmt = config.get("format")
+    if isinstance(fmt, int) and fmt > CONFIG_FORMAT:
+        return f"config format {fmt}, newer than this muonlab's {CONFIG_FORMAT}"
+    known = {f.name for f in dataclasses.fields(RunConfig)} | {"format", "protocol", "layers", "plugin_code", "preset"}
+    unknown = sorted(k for k in config if k not in known)
+    if unknown and fmt is not None:
+        return f"section {unknown[0]!r}, which this muonlab does not know (a newer version wrote it)"
+    return None
 
 
 def distinguishing(protocols: list[Protocol]) -> dict[str, dict[str, Any]]:

@@ -42,6 +42,7 @@ def study_title(study: Mapping[str, Any]) -> str:
     kind = (" (no protocol recorded)" if study.get("unknown") else
             " (derived from recorded configs)" if study["derived"] else "")
     kind += " (ambiguous)" if study["ambiguous"] else ""
+    kind += " (written by a newer muonlab)" if study.get("unread") else ""
     return f"protocol {study['protocol']}{kind}"
 
 

@@ -99,6 +99,7 @@ def analyse_study(protocol: Protocol, baseline: str, metric: str, threshold: flo
         "derived": protocol.derived,
         "unknown": protocol.unknown,
         "ambiguous": protocol.ambiguous,
+        "unread": protocol.unread,
         "unchecked_settings": list(protocol.unchecked),
         "settings": dict(settings),
         "protocol_settings": {k: protocol.shared[k] for k in PROTOCOL_KEYS if k in protocol.shared},
