@@ -79,19 +79,37 @@ def test_a_run_trains_from_token_memmaps_without_any_optional_package(tmp_path):
 
 # a feature that needs a package: (package, the code that asks for the feature, the extra named)
 CLI_FEATURES = {
-    "rustbpe": (["prepare", "--preset", "cpu-tiny"], "bpe"),  # the synthetic corpus's tokenizer is trained
+    "rustbpe": (["prepare", "--preset", "cpu-tiny"], None),  # the synthetic corpus's tokenizer is trained
     "submitit": (["sweep", "--arms", "baseline", "--seeds", "1", "--preset", "cpu-tiny", "--executor", "slurm"],
                  "slurm"),
     "transformers": (["train", "--preset", "hf-cpu", "--num-steps", "1"], "hf"),
-    "matplotlib": (["demo"], "plots"),  # refused before the demo trains, not after
+    "matplotlib": (["demo"], None),  # refused before the demo trains, not after
 }
 LIBRARY_FEATURES = {
-    "scipy": ("from muonlab.lab.stats import t_quantile\nt_quantile(3)", "stats"),
-    "matplotlib": ("from muonlab.lab.plots import plot_forest\nplot_forest([], 'f.png', 0.0005)", "plots"),
+    "scipy": ("from muonlab.lab.stats import t_quantile\nt_quantile(3)", None),
+    "matplotlib": ("from muonlab.lab.plots import plot_forest\nplot_forest([], 'f.png', 0.0005)", None),
     "kernels": ("from muonlab.model.attention import _load_fa3\n_load_fa3((9, 0), None)", "fa3"),
     "wandb": ("from muonlab.record.sinks import parse_sinks\nparse_sinks('wandb')", "sinks"),
     "tensorboard": ("from muonlab.record.sinks import parse_sinks\nparse_sinks('tensorboard')", "sinks"),
 }
+
+
+def _hint(package: str, extra: str | None) -> str:
+    """The install command a refusal names: the extra, or (a dependency of muonlab itself) the package."""
+    return f"pip install {package}" if extra is None else f"pip install 'muonlab[{extra}]'"
+
+
+def test_core_dependencies_are_dependencies_and_the_rest_extras():
+    """rustbpe, matplotlib and scipy come with `pip install muonlab` (the main job needs them); the packages a
+    user may lack on purpose stay extras."""
+    import tomllib
+
+    project = tomllib.loads((TESTS.parent / "pyproject.toml").read_text())["project"]
+    core = {d.split(">")[0].split("=")[0].split("<")[0].strip() for d in project["dependencies"]}
+    extras = {d.split(">")[0].split("<")[0].strip() for name, ds in project["optional-dependencies"].items()
+              if name not in ("all", "test") for d in ds}
+    for package, (distribution, extra) in OPTIONAL.items():
+        assert (distribution in core) == (extra is None) and (distribution in extras) == (extra is not None), package
 
 
 def test_every_optional_package_has_a_feature_that_asks_for_it():
@@ -106,7 +124,7 @@ def test_a_verb_that_needs_a_missing_package_says_what_to_install(package, tmp_p
     proc = run_without((package,), code, tmp_path)
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and f"pip install 'muonlab[{extra}]'" in lines[0] and package in lines[0], proc.stderr
+    assert len(lines) == 1 and _hint(package, extra) in lines[0] and package in lines[0], proc.stderr
     assert not (tmp_path / "cache" / "runs").exists() or not any((tmp_path / "cache" / "runs").iterdir())
 
 
@@ -118,7 +136,7 @@ def test_a_library_feature_that_needs_a_missing_package_says_what_to_install(pac
              f"except UsageError as exc:\n    print(type(exc).__name__, exc)\nelse:\n    print('no error')\n")
     proc = run_without((package,), probe, tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert f"pip install 'muonlab[{extra}]'" in proc.stdout and "\n" not in proc.stdout.strip(), proc.stdout
+    assert _hint(package, extra) in proc.stdout and "\n" not in proc.stdout.strip(), proc.stdout
 
 
 @pytest.mark.slow

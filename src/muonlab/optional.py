@@ -12,14 +12,15 @@ from types import ModuleType
 
 from muonlab.errors import UsageError
 
-# import name -> (distribution on PyPI, muonlab extra that installs it)
-OPTIONAL: dict[str, tuple[str, str]] = {
-    "rustbpe": ("rustbpe", "bpe"),
+# import name -> (distribution on PyPI, muonlab extra that installs it; None: a dependency of muonlab itself,
+# which `pip install muonlab` brings, imported lazily so that an image without it still runs the rest)
+OPTIONAL: dict[str, tuple[str, str | None]] = {
+    "rustbpe": ("rustbpe", None),
     "kernels": ("kernels", "fa3"),
     "submitit": ("submitit", "slurm"),
     "transformers": ("transformers", "hf"),
-    "matplotlib": ("matplotlib", "plots"),
-    "scipy": ("scipy", "stats"),
+    "matplotlib": ("matplotlib", None),
+    "scipy": ("scipy", None),
     "wandb": ("wandb", "sinks"),
     "tensorboard": ("tensorboard", "sinks"),
 }
@@ -31,6 +32,8 @@ class MissingPackage(UsageError):
 
 def install_hint(module: str) -> str:
     distribution, extra = OPTIONAL[module.split(".")[0]]
+    if extra is None:  # a dependency this environment lacks (an image installed without dependencies)
+        return f"pip install {distribution} (a dependency of muonlab this environment lacks)"
     return f"pip install 'muonlab[{extra}]' (or pip install {distribution})"
 
 
@@ -40,4 +43,5 @@ def require(module: str, feature: str) -> ModuleType:
         return importlib.import_module(module)
     except ImportError as exc:
         root = module.split(".")[0]
-        raise MissingPackage(f"{feature} needs the optional package {OPTIONAL[root][0]}: {install_hint(root)}") from exc
+        kind = "optional package" if OPTIONAL[root][1] else "package"
+        raise MissingPackage(f"{feature} needs the {kind} {OPTIONAL[root][0]}: {install_hint(root)}") from exc
