@@ -83,6 +83,16 @@ CASE_ENV = {
 }
 
 
+def _run_of_a_changed_plugin(tmp: Path) -> Path:
+    """A run directory whose config recorded a plug-in's source digest that its file no longer has."""
+    from muonlab.arms import resolve_config
+
+    plugin = _file(tmp, "changed_conditioner.py", CONDITIONER.replace("plugin_sign", "contract_changed_sign"))
+    config = resolve_config("baseline", "cpu-tiny", {"record.plugins": str(plugin)}).to_dict()
+    _file(tmp, "run/config.json", json.dumps({"config": {**config, "plugin_code": {str(plugin): "0" * 16}}}))
+    return tmp / "in" / "run"
+
+
 def _study(tmp: Path, extra: str = "", preset: str = '"cpu-tiny"', seeds: str = "[1]",
            arms: str = "[arms.baseline]") -> Path:
     """An experiment file, with one line changed for a case."""
@@ -487,6 +497,16 @@ CASES = [
     ("paper-run-plugin-never-selected", lambda t: ["paper", "run", "000-t1", "--preset", "cpu-tiny", "--plugin", str(
         _file(t, "paper_conditioner.py", CONDITIONER.replace("plugin_sign", "contract_paper_sign")))], USAGE,
      "no arm of table 000-t1 selects any of them"),
+    ("tied-vocab-rows-zero", TIED + ["--tied-vocab-rows", "0"], USAGE, "tied_vocab_rows must be >= 1"),
+    ("config-experiment-unknown-arm", lambda t: ["config", "--experiment", str(_study(t)), "--arm", "nope"], USAGE,
+     "is not an arm of"),
+    ("config-experiment-arm-name", lambda t: ["config", "--experiment", str(_study(t)), "--arm-name", "x",
+                                              "--prepolar", "hbieq"], USAGE, "--experiment names its own arms"),
+    ("config-experiment-other-preset", lambda t: ["config", "--experiment", str(_study(t)), "--preset", "gpu-d6"],
+     USAGE, "runs preset cpu-tiny: drop --preset gpu-d6"),
+    ("config-file-unreadable", ["train", "--config", "{tmp}"], USAGE, "cannot be read (IsADirectoryError)"),
+    ("eval-plugin-changed", lambda t: ["eval", str(_run_of_a_changed_plugin(t))], USAGE,
+     "changed since this run was configured: re-scoring it would run other code"),
     ("experiment-plugin-never-selected", lambda t: ["sweep", "--dry-run", "--experiment", str(_study(
         t, f'plugins = ["{_file(t, "exp_conditioner.py", CONDITIONER.replace("plugin_sign", "contract_exp_sign")).name}"]'))],
      USAGE, "registers prepolar contract_exp_sign, and no arm of the file selects any of them"),
@@ -566,6 +586,8 @@ UNREACHABLE = {
     ("families/afmuon.py", "runs in one process; under torchrun"): "needs torchrun (driven in "
                                                                  "tests/test_af_muon_distributed.py)",
     ("lab/sweep.py", "share one ledger"): "arms of one preset share its ledger",
+    ("plugins.py", "changed since this process imported it"): "needs a second command in one process "
+                                                              "(tests/test_plugin_versions.py)",
     ("config/run.py", "device_batch_size x \""): "needs torchrun (tests/test_distributed_train.py)",
     # library entry points whose command-line twins are refused by the parser's choices first
     ("config/__init__.py", "unknown setting"): "flag names come from the parser (tests/test_config_structure.py)",

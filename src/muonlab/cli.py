@@ -72,6 +72,17 @@ def _resolve_config(args: argparse.Namespace):
         cfg = apply_overrides(load_config_file(args.config, whole=True), implied, origin="implied")
         return apply_overrides(cfg, overrides, origin="command line")
     arm = getattr(args, "arm", "baseline")
+    if getattr(args, "experiment", None):  # an experiment file's arm: its preset, settings, then the flags
+        from muonlab.lab.experiment import load_experiment
+
+        if getattr(args, "arm_name", None):
+            raise UsageError("--arm-name defines an arm on a preset; --experiment names its own arms (--arm)")
+        study = load_experiment(args.experiment)
+        if arm not in study.arms:
+            raise UsageError(f"--arm {arm} is not an arm of {args.experiment} ({', '.join(study.arms)})")
+        if args.preset not in (None, DEFAULT_PRESET, study.preset):  # the default: not given
+            raise UsageError(f"{args.experiment} runs preset {study.preset}: drop --preset {args.preset}")
+        return resolve_config(arm, study.preset, {**study.settings, **overrides}, implied)
     if getattr(args, "arm_name", None):  # the model and optimizer settings given are the new arm's
         from muonlab.arms import METHOD_SECTIONS, define_arm
         from muonlab.config import canonical_overrides
@@ -674,7 +685,8 @@ def build_parser(argv: list[str] | None = None, only: str | None = None) -> argp
                        help="record the run as a new arm NAME: --arm (default baseline) plus the model and optimizer "
                             "settings given here (the run's other settings stay its protocol's, so `report` "
                             "contrasts NAME with the baseline); a NAME recorded with other settings is refused")
-        p.add_argument("--config", default=None, help="start from a saved config (a run's config.json) instead of --preset/--arm")
+        p.add_argument("--config", default=None, help="start from a saved config (a run's config.json, or the TOML "
+                                                      "`muonlab config` prints) instead of --preset/--arm")
         p.add_argument("--resume", default=None, metavar="RUN_DIR",
                        help="continue an interrupted run from its newest checkpoint, in its own directory")
         p.add_argument("--fallback", action="store_true",
@@ -699,7 +711,10 @@ def build_parser(argv: list[str] | None = None, only: str | None = None) -> argp
         p.add_argument("--arm", default="baseline", help="registered arm (see `muonlab arms`)")
         p.add_argument("--arm-name", default=None, metavar="NAME",
                        help="as `train --arm-name`: NAME is --arm plus the model and optimizer settings given")
-        p.add_argument("--config", default=None, help="a saved config (a run's config.json) instead of --preset/--arm")
+        p.add_argument("--config", default=None,
+                       help="a saved config (a run's config.json, or the TOML this verb prints) instead of --preset/--arm")
+        p.add_argument("--experiment", default=None, metavar="FILE",
+                       help="a TOML experiment file: --arm is one of its arms, under its preset and settings")
         with_config(p)
         p.set_defaults(func=cmd_config)
 

@@ -77,23 +77,24 @@ def changed_sources(saved: dict[str, str], spec: str) -> list[str]:
 
 
 def _source_files(item: str) -> list[tuple[str, Path]]:
+    """The files of a plug-in's source: a .py file (gone: none); a module's file, or every .py file under a
+    package's folder; none for a module without source files (a built-in one: nothing to edit)."""
     if item.endswith(".py"):
         path = Path(item).expanduser()
-        if not path.is_file():
-            raise UsageError(f"plug-in file not found: {item}")
-        return [(path.name, path)]
+        return [(path.name, path)] if path.is_file() else []
     try:
         spec = importlib.util.find_spec(item)
-    except (ImportError, ValueError) as exc:
-        raise UsageError(f"plug-in module {item!r} cannot be found: {exc}") from exc
-    if spec is None or spec.origin is None:
-        raise UsageError(f"plug-in module {item!r} cannot be found")
-    if not spec.submodule_search_locations:
-        return [(Path(spec.origin).name, Path(spec.origin))]
-    files = []
-    for root in map(Path, spec.submodule_search_locations):
-        files += [(str(f.relative_to(root)), f) for f in sorted(root.rglob("*.py"))]
-    return files
+    except (ImportError, ValueError):
+        return []
+    if spec is None:
+        return []
+    if spec.submodule_search_locations:
+        files = []
+        for root in map(Path, spec.submodule_search_locations):
+            files += [(str(f.relative_to(root)), f) for f in sorted(root.rglob("*.py"))]
+        return files
+    origin = Path(spec.origin) if spec.origin else None
+    return [(origin.name, origin)] if origin is not None and origin.is_file() else []
 
 
 def _digest(files: list[tuple[str, Path]]) -> str:

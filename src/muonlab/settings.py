@@ -126,6 +126,8 @@ def coerce(value: Any, tp, name: str, allow_inf: bool = False) -> Any:
         if optional or (choices is not None and None in choices):
             return None
         raise UsageError(f"{name} cannot be none")
+    if value == "none" and (optional or (choices and None in choices)) and "none" not in (choices or ()):
+        return None  # how the command line and the TOML `muonlab config` prints write none
     if isinstance(value, str) and scalar is not str:
         text = value.strip().lower()
         if (optional or (choices and None in choices)) and text in ("none", "null", ""):

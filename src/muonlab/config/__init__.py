@@ -19,6 +19,7 @@ import copy
 import dataclasses
 import hashlib
 import json
+import tomllib
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -416,14 +417,23 @@ def apply_overrides(cfg: RunConfig, overrides: dict[str, Any], origin: str = "ov
 
 
 def read_config_values(path) -> dict[str, Any]:
-    """The saved config dict of a JSON file: a run's config.json ({"config": {...}}) or a bare one."""
+    """The saved config dict of a file: a run's config.json ({"config": {...}}), a bare JSON one, or the TOML
+    `muonlab config` prints (a .toml file; its "none" strings read back as none)."""
     path = Path(path)
     try:
-        payload = json.loads(path.read_text())
+        text = path.read_text()
     except FileNotFoundError as exc:
         raise UsageError(f"config file not found: {path}") from exc
-    except (OSError, json.JSONDecodeError) as exc:
-        raise UsageError(f"{path} is not a JSON config ({exc.__class__.__name__})") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{path} cannot be read ({exc.__class__.__name__})") from exc
+    try:
+        payload = json.loads(text)
+    except json.JSONDecodeError as exc:
+        try:
+            payload = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as toml_exc:
+            kind = "TOML" if path.suffix == ".toml" else "JSON"
+            raise UsageError(f"{path} is not a {kind} config ({toml_exc if kind == 'TOML' else exc})") from exc
     values = payload.get("config", payload) if isinstance(payload, dict) else None
     if not isinstance(values, dict):
         raise UsageError(f"{path} does not hold a config object")
