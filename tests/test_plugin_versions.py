@@ -119,6 +119,8 @@ def test_eval_and_resume_refuse_a_run_whose_plugin_changed(tmp_path, capsys):
     assert list(saved["plugin_code"]) == [str(plugin)]
     _edit(plugin)
     capsys.readouterr()
+    # as a run stopped by a signal says (a finished one is refused for that first: nothing to resume)
+    (run_dir / "summary.json").write_text(json.dumps({"status": "interrupted", "run_id": run_dir.name}))
     for argv in (["eval", str(run_dir)], ["train", "--resume", str(run_dir)]):
         assert main(argv) == 2
         err = capsys.readouterr().err
