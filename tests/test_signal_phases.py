@@ -71,7 +71,7 @@ def test_sigterm_while_the_first_step_compiles_stops_at_once(tmp_path):
 
 
 def test_sigterm_during_the_final_evaluation_records_a_resumable_run(tmp_path):
-    code, err, lines, _ = _interrupt(tmp_path, "step 00000", "--synthetic-bytes", "30000000", "--num-steps", "1",
+    code, err, lines, _ = _interrupt(tmp_path, "step 00001", "--synthetic-bytes", "30000000", "--num-steps", "1",
                                      "--eval-tokens", "5000000", delay=1.0)
     assert code == 130, err
     [line] = lines

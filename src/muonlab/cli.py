@@ -188,8 +188,17 @@ def cmd_config(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    from muonlab.train.rescore import rescore_run
+    from muonlab.train.rescore import rescore_every, rescore_run
 
+    if args.every is not None:
+        if args.step is not None:
+            raise UsageError("--every scores the checkpoints at every multiple of N steps: drop --step")
+        results = rescore_every(args.run, args.every, device=args.device, log=_log_for(args))
+        text = [f"{r.step:>8}  " + "  ".join(f"{k} {v:.6f}" for k, v in r.scores.items()) for r in results]
+        _emit(args, {"run_dir": args.run, "every": args.every, "evaluations": [r.to_dict() for r in results]},
+              "\n".join([f"{args.run}: the val split after each multiple of {args.every} steps, recorded in its "
+                         "evals.jsonl (report --at-step reads them)", "   steps  scores", *text]))
+        return 0
     splits = tuple(s.strip() for s in args.splits.split(",") if s.strip())
     result = rescore_run(args.run, step=args.step, splits=splits, device=args.device, log=_log_for(args))
     _emit(args, result.to_dict(), result.format())
@@ -724,6 +733,9 @@ def build_parser(argv: list[str] | None = None, only: str | None = None) -> argp
         p.add_argument("run", metavar="RUN_DIR", help="a run directory (holding config.json)")
         p.add_argument("--step", type=integer_at_least(0), default=None, metavar="N",
                        help="the checkpoint after N steps (checkpoints/step-NNNNNN.pt) instead of the final weights")
+        p.add_argument("--every", type=integer_at_least(1), default=None, metavar="N",
+                       help="score the val split of each kept checkpoint after a multiple of N steps, as a periodic "
+                            "evaluation, and record them where report --at-step reads them")
         p.add_argument("--splits", default="val,holdout", help="val, holdout or both (default: both)")
         p.add_argument("--device", default=None, help="score on this device instead of the run's (cpu, cuda, ...)")
         p.add_argument("--json", action="store_true", help="print the scores and the recorded values as JSON")

@@ -23,7 +23,7 @@ from muonlab.arms import resolve_config
 from muonlab.config import RunConfig
 from muonlab.errors import UsageError
 from muonlab.record.ledger import check_writable, read_records_tolerant
-from muonlab.record.rundir import check_runs_folder, ledger_path, new_run_id, runs_dir
+from muonlab.record.rundir import read_posthoc, check_runs_folder, ledger_path, new_run_id, runs_dir
 from muonlab.settings import comma_items
 
 
@@ -129,6 +129,24 @@ def select(jobs: list[SweepJob], latest: dict[tuple, dict], retry_failed: bool,
     return to_run, skipped
 
 
+def lacks_evaluations(job: SweepJob, rec: dict) -> str | None:
+    """What a done run lacks of the periodic evaluations its sweep asks for (--eval-every is not part of a run's
+    identity, so the run counts as done), and how to get them; None where it has them."""
+    every = job.config.train.eval_every
+    steps = (rec.get("metrics") or {}).get("steps")
+    if every <= 0 or not isinstance(steps, int):
+        return None
+    have = {e.get("step") for e in rec.get("evals") or [] if isinstance(e, dict)}
+    run_dir = rec.get("run_dir")
+    if run_dir and Path(run_dir).is_dir():
+        have |= {e["step"] for e in read_posthoc(Path(run_dir))}
+    wanted = set(range(every, steps, every))
+    if wanted <= have:
+        return None
+    return (f"without the evaluations every {every} steps asked for: `muonlab eval {run_dir or rec.get('run_id')} "
+            f"--every {every}` scores its kept checkpoints")
+
+
 def sweep_dir(jobs: list[SweepJob]) -> Path:
     stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(2).hex()}"
     path = runs_dir(jobs[0].config) / "sweeps" / stamp
@@ -172,8 +190,10 @@ def run_sweep(arms: list[str], seeds: Seeds, preset_name: str, overrides: dict[s
         if outcome.action in ("skipped-queued", "skipped-running"):
             log(f"skip {outcome.job.name}: {outcome.status} on SLURM (muonlab sweep --status)")
             continue
+        lacking = lacks_evaluations(outcome.job, latest.get(outcome.job.key, {})) if outcome.status == "ok" else None
         log(f"skip {outcome.job.name}: already {outcome.status} in {ledger}"
-            + ("" if outcome.status == "ok" else " (use --retry-failed to run it again)"))
+            + ("" if outcome.status == "ok" else " (use --retry-failed to run it again)")
+            + (f"; {lacking}" if lacking else ""))
     if to_run:
         check_writable(ledger)  # as each run checks them, once, before a job file is written
         check_runs_folder(jobs[0].config)
@@ -214,7 +234,9 @@ def dry_run(arms: list[str], seeds: Seeds, preset_name: str, overrides: dict[str
     ledger = ledger_path(jobs[0].config)
     latest = latest_records(ledger, log)
     to_run, skipped = select(jobs, latest, retry_failed, in_queue(ledger, latest, log))
-    actions = {o.job.key: {"skipped-ok": "done (ok)", "skipped-failed": f"skip ({o.status}; --retry-failed runs it)",
+    lacking = {o.job.key: lacks_evaluations(o.job, latest.get(o.job.key, {})) for o in skipped if o.action == "skipped-ok"}
+    actions = {o.job.key: {"skipped-ok": "done (ok)" + (f"; {lacking[o.job.key]}" if lacking.get(o.job.key) else ""),
+                           "skipped-failed": f"skip ({o.status}; --retry-failed runs it)",
                            "skipped-queued": "skip (queued on SLURM)", "skipped-running": "skip (running on SLURM)"
                            }[o.action] for o in skipped}
     actions.update({j.key: f"resume {Path(j.resume_dir).name}" if j.resume_dir else "run" for j in to_run})

@@ -130,6 +130,25 @@ def metrics_writer(path: Path) -> Iterator[Callable[[dict], None]]:
         os.close(fd)
 
 
+POSTHOC_FILE = "evals.jsonl"  # a run's evaluations scored afterwards (`muonlab eval RUN --every N`)
+
+
+def read_posthoc(run_dir: Path) -> list[dict]:
+    """The evaluations `eval --every` recorded for a run ({"step", "tokens", "val_bpb", ...}); bad lines skipped."""
+    path = Path(run_dir) / POSTHOC_FILE
+    out = []
+    if path.is_file():
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict) and isinstance(row.get("step"), int) and isinstance(row.get("tokens"), int):
+                out.append(row)
+    return out
+
+
+
 def periodic_evals(metrics_path: Path, tokens_per_step: int) -> list[dict]:
     """The periodic evaluations of a run's metrics.jsonl, in order: {"step": steps done, "tokens":
     tokens trained, "val_bpb": ..., ...} (a metrics line's `step` counts from 0, so the evaluation

@@ -248,7 +248,7 @@ def _print_progress(cfg: RunConfig, state: LoopState, rec: dict, interactive: bo
         done = min(state.training_seconds / cfg.train.time_budget, 1.0)
         eta = cfg.train.time_budget - state.training_seconds
     mfu_text = f" | mfu {rec['mfu']:.1f}%" if rec["mfu"] is not None else ""
-    line = (f"step {rec['step']:05d} ({100 * done:.1f}%) | loss {state.smooth_loss:.4f} | "
+    line = (f"step {rec['step'] + 1:05d} ({100 * done:.1f}%) | loss {state.smooth_loss:.4f} | "
             f"lrm {rec['lrm']:.2f} | dt {rec['dt'] * 1000:.0f}ms | tok/s {rec['tok_per_sec']:,.0f}"
             f"{mfu_text} | epoch {state.epoch} | eta {_format_eta(eta)}")
     print("\r" + line + "   " if interactive else line, end="" if interactive else "\n", flush=True)

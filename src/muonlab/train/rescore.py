@@ -32,7 +32,7 @@ from muonlab.device import Runtime, resolve_precision
 from muonlab.errors import UsageError
 from muonlab.families import get_family
 from muonlab.record.ledger import read_records_tolerant
-from muonlab.record.rundir import ledger_path, periodic_evals
+from muonlab.record.rundir import POSTHOC_FILE, ledger_path, periodic_evals, read_posthoc
 from muonlab.train.build import build_model
 from muonlab.train.distributed import Dist
 from muonlab.train.load import run_weights
@@ -127,3 +127,44 @@ def _recorded(run_dir: Path, cfg, step: int | None, keys: set[str]) -> dict[str,
         if evaluation["step"] == step:
             out.update({k: v for k, v in evaluation.items() if k in keys})
     return out
+
+
+def rescore_every(run_dir: str | Path, every: int, device: str | None = None,
+                  log: Callable[[str], None] = print) -> list[Rescore]:
+    """Score the val split of each checkpoint a run kept after a multiple of `every` steps (before its end: its
+    final evaluation is the end's), as its periodic evaluation would have, and record them in the run's
+    evals.jsonl, where `report --at-step` reads them beside the evaluations the run made itself. Steps are
+    steps done (the checkpoint after N steps is step N), as everywhere a user gives or reads one."""
+    from muonlab.record.ledger import append_line  # noqa: PLC0415
+    from muonlab.train.checkpoint import list_checkpoints  # noqa: PLC0415
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.json").is_file():
+        raise UsageError(f"{run_dir} is not a run directory (no config.json)")
+    cfg = load_config_file(run_dir / "config.json")
+    kept = sorted(int(p.stem.split("-")[1]) for p in list_checkpoints(run_dir))
+    final = _final_steps(run_dir)
+    due = [s for s in kept if s % every == 0 and (final is None or s < final)]
+    if not due:
+        have = ", ".join(map(str, kept)) or "none"
+        raise UsageError(f"{run_dir.name} kept no checkpoint after a multiple of {every} steps before its end "
+                         f"(checkpoints after steps: {have}; it keeps the {cfg.record.checkpoint_keep} newest): to "
+                         f"have these evaluations, train it again with --eval-every {every}, or with "
+                         f"--checkpoint-every {every} and a --checkpoint-keep that keeps them, then eval --every")
+    done = {e["step"] for e in read_posthoc(run_dir)}
+    out = []
+    for step in due:
+        result = rescore_run(run_dir, step=step, splits=("val",), device=device, log=log)
+        out.append(result)
+        if step not in done:
+            line = {"step": step, "tokens": step * cfg.train.total_batch_size, **result.scores,
+                    "weights": Path(result.weights).name}
+            append_line(run_dir / POSTHOC_FILE, line, what="the run's evaluations")
+    return out
+
+
+def _final_steps(run_dir: Path) -> int | None:
+    try:
+        return int(json.loads((run_dir / "summary.json").read_text())["num_steps"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

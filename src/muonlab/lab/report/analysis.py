@@ -68,7 +68,12 @@ def analyse(ledger: Path, baseline: str, metric: str, threshold: float, rule_kin
     warnings = [f"ledger {p}; skipped" for p in problems]
     notes: list[str] = list(version_notes)
     if at is not None:
+        ok_before = sum(r["status"] == "ok" for r in records)
         records = _at_point(records, at, metric, ledger.parent, warnings, notes)
+        if ok_before and not any(r["status"] == "ok" for r in records):
+            raise MuonlabError(f"none of the {ok_before} ok run(s) in {ledger} evaluated at or before {at.describe()} "
+                               "(they have no periodic evaluation there): train with --eval-every N, or score their "
+                               "kept checkpoints with `muonlab eval RUN --every N`")
     ok_all = [r for r in records if r["status"] == "ok"]
     if not ok_all:
         raise MuonlabError(f"no runs with status 'ok' in {ledger} ({len(records)} failed, diverged or interrupted, "

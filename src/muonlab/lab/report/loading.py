@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 from muonlab.errors import UsageError
 from muonlab.record.ledger import STATUSES, read_records_tolerant
-from muonlab.record.rundir import periodic_evals
+from muonlab.record.rundir import periodic_evals, read_posthoc
 
 CURVE_FILE = "metrics.jsonl"
 
@@ -105,7 +105,7 @@ def load_curve(record: Mapping[str, Any], ledger_dir: Path, key: str | None = No
                 bad += 1
                 continue
             if math.isfinite(value):
-                steps.append(step)
+                steps.append(step + 1)  # steps done: metrics.jsonl's line `step` i records the state after i + 1
                 values.append(value)
     if not steps:
         return None, f"run {run_id}: {run_dir / CURVE_FILE} holds no readable {key or 'loss'} values"
@@ -160,11 +160,13 @@ def evaluation_at(record: Mapping[str, Any], point: Point, ledger_dir: Path | No
     from its ledger line (`evals`) or, for a line written before those were recorded, its metrics.jsonl, or its
     final evaluation where the run ended at or before the point; None when it evaluated nowhere before it."""
     evals = record.get("evals")
+    run_dir = find_run_dir(record, ledger_dir or Path("."))
     if not isinstance(evals, list):
-        run_dir = find_run_dir(record, ledger_dir or Path("."))
         config = record.get("config") if isinstance(record.get("config"), dict) else {}
         per_step = (config.get("train") or {}).get("total_batch_size")
         evals = periodic_evals(run_dir / CURVE_FILE, per_step) if run_dir is not None and per_step else []
+    if run_dir is not None:  # and those `muonlab eval RUN --every N` scored from its checkpoints afterwards
+        evals = [*evals, *read_posthoc(run_dir)]
     key = "step" if point.step is not None else "tokens"
     limit = point.step if point.step is not None else point.tokens
     due = [e for e in evals if isinstance(e, dict) and isinstance(e.get(key), int) and e[key] <= limit]
