@@ -106,6 +106,8 @@ def test_an_edited_plugin_runs_again_and_the_report_keeps_the_two_versions_apart
     arms = sorted(report["studies"][0]["arms"])
     assert arms[0] == "baseline" and len(arms) == 3 and all(a.startswith("mix75@") for a in arms[1:])
     assert any("2 versions of its plug-in source" in n for n in report["notes"])
+    md = (tmp_path / "runs" / "report" / "report.md").read_text()
+    assert md.startswith(f"# Experiment report: study ({study})")  # titled by the experiment, not the ledger
 
 
 def test_eval_and_resume_refuse_a_run_whose_plugin_changed(tmp_path, capsys):

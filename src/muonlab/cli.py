@@ -481,7 +481,8 @@ def cmd_report(args) -> int:
                         out_dir=args.out, rule=args.rule, where=args.where, protocol=args.protocol,
                         contrasts=args.contrast, dods=args.dod, retentions=args.retention,
                         single_seed=args.single_seed, across=args.across, only=only, at=_point(args),
-                        protocol_free=args.protocol_free)
+                        protocol_free=args.protocol_free,
+                        title=f"{Path(args.experiment).stem} ({args.experiment})" if args.experiment else None)
     if args.tsv:
         records, _ = read_records_tolerant(ledger)
         write_text(args.tsv, results_tsv(sorted(records, key=lambda r: r["_line"])))

@@ -44,35 +44,43 @@ def _palette(i: int) -> str:
 def plot_loss_curves(curves: Mapping[str, Sequence[tuple[int, Sequence[int], Sequence[float]]]],
                      path: str | os.PathLike, ylabel: str = "training loss (EMA)",
                      title: str = "Training loss per arm") -> None:
-    """Per arm: thin line per seed, thick line for the mean over seeds at their common steps.
+    """Per arm: thin line per seed, thick line for the mean over seeds at their common steps; on the left the
+    whole run, on the right from a tenth of it on (the first steps' loss, ~ln V, dwarfs the differences that
+    matter). Each panel's y range holds every line it draws, per-seed ones included.
 
     `curves` maps arm -> [(seed, steps, values), ...].
     """
-    fig = _figure(8.0, 4.8)
-    ax = fig.add_subplot(1, 1, 1)
-    tail_values: list[float] = []
-    for i, (arm, runs) in enumerate(curves.items()):
-        color = _palette(i)
-        for _seed, steps, values in runs:
-            ax.plot(steps, values, color=color, linewidth=0.7, alpha=0.35)
-        common = sorted(set.intersection(*(set(steps) for _s, steps, _v in runs))) if runs else []
-        if not common:
-            continue
-        lookup = [dict(zip(steps, values)) for _s, steps, values in runs]
-        mean = [sum(d[s] for d in lookup) / len(lookup) for s in common]
-        ax.plot(common, mean, color=color, linewidth=2.0, label=f"{arm} (mean of {len(runs)})")
-        # the first steps' loss (~ln V) dwarfs the differences that matter; scale to the rest
-        tail_values.extend(mean[len(mean) // 10:])
-    if len(tail_values) > 2:
-        lo, hi = min(tail_values), max(tail_values)
-        pad = 0.05 * (hi - lo or abs(hi) or 1.0)
-        ax.set_ylim(lo - pad, hi + pad)
-    ax.set_xlabel("steps done")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
+    fig = _figure(11.0, 4.8)
+    whole, zoom = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    last = max((max(steps) for runs in curves.values() for _s, steps, _v in runs if len(steps)), default=0)
+    start = last / 10
+    for ax, lower in ((whole, None), (zoom, start)):
+        shown: list[float] = []
+        for i, (arm, runs) in enumerate(curves.items()):
+            color = _palette(i)
+            for _seed, steps, values in runs:
+                kept = [(s, v) for s, v in zip(steps, values) if lower is None or s >= lower]
+                if kept:
+                    ax.plot(*zip(*kept), color=color, linewidth=0.7, alpha=0.35)
+                    shown += [v for _, v in kept]
+            common = sorted(set.intersection(*(set(steps) for _s, steps, _v in runs))) if runs else []
+            common = [s for s in common if lower is None or s >= lower]
+            if common:
+                lookup = [dict(zip(steps, values)) for _s, steps, values in runs]
+                ax.plot(common, [sum(d[s] for d in lookup) / len(lookup) for s in common], color=color,
+                        linewidth=2.0, label=f"{arm} (mean of {len(runs)})")
+        if shown:
+            lo, hi = min(shown), max(shown)
+            pad = 0.05 * (hi - lo or abs(hi) or 1.0)
+            ax.set_ylim(lo - pad, hi + pad)
+        ax.set_xlabel("steps done")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+    whole.set_title("whole run", fontsize=9)
+    zoom.set_title(f"from step {start:,.0f} on", fontsize=9)
+    fig.suptitle(title)
     if curves:
-        ax.legend(fontsize=8)
+        zoom.legend(fontsize=8)
     _save(fig, path)
 
 
@@ -136,7 +144,7 @@ def plot_paired_deltas(contrasts: Mapping[str, Mapping], path: str | os.PathLike
     ax.set_xticklabels(names, rotation=20, ha="right", fontsize=8)
     ax.set_xlim(-0.7, max(len(names) - 0.3, 0.7))
     ax.set_ylabel(f"Δ {metric} vs {baseline} (negative = lower)")
-    ax.set_title(f"Per-seed paired Δ {metric} with mean and 95% t-interval")
+    ax.set_title(f"Per-seed paired Δ {metric}\nwith mean and 95% t-interval", fontsize=10)  # fits 1 arm's width
     ax.grid(alpha=0.3, axis="y")
     if threshold > 0:
         ax.legend(fontsize=8, loc="best")

@@ -28,7 +28,7 @@ def build_report(ledger_path: str | os.PathLike, baseline: str = "baseline", met
                  contrasts: Sequence[str] = (), dods: Sequence[str] = (), retentions: Sequence[str] = (),
                  single_seed: Sequence[str] = (), across: str | None = None,
                  only: Collection[tuple[str, int, str | None]] | None = None,
-                 at: Point | None = None, protocol_free: bool = False) -> dict[str, Any]:
+                 at: Point | None = None, protocol_free: bool = False, title: str | None = None) -> dict[str, Any]:
     """Analyse a ledger and return the report as a JSON-ready dict, one study per protocol; with
     `out_dir`, also write report.md, report.json and the PNG plots there (see `write_report`).
 
@@ -39,7 +39,8 @@ def build_report(ledger_path: str | os.PathLike, baseline: str = "baseline", met
     texts (muonlab.lab.report.requests: "A:B", "A:B,C:D", "A:B@SEED", "KEY" or "KEY=v1,v2"). `only`
     keeps the lines whose (arm, seed, protocol id) it lists (an experiment file's planned runs); `at`
     reads each run at its last periodic evaluation at or before that point (loading.Point);
-    `protocol_free` pools lines that record neither a protocol nor a config into one protocol.
+    `protocol_free` pools lines that record neither a protocol nor a config into one protocol. `title` names
+    the report (an experiment file's name; default: the ledger's).
     Raises UsageError for a missing ledger, an unknown baseline, metric, arm or setting, and a
     filter nothing matches; MuonlabError when the ledger has no ok run.
     """
@@ -55,6 +56,7 @@ def build_report(ledger_path: str | os.PathLike, baseline: str = "baseline", met
         raise type(exc)(f"{exc}; {len(out)} submitted run(s) are still out (muonlab sweep --status --ledger "
                         f"{ledger_path})") from exc
     report["unfinished"] = still_out(Path(ledger_path))  # a detached sweep's runs not yet recorded
+    report["title"] = title or Path(ledger_path).name
     if out_dir is not None:
         write_report(report, out_dir, curves)
     return report

@@ -209,7 +209,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     counts, selection = report["counts"], report["selection"]
     studies = report["studies"]
     where = ", ".join(f"{k} = {v}" for k, v in selection["where"].items())
-    lines = [f"# Experiment report: {Path(report['ledger']).name}", "",
+    lines = [f"# Experiment report: {report.get('title') or Path(report['ledger']).name}", "",
              f"Ledger `{report['ledger']}`, generated {report['generated_at']}.", "", "## Method", "",
              f"- Primary metric: `{report['metric']}`; baseline arm: `{report['baseline']}`"
              + (f"; compared at {report['compared_at']['text']} (each run's last periodic evaluation at or "
