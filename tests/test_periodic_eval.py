@@ -57,4 +57,4 @@ def test_report_draws_validation_curves_per_arm(tmp_path):
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     record = next(iter(read_records(runs / "ledger.jsonl")))
     curve, note = load_curve(record, runs, "val_bpb")
-    assert curve.steps == [5, 11] and note is None  # lines without val_bpb are not unreadable lines
+    assert curve.steps == [6, 12] and note is None  # steps done; lines without val_bpb are not unreadable lines

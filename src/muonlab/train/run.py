@@ -180,13 +180,18 @@ def resume_training(run_dir: str | Path, log: Callable[[str], None] = print, fal
 
 
 def _refuse_finished(run_dir: Path) -> None:
-    """A run that finished has nothing to resume: resuming it would evaluate it again and add a second `ok`
-    line for one run (its summary says it finished)."""
+    """A run that finished has nothing to resume: its summary says ok and its newest checkpoint is whole and at
+    its last step, so a resume would train nothing, evaluate it again and add a second `ok` line for one run.
+    (One whose later checkpoints were removed, or whose last one is damaged, resumes from an earlier one.)"""
+    from muonlab.train.checkpoint import list_checkpoints, verify_checkpoint  # noqa: PLC0415
+
     try:
-        status = json.loads((run_dir / "summary.json").read_text()).get("status")
-    except (OSError, ValueError, AttributeError):
+        summary = json.loads((run_dir / "summary.json").read_text())
+        status, steps = summary.get("status"), int(summary.get("num_steps"))
+    except (OSError, ValueError, AttributeError, TypeError):
         return
-    if status == "ok":
+    newest = list_checkpoints(run_dir)[-1:]
+    if status == "ok" and newest and int(newest[0].stem.split("-")[1]) == steps and verify_checkpoint(newest[0]) is None:
         raise UsageError(f"{run_dir.name} finished (ok): there is nothing to resume; `muonlab eval {run_dir}` "
                          "re-scores its weights")
 
