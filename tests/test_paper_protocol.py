@@ -258,6 +258,11 @@ def test_runs_on_the_papers_own_data_are_the_tables_protocol_wherever_the_cache_
     t = TABLES["004-t1-smollm2"]
     route = PAPER_DATA[t.preset]
     assert PAPER_DATA["t5-small"].tokenizer.repo_id == "HuggingFaceTB/SmolLM2-135M"  # App. J.5: V = 49,152
+    assert PAPER_DATA["t5gemma2"].tokenizer.repo_id == "google/t5gemma-2-270m-270m"  # its own Gemma tokenizer
+    gemma = TABLES["004-t1-t5gemma2"]  # its runs on that route are its protocol too
+    gemma_cfg = resolve_config("t1_afmuon", gemma.preset, PAPER_DATA["t5gemma2"].settings(Path("/data")))
+    assert gemma_cfg.data.source == "local" and gemma_cfg.data.tokenizer_json.endswith(
+        "models--google--t5gemma-2-270m-270m/tokenizer.json")
 
     def line(seed, settings):
         cfg = resolve_config("t1_afmuon", t.preset, {"seed": seed, **settings})

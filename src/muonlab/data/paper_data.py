@@ -5,6 +5,9 @@ token files from them; `train` then reads them with the settings `prepare` print
   preset                             dataset (App. J)                             tokenizer
   nanogpt-124m, nanogpt-124m-moe     FineWeb sample-10BT                          GPT-2's BPE (openai-community/gpt2)
   smollm2-135m, reuse-k9, t5-small   FineWeb sample-10BT                          SmolLM2's (HuggingFaceTB/SmolLM2-135M)
+  t5gemma2                           FineWeb sample-10BT                          the Gemma tokenizer of the model
+                                                                                  (google/t5gemma-2-270m-270m, 262k ids;
+                                                                                  gated: accept its licence, HF_TOKEN)
   qwen2.5-0.5b                       FineWeb sample-10BT (the subset J.3 names)   Qwen2.5's (Qwen/Qwen2.5-0.5B)
   llama-3.2-1b                       FineWeb sample-10BT                          Llama-3.2's (meta-llama/Llama-3.2-1B,
                                                                                   gated: accept its licence, HF_TOKEN)
@@ -91,6 +94,9 @@ PAPER_DATA = {
     "nanogpt-124m-moe": PaperData(FINEWEB, GPT2),
     "t5-small": PaperData(FINEWEB, SMOLLM2),  # App. J.5: V = 49,152, the SmolLM2 tokenizer
     "smollm2-135m": PaperData(FINEWEB, SMOLLM2),
+    # App. J.5 / Table 16: the random-init google/t5gemma-2-270m-270m with its shared 262k-row table, so its own
+    # (Gemma) tokenizer; the paper names no other
+    "t5gemma2": PaperData(FINEWEB, _tokenizer("google/t5gemma-2-270m-270m")),
     "reuse-k9": PaperData(FINEWEB, SMOLLM2),
     "qwen2.5-0.5b": PaperData(FINEWEB, _tokenizer("Qwen/Qwen2.5-0.5B")),
     "llama-3.2-1b": PaperData(FINEWEB, _tokenizer("meta-llama/Llama-3.2-1B")),

@@ -157,7 +157,8 @@ PRESETS = {
                      "data.source": "synthetic", "data.vocab_size": 512, "data.synthetic_bytes": 200_000},
     # seed 004 App. J.5 / Table 16: 256 + 256 tokens, micro 16 x 128 accumulation = 524,288 target tokens per
     # update, 1,431 updates (750M target tokens), eval every 250 on 1M target tokens, rho 60. Data: the user's
-    # FineWeb tokenized with the Gemma tokenizer (--source memmap --path DIR; 262,144 ids give the paper's table)
+    # FineWeb tokenized with the Gemma tokenizer: `prepare --preset t5gemma2 --download` fetches both (gated), or
+    # --source memmap --path DIR of your own (262,144 ids give the paper's table)
     "t5gemma2": {**_T5_COMMON, "model.preset": "t5gemma2-270m", "optim.rho": 60.0, "train.sequence_len": 256,
                  "train.device_batch_size": 16, "train.total_batch_size": 16 * 128 * 256, "train.num_steps": 1431,
                  "train.eval_every": 250, "train.eval_tokens": 2**20, "record.checkpoint_every": 250,
