@@ -58,7 +58,7 @@ def test_threaded_encode_keeps_order_and_equals_tiktoken(tok, monkeypatch):
     """Enough texts for several threads: the slices come back in order, token for token tiktoken's."""
     import muonlab.data.tokenizer as tokenizer_module
 
-    monkeypatch.setattr(tokenizer_module, "_usable_cpus", lambda: 4)
+    monkeypatch.setattr(tokenizer_module, "usable_cpus", lambda: 4)
     texts = [f"doc {i}: " + "the quick fox " * (i % 7) for i in range(4 * tokenizer_module._TEXTS_PER_THREAD + 3)]
     expected = [[tok.bos_token_id, *row] for row in tok.enc.encode_ordinary_batch(texts)]
     assert tok.encode_batch(texts, num_threads=4) == expected

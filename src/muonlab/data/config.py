@@ -62,6 +62,9 @@ class DataConfig(Section):
     download_retries: int = setting(5, "climbmix: attempts per shard", hashed=False)
     download_backoff_s: float = setting(2.0, "climbmix: sleep backoff_s * 2**(attempt-1) between attempts", hashed=False)
     download_timeout_s: float = setting(30.0, "climbmix: seconds before a stalled download is retried", hashed=False)
+    prefetch_batches: int = setting(4, "training batches a worker thread makes ahead of the step, so tokenizing and "
+                                    "packing overlap it (0: made between steps in the training thread, as upstream); "
+                                    "the same batches either way", hashed=False)
     vocab_size: int = setting(8192, "BPE vocabulary size (tokens)")
     tokenizer_max_chars: int = setting(1_000_000_000, "characters of the train split fed to BPE training")
     tokenizer_doc_cap: int = setting(10_000, "characters taken from each document for BPE training")
@@ -134,6 +137,8 @@ class DataConfig(Section):
             raise UsageError(f"download_retries must be >= 1, got {self.download_retries}")
         if self.download_backoff_s < 0 or self.download_timeout_s <= 0:
             raise UsageError("download_backoff_s must be >= 0 and download_timeout_s > 0")
+        if self.prefetch_batches < 0:
+            raise UsageError(f"prefetch_batches must be >= 0, got {self.prefetch_batches}")
         if not 256 + 4 <= self.vocab_size <= 1_000_000:
             raise UsageError(f"vocab_size must be between 260 and 1000000, got {self.vocab_size}")
         if self.tokenizer_max_chars < 1 or self.tokenizer_doc_cap < 1:

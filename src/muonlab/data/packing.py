@@ -16,7 +16,9 @@ from __future__ import annotations
 import bisect
 import inspect
 import itertools
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -41,16 +43,44 @@ def _open(factory: DocumentsFactory, start: int) -> Iterator:
     return itertools.islice(iter(factory()), start, None)
 
 
+def _encoded(source: Iterator, tokenizer, workers: int) -> Iterator[tuple[object, list]]:
+    """(document batch, its token ids) in the source's order, the next `workers` batches encoded at once on
+    threads of their own (tiktoken releases the GIL): one batch of 128 documents keeps at most two threads
+    busy, several keep a GPU node's cores busy. The same ids as encoding each batch in turn."""
+    def encode(item):
+        docs = item.docs if isinstance(item, DocBatch) else item
+        return item, tokenizer.encode_batch(list(docs), prepend_bos=True)
+
+    if workers <= 1:
+        yield from map(encode, source)
+        return
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="muonlab-encode")
+    try:
+        pending: deque = deque()
+        for item in source:
+            pending.append(pool.submit(encode, item))
+            if len(pending) >= workers:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        for future in pending:
+            future.cancel()
+        pool.shutdown(wait=False)
+
+
 class RowPacker:
     """Produces packed rows (numpy int64 [T+1]) one at a time; resumable."""
 
-    def __init__(self, documents_factory: DocumentsFactory, tokenizer, T: int, buffer_size: int = 1000):
+    def __init__(self, documents_factory: DocumentsFactory, tokenizer, T: int, buffer_size: int = 1000,
+                 encode_workers: int = 1):
         if T < 1 or buffer_size < 1:
             raise UsageError(f"T and buffer_size must be >= 1, got T={T}, buffer_size={buffer_size}")
         self.factory = documents_factory
         self.tokenizer = tokenizer
         self.capacity = T + 1
         self.buffer_size = buffer_size
+        self.encode_workers = encode_workers  # document batches encoded at once, ahead of the packing (same ids)
         self.batches_consumed = 0  # document batches taken from the factory so far
         self.rows_produced = 0
         self.epoch = 1  # the epoch of the documents read into the buffer last (it reads ahead)
@@ -67,21 +97,19 @@ class RowPacker:
     # --- buffer ---------------------------------------------------------------------
     def _refill(self) -> None:
         if self._source is None:
-            self._source = _open(self.factory, self.batches_consumed)
+            self._source = _encoded(_open(self.factory, self.batches_consumed), self.tokenizer, self.encode_workers)
         while len(self._keys) < self.buffer_size and not self.exhausted:
-            item = next(self._source, None)
+            item, encoded = next(self._source, (None, None))
             if item is None:
                 self.exhausted = True
                 return
             self.batches_consumed += 1
             if isinstance(item, DocBatch):
-                docs, self.epoch = item.docs, item.epoch
-            else:
-                docs = item
+                self.epoch = item.epoch
             if self.epoch > 1 and self.tokens_per_epoch is None:
                 self.tokens_per_epoch = self.first_epoch_tokens
             keys = self._keys
-            for ids in self.tokenizer.encode_batch(list(docs), prepend_bos=True):
+            for ids in encoded:
                 if self.epoch == 1:
                     self.first_epoch_tokens += len(ids)
                 arrival = self._next_arrival
@@ -204,6 +232,7 @@ class BestFitLoader:
         device: str | torch.device = "cpu",
         rank: int = 0,
         world_size: int = 1,
+        encode_workers: int = 1,
     ):
         if B < 1:
             raise UsageError(f"batch size B must be >= 1, got {B}")
@@ -212,7 +241,7 @@ class BestFitLoader:
         self.B, self.T = B, T
         self.device = torch.device(device)
         self.rank, self.world_size = rank, world_size
-        self.packer = RowPacker(documents_factory, tokenizer, T, buffer_size)
+        self.packer = RowPacker(documents_factory, tokenizer, T, buffer_size, encode_workers)
 
     def __iter__(self) -> "BestFitLoader":
         return self

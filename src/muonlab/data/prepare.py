@@ -16,7 +16,7 @@ from muonlab.data.corpus import Corpus, prepare_corpus
 from muonlab.data.packing import BestFitLoader, RowPacker
 from muonlab.data.sources import SPLITS
 from muonlab.data.store import DocBatch, iter_doc_batches, iter_docs
-from muonlab.data.tokenizer import Tokenizer
+from muonlab.data.tokenizer import Tokenizer, usable_cpus
 from muonlab.errors import UsageError
 from muonlab.paths import cache_root
 
@@ -120,8 +120,11 @@ class PreparedData:
         interface (muonlab.data.token_data), which shuffle per seed."""
         _check_split(split)
         self.documents(split)  # validates the split
+        # the next document batches encoded at once, a share of the machine's cores per rank (same ids)
+        workers = max(1, min(8, usable_cpus() // world_size))
         return BestFitLoader(
-            lambda start: self.documents(split, start), self.tokenizer, B, T, buffer_size, device, rank, world_size
+            lambda start: self.documents(split, start), self.tokenizer, B, T, buffer_size, device, rank, world_size,
+            encode_workers=workers,
         )
 
     def eval_stream(self, split: str, T: int, max_tokens: int) -> tuple[Callable[[int], Iterator[DocBatch]], int]:

@@ -32,7 +32,7 @@ SPLIT_PATTERN = (
 _TEXTS_PER_THREAD = 64  # below this many texts per thread, starting threads costs more than it saves
 
 
-def _usable_cpus() -> int:
+def usable_cpus() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
@@ -155,7 +155,7 @@ class Tokenizer:
         Each thread takes one contiguous slice: tiktoken's own batch call submits one task per
         text, whose overhead exceeds the work for short documents (serial encoding beats it on
         2 cores). The tokens are the same either way."""
-        threads = max(1, min(num_threads, len(texts) // _TEXTS_PER_THREAD, _usable_cpus()))
+        threads = max(1, min(num_threads, len(texts) // _TEXTS_PER_THREAD, usable_cpus()))
         if threads == 1:
             rows = [self.enc.encode_ordinary(t) for t in texts]
         else:

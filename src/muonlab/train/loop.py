@@ -141,6 +141,7 @@ def train_loop(cfg: RunConfig, model, optimizer, loader, runtime: Runtime, flops
             step = state.step
             synchronize(runtime.device)
             t0 = time.perf_counter()
+            data_wait = 0.0  # seconds the step waited for its next batch (0 when the loader keeps ahead)
             try:
                 micro_losses = []
                 for _ in range(accum):
@@ -150,7 +151,9 @@ def train_loop(cfg: RunConfig, model, optimizer, loader, runtime: Runtime, flops
                         loss = model(x, y)
                     micro_losses.append(loss.detach())
                     (loss / accum).backward()
+                    t_data = time.perf_counter()
                     x, y, state.epoch = next(loader)
+                    data_wait += time.perf_counter() - t_data
                 if cfg.train.num_steps is not None:
                     progress = step_progress(step, cfg.train.num_steps, cfg.train.untimed_steps)
                 else:
@@ -171,10 +174,14 @@ def train_loop(cfg: RunConfig, model, optimizer, loader, runtime: Runtime, flops
                 for hook in after:
                     hook(step, optimizer)
                 model.zero_grad(set_to_none=True)
-                # upstream's fast-fail looks at the last micro-batch; the log shows it or the step's mean
+                # upstream's fast-fail looks at the last micro-batch; the log shows it or the step's mean. One
+                # device->host read a step for all three (tests/test_host_syncs.py pins it)
                 logged = torch.stack(micro_losses).mean() if mean_logged else micro_losses[-1]
-                train_loss, logged_loss = torch.stack([micro_losses[-1].float(), logged.float()]).tolist()
-                grad_norm = None if grad_norm is None else grad_norm.item()
+                read = [micro_losses[-1].float(), logged.float()]
+                if isinstance(grad_norm, torch.Tensor):
+                    read.append(grad_norm.detach().float().to(read[0].device))
+                train_loss, logged_loss, *norm = torch.stack(read).tolist()
+                grad_norm = norm[0] if norm else grad_norm
             except torch.OutOfMemoryError as exc:
                 raise OutOfMemory(step, cfg, runtime.device) from exc
             stop_now = stop_requested()
@@ -200,7 +207,7 @@ def train_loop(cfg: RunConfig, model, optimizer, loader, runtime: Runtime, flops
             tok_per_sec = cfg.train.total_batch_size / dt
             mfu = mfu_percent(flops_per_token, cfg.train.total_batch_size, dt, peak, dist.world_size)
             record = dict(step=step, loss=logged_loss, smooth_loss=state.smooth_loss, progress=progress,
-                          dt=dt, tok_per_sec=tok_per_sec, mfu=mfu, epoch=state.epoch, **values)
+                          dt=dt, data_wait=data_wait, tok_per_sec=tok_per_sec, mfu=mfu, epoch=state.epoch, **values)
             if grad_norm is not None:  # seed 004 Table 13's gradient norm (before the clip); not under torchrun
                 record["grad_norm"] = grad_norm  # with an optimizer that does not report it (DistMuonAdamW)
             if compiled:  # a count that still grows after the first steps is a recompile

@@ -29,6 +29,7 @@ import torch
 
 from muonlab.atomic import write_json
 from muonlab.config import RunConfig, is_legacy, load_config_file, preset_of, read_config_values
+from muonlab.data.prefetch import PrefetchLoader
 from muonlab.data.prepare import PreparedData
 from muonlab.device import (Runtime, detect_device, mfu_percent, peak_flops, peak_memory_mb, resolve_precision,
                             use_expandable_segments)
@@ -383,6 +384,8 @@ def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx: 
     train_model = torch.compile(model, dynamic=False) if compile_on else model
     loader = data.loader(cfg.train.device_batch_size, cfg.train.sequence_len, "train", device=runtime.device,
                          rank=ctx.rank, world_size=ctx.world_size, seed=cfg.seed)
+    if cfg.data.prefetch_batches > 0:  # tokenizing and packing off the step's critical path (same batches)
+        loader = PrefetchLoader(loader, cfg.data.prefetch_batches)
     state, pending = None, None
     if checkpoint is not None:
         model.load_state_dict(checkpoint["model"])
@@ -441,6 +444,9 @@ def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx: 
                 exc.signal = stop.signal
                 exc.args = (f"{exc} ({stop.signal})",)
             raise
+        finally:
+            if isinstance(loader, PrefetchLoader):
+                loader.close()
     record["phase"] = "evaluate"
     evals = evaluate(train_model, data, cfg, runtime, ctx)  # compiled, as upstream scores it
     timed_steps = state.step - min(cfg.train.untimed_steps, state.step)
