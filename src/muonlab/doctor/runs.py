@@ -10,12 +10,14 @@ once, and torch's compile cache, so a later run reuses what an earlier one compi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,7 +54,8 @@ def run_process(argv: list[str], timeout_s: float, env: dict[str, str] | None = 
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
                             start_new_session=True)
     try:
-        out, err = proc.communicate(timeout=max(timeout_s, 0.1))
+        with _signals_stop_children():
+            out, err = proc.communicate(timeout=max(timeout_s, 0.1))
         return Finished(proc.returncode, out, err, time.monotonic() - start)
     except subprocess.TimeoutExpired:
         out, err = _stop_group(proc)
@@ -60,6 +63,29 @@ def run_process(argv: list[str], timeout_s: float, env: dict[str, str] | None = 
     except BaseException:
         _stop_group(proc)
         raise
+
+
+class Stopped(SystemExit):
+    """The check itself was sent SIGTERM or SIGHUP (`timeout`'s default signal): its child's group goes too."""
+
+
+@contextlib.contextmanager
+def _signals_stop_children():
+    """SIGTERM and SIGHUP raise Stopped while a child runs, so `run_process` stops the child's process group
+    (a new session: the signal to this process alone would leave it running) before this process exits."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, _frame):
+        raise Stopped(128 + signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _stop_group(proc: subprocess.Popen) -> tuple[str, str]:
