@@ -177,3 +177,25 @@ def test_document_batches_encoded_ahead_on_threads_pack_the_same_rows():
     again.load_state_dict(state)
     for _ in range(6):
         assert _same(next(one), next(again))
+
+
+def test_each_step_records_where_its_time_goes_and_the_check_reads_it(tmp_path, capsys):
+    """The phases follow each other from the step's start to its end: none negative, the data wait inside the
+    forward + backward phase, their sum within the step's time; the GPU check's breakdown reads them."""
+    import json
+
+    from muonlab.cli import main
+    from muonlab.doctor.gpu import WARMUP_STEPS, section_line, step_breakdown
+
+    assert main(["train", "--preset", "cpu-tiny", "--num-steps", "6", "--runs-dir", str(tmp_path), "--json"]) == 0
+    run = Path(json.loads(capsys.readouterr().out)["run_dir"])
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for r in steps:
+        phases = [r["t_forward_backward"], r["t_optimizer"], r["t_rest"]]
+        assert min(phases) >= 0 and r["data_wait"] <= r["t_forward_backward"] and sum(phases) <= r["dt"]
+    breakdown = step_breakdown(steps)
+    assert breakdown["steps"] == len(steps) - WARMUP_STEPS
+    assert breakdown["median_s"]["dt"] == sorted(r["dt"] for r in steps[WARMUP_STEPS:])[1]  # the median of 3
+    line = section_line("throughput", {"status": "ok", "error": None, "seconds": 1.0, "preset": "cpu-tiny",
+                                       "num_steps": 6, "tokens_per_second": 1.0, "breakdown": breakdown})
+    assert "forward+backward" in line and "optimizer" in line and "data wait" in line

@@ -30,6 +30,7 @@ import math
 import os
 import platform
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -369,6 +370,20 @@ def judge_curve(steps: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+BREAKDOWN_KEYS = ("dt", "data_wait", "t_forward_backward", "t_optimizer", "t_rest")
+
+
+def step_breakdown(steps: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Median seconds of each phase of a step over the steps after WARMUP_STEPS (muonlab.train.step_timer: on
+    CUDA the device's time between events), and each phase's share of the step: where the time goes."""
+    timed = [r for r in steps[WARMUP_STEPS:] if all(isinstance(r.get(k), (int, float)) for k in BREAKDOWN_KEYS)]
+    if not timed:
+        return None
+    median = {k: statistics.median(r[k] for r in timed) for k in BREAKDOWN_KEYS}
+    return {"steps": len(timed), "median_s": median,
+            "share": {k: median[k] / median["dt"] for k in BREAKDOWN_KEYS[1:]} if median["dt"] > 0 else None}
+
+
 def section_throughput(check: Check) -> dict[str, Any]:
     entry = training_run(THROUGHPUT_PRESET, THROUGHPUT_STEPS, check.limit(LIMITS_S["throughput"]), check.cache_dir)
     mfu, backend = entry.get("mfu_percent"), entry.get("attention_backend")
@@ -377,6 +392,7 @@ def section_throughput(check: Check) -> dict[str, Any]:
                  target_mfu_percent=target,
                  meets_target=(mfu >= target) if isinstance(mfu, (int, float)) and target else None)
     if entry["status"] == "ok":
+        entry["breakdown"] = step_breakdown(run_steps(entry.get("run_dir")))
         curve = judge_curve(run_steps(entry.get("run_dir")))
         problems = curve.pop("problems")
         entry.update(curve)
@@ -533,6 +549,12 @@ def section_line(name: str, s: dict[str, Any]) -> str:
                   f"{_fmt(s.get('target_mfu_percent'), '.0f', '%')}), peak {_fmt(s.get('peak_vram_mb'), ',.0f', ' MiB')} "
                   f"(upstream {UPSTREAM_PEAK_VRAM_MB:,.0f}), loss {_fmt(s.get('first_loss'), '.3f')} -> "
                   f"{_fmt(s.get('last_loss'), '.3f')}, graphs after warm-up {s.get('graphs_after_warmup')}")
+        b = s.get("breakdown")
+        if b and b.get("share"):  # where a step's time goes
+            m, share = b["median_s"], b["share"]
+            detail += (f"; a step {m['dt'] * 1000:,.0f} ms: forward+backward {100 * share['t_forward_backward']:.0f}% "
+                       f"(data wait {100 * share['data_wait']:.0f}%), optimizer {100 * share['t_optimizer']:.0f}%, "
+                       f"rest {100 * share['t_rest']:.0f}%")
     elif name == "distributed" and "runs" in s:
         detail = "; ".join(f"{r['optimizer']} {r['status']}" for r in s["runs"].values())
     text = f"{head}  {detail}" if detail else head

@@ -24,6 +24,7 @@ from muonlab.device import Runtime, mfu_percent, peak_flops, synchronize
 from muonlab.errors import MuonlabError
 from muonlab.families import get_family
 from muonlab.optim.schedules import step_progress, time_progress
+from muonlab.train.step_timer import StepTimer
 
 EMA_BETA = 0.9
 
@@ -136,11 +137,13 @@ def train_loop(cfg: RunConfig, model, optimizer, loader, runtime: Runtime, flops
     every_s = 60 * cfg.record.checkpoint_minutes
     last_checkpoint = time.monotonic()
     x, y = x.to(runtime.device), y.to(runtime.device)
+    timer = StepTimer(runtime.device)  # where each step's time goes (muonlab.train.step_timer)
     try:  # the GC is off after step 0 (below); whatever ends the loop turns it back on
         while not _finished(cfg, state):
             step = state.step
             synchronize(runtime.device)
             t0 = time.perf_counter()
+            timer.start()
             data_wait = 0.0  # seconds the step waited for its next batch (0 when the loader keeps ahead)
             try:
                 micro_losses = []
@@ -166,6 +169,7 @@ def train_loop(cfg: RunConfig, model, optimizer, loader, runtime: Runtime, flops
                     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
                 elif not dist.active:
                     grad_norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
+                timer.mark("t_forward_backward")  # the micro-steps, their data waits and the gradient norm
                 for hook in before:
                     hook(step, optimizer)
                 optimizer.step()
@@ -174,6 +178,7 @@ def train_loop(cfg: RunConfig, model, optimizer, loader, runtime: Runtime, flops
                 for hook in after:
                     hook(step, optimizer)
                 model.zero_grad(set_to_none=True)
+                timer.mark("t_optimizer")
                 # upstream's fast-fail looks at the last micro-batch; the log shows it or the step's mean. One
                 # device->host read a step for all three (tests/test_host_syncs.py pins it)
                 logged = torch.stack(micro_losses).mean() if mean_logged else micro_losses[-1]
@@ -195,6 +200,7 @@ def train_loop(cfg: RunConfig, model, optimizer, loader, runtime: Runtime, flops
                 logged_loss = shared[3].item() / dist.world_size
             if not math.isfinite(train_loss) or train_loss > cfg.train.max_loss:
                 raise Diverged(step, train_loss)
+            timer.mark("t_rest")  # the loss read, the stop and divergence checks
             synchronize(runtime.device)
             dt = time.perf_counter() - t0
             if step >= cfg.train.untimed_steps:
@@ -207,7 +213,8 @@ def train_loop(cfg: RunConfig, model, optimizer, loader, runtime: Runtime, flops
             tok_per_sec = cfg.train.total_batch_size / dt
             mfu = mfu_percent(flops_per_token, cfg.train.total_batch_size, dt, peak, dist.world_size)
             record = dict(step=step, loss=logged_loss, smooth_loss=state.smooth_loss, progress=progress,
-                          dt=dt, data_wait=data_wait, tok_per_sec=tok_per_sec, mfu=mfu, epoch=state.epoch, **values)
+                          dt=dt, data_wait=data_wait, **timer.phases(), tok_per_sec=tok_per_sec, mfu=mfu,
+                          epoch=state.epoch, **values)
             if grad_norm is not None:  # seed 004 Table 13's gradient norm (before the clip); not under torchrun
                 record["grad_norm"] = grad_norm  # with an optimizer that does not report it (DistMuonAdamW)
             if compiled:  # a count that still grows after the first steps is a recompile
