@@ -110,3 +110,7 @@ class RuntimeConfig(Section):
     precision: Literal[PRECISIONS] = setting("auto", "auto (bf16 autocast on CUDA, fp32 elsewhere), fp32 or bf16")
     compile: Literal["auto", "on", "off"] = setting("auto", "torch.compile the model and optimizer step "
                                                     "(auto: on CUDA only)")
+    collectives: Literal["auto", "always"] = setting(
+        "auto", "under torchrun: auto (a world of one steps as one process) or always (a world of one runs the "
+        "N-rank optimizer step, its reduce_scatter, all_gather and all_reduce, as the GPU check does; the same "
+        "numbers)", hashed=False)

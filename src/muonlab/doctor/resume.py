@@ -69,7 +69,9 @@ def resume_case(optimizer: str, preset: str, deadline: float, cache_dir: Path, d
     (device, compile_mode and the expected backend: the CPU test runs the same on gloo)."""
     runs_dir = cache_dir / "runs"
     name = f"dist-{preset}"
-    full_argv = torchrun_command("--preset", preset, "--device", device, "--compile", compile_mode, "--num-steps", str(STEPS),
+    # --collectives always: the world of one runs the N-rank optimizer step, its collectives on this backend
+    full_argv = torchrun_command("--preset", preset, "--device", device, "--compile", compile_mode, "--collectives",
+                                 "always", "--num-steps", str(STEPS),
                                  "--checkpoint-every", str(STEPS // 2), "--checkpoint-keep", "2",
                                  "--run-name", name, "--json")
     entry: dict[str, Any] = {"optimizer": optimizer, "preset": preset, "status": "failed", "error": None,

@@ -110,6 +110,7 @@ def build_optimizer(model, cfg, compile_step: bool, distributed: bool = False):
         dist_opt = DistAFMuon(optimizer.param_groups, max_grad_norm=cfg.train.grad_clip or None,
                               clip_params=model.parameters())
         dist_opt.roles = optimizer.roles
+        dist_opt.always_collective = cfg.runtime.collectives == "always"
         optimizer = dist_opt
     for group in optimizer.param_groups:
         group["initial_lr"] = group["lr"]  # the lab's schedule scales every group from here

@@ -95,10 +95,15 @@ class DistAFMuon(AFMuon):
             return torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
         return torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
 
+    always_collective = False  # a world of one runs the N-rank step (runtime.collectives = always)
+
+    def _one_process(self, world: int) -> bool:
+        return world == 1 and not self.always_collective
+
     @torch.no_grad()
     def step(self, closure=None):
         rank, W = self.world()
-        if W == 1:
+        if self._one_process(W):
             self.last_grad_norm = self._clip()
             return super().step(closure)
         loss = None
@@ -178,7 +183,7 @@ class DistAFMuon(AFMuon):
     def full_state_dict(self) -> dict:
         """Every rank's shares gathered into AFMuon.state_dict()'s layout (collective)."""
         rank, W = self.world()
-        if W == 1:
+        if self._one_process(W):
             return super().state_dict()
         entries = self._entries()
         has = collectives.comm_tensor([bool(self.state.get(p)) for _, p, _, _ in entries], torch.float32,
@@ -216,7 +221,7 @@ class DistAFMuon(AFMuon):
         """The full (world-size independent) layout; this rank keeps its share."""
         super().load_state_dict(state_dict)
         rank, W = self.world()
-        if W == 1:
+        if self._one_process(W):
             return
         for g, p, layout, where in self._entries():
             st = self.state.get(p)

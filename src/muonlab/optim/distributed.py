@@ -122,10 +122,15 @@ class DistMuonAdamW(MuonAdamW):
 
     # ---------------------------------------------------------------- step
 
+    always_collective = False  # a world of one runs the N-rank step (runtime.collectives = always)
+
+    def _one_process(self, world: int) -> bool:
+        return world == 1 and not self.always_collective
+
     @torch.no_grad()
     def step(self, closure=None):
         rank, world = self.world()
-        if world == 1:
+        if self._one_process(world):
             return super().step(closure)
         loss = None
         if closure is not None:
@@ -300,7 +305,7 @@ class DistMuonAdamW(MuonAdamW):
         """
         local = super().state_dict()
         rank, world = self.world()
-        if world == 1:
+        if self._one_process(world):
             return {"state": {i: _snapshot(s) for i, s in local["state"].items()},
                     "param_groups": local["param_groups"]}
         params = self._params()
@@ -332,7 +337,7 @@ class DistMuonAdamW(MuonAdamW):
     def load_full_state_dict(self, state_dict) -> None:
         """Load a full dict (from full_state_dict or MuonAdamW), keeping this rank's shard. No communication."""
         rank, world = self.world()
-        if world == 1:
+        if self._one_process(world):
             return super().load_state_dict(state_dict)
         params = self._params()
         index = {id(p): i for i, p in enumerate(params)}

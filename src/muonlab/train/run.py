@@ -237,6 +237,10 @@ def run_training(cfg: RunConfig, log: Callable[[str], None] = print, data: Prepa
     device = training_device(cfg)
     use_expandable_segments(device)  # before the first CUDA allocation (init_from_env's)
     ctx, device = init_from_env(device)
+    if cfg.runtime.collectives == "always" and not ctx.active:
+        shutdown(ctx)
+        raise UsageError("--collectives always runs the N-rank optimizer step in a torchrun world (torchrun "
+                         "--nproc_per_node 1 -m muonlab train ...); this run has no process group")
     try:
         return _run(cfg, log if ctx.is_main else (lambda _: None), data, resume, ctx, device, t_start)
     finally:

@@ -77,7 +77,10 @@ def build_optimizer(model, cfg, compile_step: bool, distributed: bool = False):
         for group in groups:
             group["param_names"] = [names[id(p)] for p in group["params"]]
     optimizer_cls = DistMuonAdamW if distributed else MuonAdamW
-    return model.attach_optimizer(optimizer_cls(groups, compile=compile_step))
+    optimizer = optimizer_cls(groups, compile=compile_step)
+    if distributed:
+        optimizer.always_collective = cfg.runtime.collectives == "always"
+    return model.attach_optimizer(optimizer)
 
 
 def schedule(cfg):
