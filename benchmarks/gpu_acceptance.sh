@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The GPU acceptance check from a checkout, on a GPU node's own PyTorch image, offline.
 #
-#   benchmarks/gpu_acceptance.sh OUTDIR        run it: OUTDIR/gpu_check.json and OUTDIR/gpu_check.log
+#   benchmarks/gpu_acceptance.sh OUTDIR [OPTION ...]
+#                                              run it: OUTDIR/gpu_check.json and OUTDIR/gpu_check.log; the
+#                                              options go to `muonlab doctor --gpu` (a partial rerun:
+#                                              --skip pytest,throughput, --budget-s 200, ...)
 #   benchmarks/gpu_acceptance.sh --plan        the sections and their time limits (no GPU needed)
 #   benchmarks/gpu_acceptance.sh --fetch-wheels [DIR]
 #                                              where the package index is reachable: download the
@@ -22,7 +25,7 @@ WHEELS="${MUONLAB_WHEELS:-$ROOT/wheels/gpu}"
 FETCHED=(rustbpe)
 
 usage() {
-    echo "usage: $0 OUTDIR | --plan | --fetch-wheels [DIR]" >&2
+    echo "usage: $0 OUTDIR [doctor option ...] | --plan | --fetch-wheels [DIR]" >&2
     exit 2
 }
 
@@ -51,8 +54,8 @@ case "${1:-}" in
         usage
         ;;
 esac
-[ $# -eq 1 ] || usage
 OUTDIR="$1"
+shift  # what follows goes to `muonlab doctor --gpu`
 
 if ! "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 3)' 2>/dev/null; then
     echo "no CUDA device found: the GPU acceptance check ran nothing and wrote nothing"
@@ -74,6 +77,6 @@ if ! "$PYTHON" -c 'import rustbpe' 2>/dev/null; then
 fi
 
 set +e
-"$PYTHON" -m muonlab doctor --gpu --out "$OUTDIR/gpu_check.json" 2>&1 | tee "$OUTDIR/gpu_check.log"
+"$PYTHON" -m muonlab doctor --gpu --out "$OUTDIR/gpu_check.json" "$@" 2>&1 | tee "$OUTDIR/gpu_check.log"
 status=${PIPESTATUS[0]}
 exit "$status"

@@ -13,7 +13,12 @@ from muonlab.train import run as run_module
 @pytest.fixture
 def settings_calls(monkeypatch):
     calls = []
-    monkeypatch.setattr(torch.cuda.memory, "_set_allocator_settings", calls.append)
+    monkeypatch.setattr(torch._C, "_accelerator_setAllocatorSettings", calls.append)  # torch >= 2.11's own name
+
+    def deprecated(env):  # the old name warns (FutureWarning) on every run; it must not be the one called
+        raise AssertionError("the deprecated torch.cuda.memory._set_allocator_settings was called")
+
+    monkeypatch.setattr(torch.cuda.memory, "_set_allocator_settings", deprecated)
     for name in device_module.ALLOC_CONF_ENVS:
         monkeypatch.delenv(name, raising=False)
     return calls

@@ -74,7 +74,10 @@ def use_expandable_segments(device: torch.device) -> bool:
     expandable_segments:True); a user's own allocator settings are left alone. True when set."""
     if device.type != "cuda" or any(os.environ.get(name) for name in ALLOC_CONF_ENVS):
         return False
-    torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+    # torch >= 2.11 deprecates torch.cuda.memory._set_allocator_settings (a FutureWarning each run) for this,
+    # which it calls; the older name where this one is missing
+    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None) or torch.cuda.memory._set_allocator_settings
+    setter("expandable_segments:True")
     return True
 
 
