@@ -197,6 +197,8 @@ def test_the_throughput_run_must_lower_its_loss_without_recompiling(tmp_path, mo
                     "mfu_percent": 41.0, "attention_backend": "flex"}
 
         monkeypatch.setattr(gpu, "training_run", fake_run)
+        monkeypatch.setattr(gpu, "attention_timing", lambda timeout_s, cache_dir: {"status": "ok", "error": None,
+                                                                                   "median_ms": {"flex": 1.0}})
         results[name] = gpu.section_throughput(gpu.Check(gpu.GpuCheckOptions(), tmp_path, log=lambda _: None))
     good = results["good"]
     assert good["status"] == "ok" and good["loss_drop"] == pytest.approx(3.5) and good["graphs_after_warmup"] == 0
@@ -205,6 +207,34 @@ def test_the_throughput_run_must_lower_its_loss_without_recompiling(tmp_path, mo
     assert results["flat"]["status"] == "failed" and "the loss fell by 0.400 nats" in results["flat"]["error"]
     assert results["recompiles"]["status"] == "failed" and "2 graph(s) compiled after step 2" in results["recompiles"]["error"]
     assert results["eager"]["status"] == "failed" and "did not record its compiled graphs" in results["eager"]["error"]
+    assert good["attention"]["median_ms"] == {"flex": 1.0} and "attention flex 1.00 ms" in gpu.section_line("throughput", {
+        **good, "tokens_per_second": 1.0, "seconds": 1.0})
+
+
+def test_the_attention_timing_runs_in_a_child_and_says_how_it_ended(tmp_path, monkeypatch):
+    assert gpu.attention_timing(60.0, tmp_path)["status"] == "skipped"  # the real child, here without CUDA
+    ends = {"stopped": runs.Finished(None, "", "", 20.0), "crashed": runs.Finished(1, "", "RuntimeError: boom\n", 1.0),
+            "timed": runs.Finished(0, json.dumps({"median_ms": {"flex": 2.0, "sdpa": 5.0}}), "", 9.0)}
+    seen = {}
+    for name, done in ends.items():
+        monkeypatch.setattr(gpu, "run_process", lambda argv, timeout_s, env=None, done=done: done)
+        seen[name] = gpu.attention_timing(20.0, tmp_path)
+    assert seen["stopped"]["status"] == "stopped" and "limit of 20 s" in seen["stopped"]["error"]
+    assert seen["crashed"]["status"] == "failed" and seen["crashed"]["error"] == "exit 1: RuntimeError: boom"
+    assert seen["timed"]["status"] == "ok" and seen["timed"]["median_ms"]["sdpa"] == 5.0
+
+    (tmp_path / "run").mkdir()
+    run_dir = _curve(tmp_path / "run", [9.0, 8.2, 7.0, 6.1, 5.5], [4, 9, 12, 12, 12])
+
+    def fake_run(preset, num_steps, timeout_s, cache_dir, **_):
+        return {"preset": preset, "num_steps": num_steps, "status": "ok", "error": None, "run_dir": str(run_dir)}
+
+    monkeypatch.setattr(gpu, "training_run", fake_run)  # a crashed timing fails the section, a stopped one does not
+    for name, status in (("crashed", "failed"), ("stopped", "ok"), ("timed", "ok")):
+        monkeypatch.setattr(gpu, "attention_timing", lambda timeout_s, cache_dir, r=seen[name]: r)
+        entry = gpu.section_throughput(gpu.Check(gpu.GpuCheckOptions(), tmp_path, log=lambda _: None))
+        assert entry["status"] == status and entry["attention"] is seen[name], name
+        assert (entry["error"] == "attention timing: exit 1: RuntimeError: boom") == (name == "crashed")
 
 
 def test_every_gpu_run_command_resolves_to_a_compiled_cuda_run_on_local_data():
@@ -429,7 +459,7 @@ def test_a_section_that_would_be_cut_short_is_not_run_and_the_check_does_not_pas
     ran, _ = calls
     code, out, _, path = _drive(tmp_path, monkeypatch, capsys, "--budget-s", "100")
     report = _no_nan(path.read_text())
-    # environment (35 s) and distributed (85 s) fit what is left; pytest (150 s) and throughput (190 s) do not
+    # environment (35 s) and distributed (85 s) fit what is left; pytest (130 s) and throughput (210 s) do not
     assert ran == ["environment", "distributed"] and report["not_run_sections"] == ["pytest", "throughput"]
     assert report["failed_sections"] == [] and report["passed"] is False and code == 1
 

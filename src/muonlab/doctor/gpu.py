@@ -12,7 +12,9 @@ not stop the others:
    every method and model family, the LMO on CUDA against CPU; and the others), its counts read
    from a JUnit XML report.
 3. throughput: a compiled 50-step gpu-d8 run: its loss falls, no graph is compiled after the
-   warm-up steps, and its tokens/s, MFU and peak memory beside upstream's published figures.
+   warm-up steps, and its tokens/s, MFU, peak memory and step breakdown beside upstream's published
+   figures; then one attention layer of gpu-d8 timed on flex, SDPA and FA3 where it loads
+   (muonlab.model.attention_timing, a child process with its own limit).
 4. distributed: a 1-GPU torchrun (NCCL, a world of one through the N-rank code path) of both
    distributed optimizers (muonlab.doctor.resume): a checkpoint, a resume from it, and the
    continuation against the uninterrupted run.
@@ -25,6 +27,7 @@ CUDA nothing is run and nothing is written (run_gpu_check returns None).
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import importlib.util
 import math
 import os
@@ -55,7 +58,11 @@ DEFAULT_BUDGET_S = 480.0
 # step, the optimizer step and the evaluation); the eager torchrun runs of DistAFMuon 17.7 s
 # and its resume 18.2 s, DistMuonAdamW's first run over 21 s (it also trains the check's
 # cpu-tiny tokenizer). Compiled, those torchrun runs did not finish in 33 s each.
-LIMITS_S = {"environment": 35.0, "pytest": 150.0, "throughput": 190.0, "distributed": 85.0}
+# The attention timing (a cold Python, one flex and one SDPA layer compiled, 10 rounds) gets 20 s of the
+# throughput section, taken from pytest's: its 140 s were measured on 4 workers, it now runs on 8.
+TRAINING_LIMIT_S, ATTENTION_LIMIT_S = 190.0, 20.0
+LIMITS_S = {"environment": 35.0, "pytest": 130.0, "throughput": TRAINING_LIMIT_S + ATTENTION_LIMIT_S,
+            "distributed": 85.0}
 # What the limits leave of the budget: a child stopped at its limit gets its grace (runs._GRACE_S) and the
 # environment section's work is not bounded, so they come out of this, not out of the next section. A section
 # starts only with its whole limit left; one that would be cut short is not run (never failed for want of time).
@@ -384,8 +391,29 @@ def step_breakdown(steps: list[dict[str, Any]]) -> dict[str, Any] | None:
             "share": {k: median[k] / median["dt"] for k in BREAKDOWN_KEYS[1:]} if median["dt"] > 0 else None}
 
 
+def attention_timing(timeout_s: float, cache_dir: Path) -> dict[str, Any]:
+    """gpu-d8's attention layer timed per backend in a child process (muonlab.model.attention_timing);
+    status ok with its medians, `stopped` at its limit (the section's sizing, reported, not a failure of
+    the product) or failed with the child's last line."""
+    argv = [sys.executable, "-m", "muonlab.model.attention_timing", "--json"]
+    done = run_process(argv, timeout_s, env=child_env(cache_dir))
+    entry: dict[str, Any] = {"seconds": round(done.seconds, 1), "timeout_s": round(timeout_s, 1),
+                             "command": ["python", *argv[1:]]}
+    if done.timed_out:
+        return {**entry, "status": "stopped", "error": f"stopped at its limit of {timeout_s:.0f} s"}
+    if done.returncode != 0:
+        return {**entry, "status": "failed", "error": f"exit {done.returncode}: {last_line(done.stderr) or 'no output'}"}
+    try:
+        payload = json.loads(done.stdout)
+    except json.JSONDecodeError:
+        return {**entry, "status": "failed", "error": f"its --json output is not JSON: {last_line(done.stdout)!r}"}
+    if payload.get("status") == "skipped":  # the child found no CUDA device
+        return {**entry, "status": "skipped", "error": None, "reason": "no CUDA device in the child"}
+    return {**entry, **payload, "status": "ok", "error": None}
+
+
 def section_throughput(check: Check) -> dict[str, Any]:
-    entry = training_run(THROUGHPUT_PRESET, THROUGHPUT_STEPS, check.limit(LIMITS_S["throughput"]), check.cache_dir)
+    entry = training_run(THROUGHPUT_PRESET, THROUGHPUT_STEPS, check.limit(TRAINING_LIMIT_S), check.cache_dir)
     mfu, backend = entry.get("mfu_percent"), entry.get("attention_backend")
     target = TARGET_MFU_PERCENT.get(backend)
     entry.update(upstream_mfu_percent=UPSTREAM_MFU_PERCENT, upstream_peak_vram_mb=UPSTREAM_PEAK_VRAM_MB,
@@ -398,6 +426,11 @@ def section_throughput(check: Check) -> dict[str, Any]:
         entry.update(curve)
         if problems:
             entry.update(status="failed", error="; ".join(problems))
+    timing = attention_timing(check.limit(ATTENTION_LIMIT_S), check.cache_dir)
+    entry["attention"] = timing
+    if timing["status"] == "failed":
+        entry.update(status="failed", error="; ".join(filter(None, [entry.get("error"),
+                                                                  f"attention timing: {timing['error']}"])))
     return entry
 
 
@@ -555,6 +588,10 @@ def section_line(name: str, s: dict[str, Any]) -> str:
             detail += (f"; a step {m['dt'] * 1000:,.0f} ms: forward+backward {100 * share['t_forward_backward']:.0f}% "
                        f"(data wait {100 * share['data_wait']:.0f}%), optimizer {100 * share['t_optimizer']:.0f}%, "
                        f"rest {100 * share['t_rest']:.0f}%")
+    if name == "throughput" and isinstance(s.get("attention"), dict):
+        a = s["attention"]
+        detail += "; attention " + (", ".join(f"{n} {ms:.2f} ms" for n, ms in a["median_ms"].items())
+                                    if a.get("median_ms") else f"{a['status']} ({a.get('error')})")
     elif name == "distributed" and "runs" in s:
         detail = "; ".join(f"{r['optimizer']} {r['status']}" for r in s["runs"].values())
     text = f"{head}  {detail}" if detail else head
