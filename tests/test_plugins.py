@@ -203,3 +203,51 @@ def test_a_sweep_with_a_plugin_no_arm_selects_is_refused(tmp_path, capsys):
                  "--plugin", str(plugin), "--runs-dir", str(runs)]) == 2
     err = capsys.readouterr().err
     assert "no arm of this sweep selects any of them" in err and err.count("\n") == 1 and not runs.exists()
+
+
+PLAIN = textwrap.dedent('''
+    """A plug-in conditioner written as a dataclass user writes it: plain fields, a docstring each."""
+    from dataclasses import dataclass
+
+    from muonlab.optim.extensions import PrePolar, fixed, register_prepolar
+
+
+    @dataclass(frozen=True)
+    class PlainPower(PrePolar):
+        p: float = 0.5
+        """the power of |G| (1: the Nesterov tensor, 0: its sign)"""
+        floor: float = fixed(0.0, "set in Python only")
+
+        def condition(self, G, inputs, ctx):
+            return G.sign() * G.abs().pow(self.p) + self.floor
+
+
+    register_prepolar("plugin_plain_power", PlainPower, paper="test plug-in", tests=("tests/test_plugins.py",),
+                      replace=True)
+''')
+
+
+def test_a_plugins_plain_field_is_a_setting_with_its_docstring_as_help(tmp_path, capsys):
+    """`p: float = 0.5` is --prepolar-p (help: its docstring) and optim.prepolar.p, hashed; a field declared
+    `fixed` is not a flag; a field no flag can carry is refused at registration in one line."""
+    plugin = tmp_path / "plain_power.py"
+    plugin.write_text(PLAIN)
+    runs = {p: _train(["--plugin", str(plugin), "--prepolar", "plugin_plain_power", "--prepolar-p", p], capsys)
+            for p in ("0.25", "0.5")}
+    saved = {p: json.loads((Path(out["run_dir"]) / "config.json").read_text()) for p, out in runs.items()}
+    assert [s["config"]["optim"]["prepolar"]["p"] for s in saved.values()] == [0.25, 0.5]
+    assert saved["0.25"]["config_hash"] != saved["0.5"]["config_hash"]
+    with pytest.raises(SystemExit):
+        main(["train", "--plugin", str(plugin), "--preset", "cpu-tiny", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "plugin_plain_power: the power of |G| (1: the Nesterov tensor, 0: its sign)" in help_text
+    assert main(["train", "--plugin", str(plugin), "--preset", "cpu-tiny", "--prepolar", "plugin_plain_power",
+                 "--prepolar-floor", "1", "--num-steps", "1"]) == 2
+    assert "unknown option --prepolar-floor" in capsys.readouterr().err
+    bad = tmp_path / "bad_field.py"
+    bad.write_text(PLAIN.replace("floor: float = fixed(0.0, \"set in Python only\")", "floor: list = None")
+                   .replace("plugin_plain_power", "plugin_bad_field"))
+    assert main(["train", "--plugin", str(bad), "--preset", "cpu-tiny", "--num-steps", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "PlainPower.floor: a setting is an int, float, bool, str" in err and "fixed(default, why)" in err
+    assert len(err.splitlines()) == 1

@@ -17,6 +17,7 @@ from muonlab.config import RunConfig, all_presets, build_config, canonical_overr
 from muonlab.errors import UsageError
 from muonlab.families import get_family
 from muonlab.families.afmuon import TABLE1_FAMILIES
+from muonlab.model.variants.over_encoding import DEFAULT_M as OE_PAPER_M
 from muonlab.record.ledger import read_records_tolerant
 from muonlab.record.protocol import recorded_arm_overrides
 from muonlab.settings import coerce
@@ -260,7 +261,7 @@ register(Arm(name="01_dense_opt_lr141", description="seed 002 01_dense_opt with 
 # preset-agnostic: the paper ran each at depth 6 (gpu-d6) and/or depth 8 (gpu-d8), as each
 # description says. QTAU = pair-tied q-only exp scaling (its optimizer is unstated in seed 002 §2.1 Tier 2:
 # muonlab's variant group, lr 0.04 x scalar_lr); QMASK freezes layer 0 and planes 0-15.
-_OE = dict(oe_m=150_855)
+_OE = dict(oe_m=OE_PAPER_M)
 _QTAU = dict(qk_scale="pair_tied_exp")
 _QMASK = dict(_QTAU, qk_freeze_layers="0", qk_freeze_planes=16)
 _JOINT = dict(_OE, **_OPT, **_QTAU)

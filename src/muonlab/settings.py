@@ -43,23 +43,67 @@ def setting(default: Any = MISSING, help: str = "", *, flag: str | None = None, 
 
 def option(default: Any, help: str) -> Any:
     """A field of a method's own frozen dataclass (a pre-polar conditioner, a plug-in model variant's
-    config) that is also a run-config setting, with this description: the registry that owns the
-    method makes it a flag and a dotted key, acting only while the method is on."""
+    config) with its description. Every field of such a dataclass is a run-config setting (a plain
+    `p: float = 0.5` too, its help then its docstring); `option` only adds the description in place."""
     return dataclasses.field(default=default, metadata={"help": help})
 
 
+def fixed(default: Any, why: str) -> Any:
+    """A field of a method's dataclass that is NOT a setting: set in Python only, or by the machinery
+    (`why` says by what). The one way to keep a field off the command line."""
+    return dataclasses.field(default=default, metadata={"fixed": why})
+
+
 def option_fields(cls) -> list[dataclasses.Field]:
-    """The fields of a method's dataclass declared with `option`."""
-    return [f for f in dataclasses.fields(cls) if "help" in f.metadata]
+    """The settings of a method's dataclass: every field not declared `fixed`."""
+    return [f for f in dataclasses.fields(cls) if "fixed" not in f.metadata]
+
+
+@functools.cache
+def field_docstrings(cls) -> dict[str, str]:
+    """{field: its docstring} of a dataclass: the string literal right below a field in the class body
+    (the convention Sphinx reads); {} where the source cannot be read."""
+    import ast  # noqa: PLC0415
+    import inspect  # noqa: PLC0415
+    import textwrap  # noqa: PLC0415
+
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        except (OSError, TypeError, SyntaxError):
+            continue
+        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+        for stmt, after in zip(body, body[1:]):
+            if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and isinstance(after, ast.Expr)
+                    and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
+                docs[stmt.target.id] = " ".join(after.value.value.split())
+    return docs
+
+
+def field_help(cls, f: dataclasses.Field) -> str:
+    """A method field's description: its `option` help, else its docstring, else what to write."""
+    return (f.metadata.get("help") or field_docstrings(cls).get(f.name)
+            or f"{f.name} (no description: give the field a docstring or declare it with option(default, help))")
 
 
 def option_settings(cls, label: str, flag_prefix: str) -> list[tuple[str, Any, Any]]:
-    """A method dataclass's `option` fields as (name, type, setting) specs for a generated Section
-    (dataclasses.make_dataclass): the help prefixed by `label`, the flag `<flag_prefix>-<field>`."""
+    """A method dataclass's settings as (name, type, setting) specs for a generated Section
+    (dataclasses.make_dataclass): the help prefixed by `label`, the flag `<flag_prefix>-<field>`. A field
+    whose type no flag can carry (a list, a tensor) is refused in one line: declare it `fixed`."""
     hints = typing.get_type_hints(cls)
-    return [(f.name, hints[f.name], setting(f.default, f"{label}: {f.metadata['help']}",
-                                            flag=f"{flag_prefix}-{f.name}".replace("_", "-")))
-            for f in option_fields(cls)]
+    specs = []
+    for f in option_fields(cls):
+        scalar, _ = base_type(hints[f.name])
+        if scalar not in (int, float, bool, str):
+            raise TypeError(f"{cls.__name__}.{f.name}: a setting is an int, float, bool, str or a Literal of them "
+                            f"(possibly | None), got {hints[f.name]!r}; declare it with settings.fixed(default, why) "
+                            f"to keep it off the command line")
+        if f.default is MISSING:
+            raise TypeError(f"{cls.__name__}.{f.name}: a setting needs a default")
+        specs.append((f.name, hints[f.name], setting(f.default, f"{label}: {field_help(cls, f)}",
+                                                     flag=f"{flag_prefix}-{f.name}".replace("_", "-"))))
+    return specs
 
 
 class Section:

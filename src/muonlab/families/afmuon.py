@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from muonlab.errors import UsageError
+from muonlab.optim.af_muon import DEFAULT_CAP, DEFAULT_SCALE
 from muonlab.settings import MethodInfo, Section, setting
 
 AF_OPTIMIZERS = ("afmuon", "hybrid", "sign", "factorial_lmo_rms", "factorial_lmo_adamw", "factorial_adamw_rms",
@@ -81,8 +82,8 @@ class AFMuonConfig(Section):
     def validate(self) -> None:
         if self.kind == "sign" and self.cap not in (None, 1.0):
             raise UsageError(f"optimizer sign fixes af_cap = 1, got {self.cap}")
-        cap = 3.0 if self.cap is None else self.cap
-        scale = 0.5 if self.scale is None else self.scale
+        cap = DEFAULT_CAP if self.cap is None else self.cap
+        scale = DEFAULT_SCALE if self.scale is None else self.scale
         if math.isnan(cap) or cap < 1 or min(scale, self.rho, self.matrix_lr, self.vector_lr, self.adamw_lr) <= 0:
             raise UsageError("need af_cap >= 1 and af_scale, af_rho, af_matrix_lr, af_vector_lr, af_adamw_lr > 0")
 

@@ -10,7 +10,7 @@ from typing import Any
 from muonlab.arms import ARMS
 from muonlab.config import RunConfig, flag_of
 from muonlab.families import all_families
-from muonlab.settings import option_fields, sections
+from muonlab.settings import field_help, option_fields, sections
 
 
 def _switched_on(overrides: dict[str, Any], key: str, selector: str | None, off: Any) -> bool:
@@ -43,9 +43,9 @@ def method_catalog() -> list[dict[str, Any]]:
 
 
 def _settings(cls, prefix: str) -> list[dict[str, Any]]:
-    """A method dataclass's `option` fields as the catalogue lists them, under dotted prefix `prefix`."""
+    """A method dataclass's settings as the catalogue lists them, under dotted prefix `prefix`."""
     return [{"key": f"{prefix}.{f.name}", "flag": f"--{flag_of(f'{prefix}.{f.name}')}", "default": f.default,
-             "help": f.metadata["help"]} for f in option_fields(cls)]
+             "help": field_help(cls, f)} for f in option_fields(cls)]
 
 
 def _add_conditioners(entries: dict[str, dict[str, Any]]) -> None:

@@ -182,13 +182,15 @@ def register_variant(name: str, config: type, *, paper: str, section: str, tests
     """Class decorator: register a ModelVariant subclass under `name` with its config class (a frozen
     dataclass; `GPTConfig.variants` holds the configs of the variants that are on). A built-in
     variant's config is also its run-config section (a VariantConfig); a plug-in's is switched on
-    with `--variant NAME`, its `option` fields as flags. A config may define `check_model(config)`,
+    with `--variant NAME`, its fields as flags (every field not declared `fixed`). A config may define `check_model(config)`,
     its checks against the model's shape."""
     def deco(cls: type) -> type:
         if name in REGISTRY and REGISTRY[name].variant is not cls:
             raise ValueError(f"model variant {name!r} is already registered ({REGISTRY[name].module})")
         if not (dataclasses.is_dataclass(config) and config.__dataclass_params__.frozen):
             raise TypeError(f"{name}: the config must be a frozen dataclass")
+        if not issubclass(config, VariantConfig):  # a plug-in's: every field a flag can carry, or fixed
+            option_settings(config, name, name)
         cls.name = name
         REGISTRY[name] = VariantInfo(name, config, cls, paper, section, tuple(tests), cls.__module__)
         return cls
@@ -204,7 +206,7 @@ _PLUGIN_SETTINGS: dict[tuple, type] = {}
 
 def plugin_settings_class() -> type:
     """The run config's `model.plugin_variants` for the plug-in variants registered now: a sub-section
-    per plug-in whose config declares options (muonlab.settings.option), each a setting with the flag
+    per plug-in whose config has settings (every field not declared `fixed`), each with the flag
     `--<variant>-<field>` (a built-in variant's settings are its own section)."""
     plugins = tuple((name, info.config) for name, info in REGISTRY.items() if not is_builtin(info))
     if plugins not in _PLUGIN_SETTINGS:

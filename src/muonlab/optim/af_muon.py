@@ -54,11 +54,14 @@ def shape_factor(p: Tensor) -> float:
     return math.sqrt(max(1.0, rows / cols))
 
 
+DEFAULT_CAP, DEFAULT_SCALE = 3.0, 0.5  # seed 004 §2's c and s (Table 1's AF-Muon)
+
+
 class AFMuon(torch.optim.Optimizer):
     """AF-Muon (seed 004 §2). Param groups need a "role" in ROLES; see the module docstring."""
 
     def __init__(self, params: Iterable[Any], *, lr: float = 0.02, momentum: float = 0.95,
-                 weight_decay: float = 0.0, ns_steps: int = 5, cap: float = 3.0, scale: float = 0.5,
+                 weight_decay: float = 0.0, ns_steps: int = 5, cap: float = DEFAULT_CAP, scale: float = DEFAULT_SCALE,
                  rho: float = 60.0, d: int | None = None, eps: float = 1e-8, chunk_rows: int | None = None,
                  betas: tuple[float, float] = (0.9, 0.95)) -> None:
         defaults = dict(role=required, part=None, lr=lr, momentum=momentum, weight_decay=weight_decay,
@@ -218,7 +221,7 @@ def partition_by_role(model: nn.Module, *, tied: str | Tensor | None = None,
     return roles
 
 
-_BUILD = dict(lr=0.02, vector_lr=3e-4, momentum=0.95, weight_decay=0.1, ns_steps=5, cap=3.0, scale=0.5,
+_BUILD = dict(lr=0.02, vector_lr=3e-4, momentum=0.95, weight_decay=0.1, ns_steps=5, cap=DEFAULT_CAP, scale=DEFAULT_SCALE,
               rho=60.0, eps=1e-8, chunk_rows=None, aux_lr=3e-4, aux_betas=(0.9, 0.95), aux_eps=1e-10,
               aux_weight_decay=0.0, tied=None, matrices="linear")
 _RULES = {"afmuon": ("lmo", "rms"), "sign": ("lmo", "rms"), "hybrid": ("adamw", "adamw"),

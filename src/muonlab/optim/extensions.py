@@ -42,7 +42,7 @@ from typing import Any, Callable, ClassVar, NamedTuple
 import torch
 
 from muonlab.errors import UsageError
-from muonlab.settings import Section, coerce, option, option_fields  # option: a conditioner's (--prepolar-<name>)
+from muonlab.settings import Section, coerce, fixed, option, option_fields, option_settings  # a conditioner's fields: --prepolar-<name>
 
 POINTS = ("prepolar", "muon_stage", "adamw_grad", "adamw_state", "group_kind")
 
@@ -167,9 +167,10 @@ GROUP_PREFIX = "prepolar_"  # a conditioner's field `tau` is the muon group key 
 
 class PrePolar:
     """Base of a pre-polar conditioner. A subclass is a frozen dataclass whose fields are its
-    options, each written once: the default, the description (`option(default, help)` for those
-    the command line sets; a plain field is set in Python only), the check (`__post_init__`,
-    raising ValueError). A field `f` is read from a muon group's key `prepolar_f`.
+    options, each written once: the default, the description (`option(default, help)`, or a plain
+    field with a docstring below it), the check (`__post_init__`, raising ValueError). Every field
+    is a setting (`--prepolar-f`, `optim.prepolar.f`) unless declared `fixed(default, why)`. A field
+    `f` is read from a muon group's key `prepolar_f`.
 
     Class attributes:
         STACKED_STATE: state keys holding one slice per matrix [n, ...] (sliced by a name scope,
@@ -195,7 +196,7 @@ class PrePolar:
 
     @classmethod
     def settings(cls) -> list[dataclasses.Field]:
-        """The options the run config and the command line set (declared with `option`)."""
+        """The options the run config and the command line set (every field not declared `fixed`)."""
         return option_fields(cls)
 
     @classmethod
@@ -239,11 +240,12 @@ def register_prepolar(name: str, cls: type[PrePolar], *, paper: str, tests=(), s
     if not (isinstance(cls, type) and issubclass(cls, PrePolar) and dataclasses.is_dataclass(cls)):
         raise TypeError(f"a pre-polar conditioner is a dataclass subclassing PrePolar, got {cls!r}")
     hints = typing.get_type_hints(cls)
+    option_settings(cls, name, "prepolar")  # every field a flag can carry, or declared fixed: refused here
     for f in dataclasses.fields(cls):
         if f.name in _RESERVED_OPTIONS:
             raise ValueError(f"pre-polar conditioner {name!r}: option name {f.name!r} is reserved")
         for other_name, other in _REGISTRY["prepolar"].items():
-            if other_name == name or f.name not in {g.name for g in other.settings()} or "help" not in f.metadata:
+            if other_name == name or f.name not in {g.name for g in other.settings()} or "fixed" in f.metadata:
                 continue
             theirs = next(g for g in dataclasses.fields(other) if g.name == f.name)
             if (typing.get_type_hints(other)[f.name], theirs.default) != (hints[f.name], f.default):

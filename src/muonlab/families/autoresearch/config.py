@@ -23,6 +23,7 @@ from muonlab.model.variants.over_encoding import OverEncodingConfig
 from muonlab.model.variants.routing import RoutingConfig
 from muonlab.model.extensions import new_plugin_settings
 from muonlab.optim import prepolar
+from muonlab.optim.homotopy import HOMOTOPY_FIRST_T
 from muonlab.optim.addons.polar_precision import PolarPrecision
 from muonlab.optim.addons.neumann_whitening import NeumannWhitening
 from muonlab.optim.addons.moment_free import TableNeumann
@@ -142,7 +143,7 @@ class MuonAdamWConfig(Section):
     embedding_state: Literal["native", "master32"] = setting(
         "native", "wte/value-embedding state: native (upstream bf16) or master32 (fp32 master + moments, seed 002 §2.1 (Tier 1), §3 item 3)")
     step0_mode: str = setting("none", STEP0_HELP)
-    homotopy_first_t: int = setting(1, "t of the first update in every homotopy ramp (hbieq alpha_t, whiten and "
+    homotopy_first_t: int = setting(HOMOTOPY_FIRST_T, "t of the first update in every homotopy ramp (hbieq alpha_t, whiten and "
                                        "table_whiten beta_t): 1 = seed 000's stated counter, 0 = a_0 = 0")
     prepolar: Section = setting(factory=prepolar.new_settings)  # kind, scope and every conditioner's options
     polar: PolarPrecision = setting(factory=PolarPrecision)

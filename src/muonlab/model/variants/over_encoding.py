@@ -45,7 +45,7 @@ from muonlab.errors import UsageError
 from muonlab.model.extensions import ModelVariant, VariantConfig, register_variant
 from muonlab.settings import MethodInfo, setting
 
-DEFAULT_M = 150_855
+DEFAULT_M = 150_855  # seed 002 §2.1's table size m (the tables have m + 2j rows)
 
 
 class OverEncoding(nn.Module):
@@ -156,7 +156,7 @@ class OverEncodingConfig(VariantConfig):
 
     METHOD: ClassVar[MethodInfo] = MethodInfo('over_encoding', 'seed 002 §2.1 (Family A)', __name__, ('tests/test_over_encoding.py', 'tests/test_over_encoding_model.py', 'tests/test_table_update.py'), 'm', 0)
 
-    m: int = setting(0, "table size (0: off; the paper 150855)", flag="oe-m")
+    m: int = setting(0, f"table size (0: off; the paper {DEFAULT_M})", flag="oe-m")
     n: int = setting(3, "largest n-gram order", flag="oe-n")
     k: int = setting(2, "tables per order", flag="oe-k")
 

@@ -23,8 +23,8 @@ from typing import Literal
 
 import torch
 
-from muonlab.optim.extensions import PrePolar, option, register_prepolar
-from muonlab.optim.homotopy import homotopy_alpha, homotopy_t
+from muonlab.optim.extensions import PrePolar, fixed, option, register_prepolar
+from muonlab.optim.homotopy import HOMOTOPY_FIRST_T, homotopy_alpha, homotopy_t
 
 
 def hbieq(G: torch.Tensor, alpha, passes: int = 2, sides: str = "both", eps: float = 1e-10) -> torch.Tensor:
@@ -62,8 +62,8 @@ class HBiEq(PrePolar):
     tau: float = option(80.0, "homotopy horizon (seed 000: 80, seed 002: 25; 0 = undamped)")
     passes: int = option(2, "equilibration passes")
     sides: Literal["both", "row"] = option("both", "sides (row with passes 1: seed 000 exp51's control)")
-    eps: float = 1e-10
-    first_t: int = 1
+    eps: float = fixed(1e-10, "seed 000 §3.3's epsilon, in Python only")
+    first_t: int = fixed(HOMOTOPY_FIRST_T, "the run's optim.homotopy_first_t sets it")
 
     def __post_init__(self):
         if self.sides not in ("both", "row"):

@@ -50,10 +50,9 @@ import torch
 from muonlab.errors import UsageError
 from muonlab.optim.addons.neumann_whitening import neumann_whiten
 from muonlab.optim.extensions import GroupKind, GroupSection, register_group_kind
-from muonlab.optim.homotopy import homotopy_alpha, homotopy_t
+from muonlab.optim.homotopy import HOMOTOPY_FIRST_T, homotopy_alpha, homotopy_t
 from muonlab.settings import METHOD_OFF, MethodInfo, setting
 
-OE_TABLE_ROWS = (150855, 150857, 150859, 150861)  # seed 002 §2.1, m + 2j for m = 150,855
 
 
 def oe_learning_rate(n_embd: int, embedding_lr: float = 0.6) -> float:
@@ -123,7 +122,7 @@ class TableNeumann(GroupSection):
 
 
 # seed 002 §2.1 (Family A): no weight decay, no moments; table-Neumann (§4.3 item 1) off (t = 1 first)
-OE_MFREE_DEFAULTS = dict(lr=0.0, weight_decay=0.0, **TableNeumann.group_defaults(), table_whiten_first_t=1)
+OE_MFREE_DEFAULTS = dict(lr=0.0, weight_decay=0.0, **TableNeumann.group_defaults(), table_whiten_first_t=HOMOTOPY_FIRST_T)
 
 
 def table_neumann_beta(group: dict, optimizer_state, p) -> float | None:

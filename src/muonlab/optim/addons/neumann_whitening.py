@@ -43,7 +43,7 @@ import torch
 
 from muonlab.errors import UsageError
 from muonlab.optim.extensions import AdamWTransform, GroupSection, register_adamw_transform
-from muonlab.optim.homotopy import homotopy_alpha, homotopy_t
+from muonlab.optim.homotopy import HOMOTOPY_FIRST_T, homotopy_alpha, homotopy_t
 from muonlab.settings import METHOD_OFF, MethodInfo, setting
 
 WHITENS = ("neumann",)
@@ -115,7 +115,7 @@ class NeumannWhitening(GroupSection):
 
 # every option an adamw group may carry, with its default (absent == default): the settings' keys,
 # the homotopy's first t (the run's optim.homotopy_first_t) and the Gram norm's epsilon
-WHITEN_DEFAULTS = dict(NeumannWhitening.group_defaults(), whiten_first_t=1, whiten_eps=1e-30)
+WHITEN_DEFAULTS = dict(NeumannWhitening.group_defaults(), whiten_first_t=HOMOTOPY_FIRST_T, whiten_eps=1e-30)
 
 
 def options(group: dict) -> dict:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from muonlab.optim.extensions import PrePolar, register_prepolar
+from muonlab.optim.extensions import PrePolar, fixed, register_prepolar
 from muonlab.optim.polar import matmul_for, register_normalization
 
 AOL_SAFETY = 1.02
@@ -47,7 +47,7 @@ register_normalization("aol", lambda X: aol_scale(X, return_gram=True))
 class TurboAOL(PrePolar):
     WHOLE_GROUPS_ONLY = True
 
-    reuse_gram: bool = True
+    reuse_gram: bool = fixed(True, "in Python only (False: the ablation without the reused Gram)")
 
     def stages(self, stages):
         return replace(stages, polar=replace(stages.polar, normalize="aol", reuse_gram=self.reuse_gram))

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from muonlab.optim.extensions import PrePolar, register_prepolar
+from muonlab.optim.extensions import PrePolar, fixed, register_prepolar
 
 
 def zeta_update(V: torch.Tensor, raw_grads: torch.Tensor, beta2: float) -> None:
@@ -33,8 +33,8 @@ def zeta_whiten(G: torch.Tensor, V: torch.Tensor, bias_t, eps: float = 1e-8) -> 
 class Zeta(PrePolar):
     STACKED_STATE = ("zeta_buffer",)
 
-    beta2: float = 0.99
-    eps: float = 1e-8
+    beta2: float = fixed(0.99, "seed 000 §3.3's second-moment decay, in Python only")
+    eps: float = fixed(1e-8, "in Python only")
 
     def __post_init__(self):
         if not 0 <= self.beta2 < 1:
