@@ -581,7 +581,7 @@ def test_error_contract(case_id, argv, code, needle, tmp_path, monkeypatch, caps
 
 # The config layer: every `UsageError(` here must be reached by a case above.
 CHECKED_MODULES = ["settings.py", "config/__init__.py", "config/run.py", "data/config.py", "record/config.py",
-                   "record/sinks.py", "families/__init__.py", "families/autoresearch/config.py", "families/afmuon.py",
+                   "record/sinks.py", "families/__init__.py", "families/autoresearch/config.py", "families/tied/afmuon.py",
                    "families/autoresearch/__init__.py", "families/tied/__init__.py", "optim/prepolar.py",
                    "optim/addons/moment_free.py", "optim/addons/neumann_whitening.py",
                    "model/variants/memory.py", "model/variants/over_encoding.py", "model/variants/qk_scale.py",
@@ -590,7 +590,7 @@ CHECKED_MODULES = ["settings.py", "config/__init__.py", "config/run.py", "data/c
 UNREACHABLE = {
     ("device.py", "CUDA is not available"): "only on a machine without CUDA (tested where that holds)",
     ("lab/executors.py", "visible GPU"): "needs GPUs to exceed",
-    ("families/afmuon.py", "runs in one process; under torchrun"): "needs torchrun (driven in "
+    ("families/tied/afmuon.py", "runs in one process; under torchrun"): "needs torchrun (driven in "
                                                                  "tests/test_af_muon_distributed.py)",
     ("lab/sweep.py", "share one ledger"): "arms of one preset share its ledger",
     ("plugins.py", "changed since this process imported it"): "needs a second command in one process "

@@ -243,3 +243,14 @@ def test_help_builds_the_config_it_shows_and_no_other_familys(monkeypatch, capsy
         main(["train", "--preset", "tied-cpu", "--help"])
     assert exit_.value.code == 0 and "--af-cap" in capsys.readouterr().out
     assert set(built) == {"tied"}
+
+
+def test_the_family_setting_names_every_registered_family_and_the_run_config_takes_its_sections_from_it():
+    from muonlab.config import DEFAULT_FAMILY
+    from muonlab.families import all_families, get_family
+
+    family = next(l for l in leaves(RunConfig) if l.key == "family")
+    assert all(name in family.help for name in all_families())
+    cfg = RunConfig()
+    assert type(cfg.model) is get_family(DEFAULT_FAMILY).model_config
+    assert type(cfg.optim) is get_family(DEFAULT_FAMILY).optim_config

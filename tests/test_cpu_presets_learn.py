@@ -12,7 +12,7 @@ import pytest
 
 from muonlab.arms import resolve_config
 from muonlab.config import all_presets
-from muonlab.families.afmuon import PAPER_MATRIX_LR
+from muonlab.families.tied.afmuon import PAPER_MATRIX_LR
 from muonlab.train import run_training
 
 CPU_PRESETS = ["tied-cpu", "tied-moe-cpu", "hf-cpu", "qwen2.5-cpu", "protein-cpu", "imagegpt-cpu", "t5-cpu",

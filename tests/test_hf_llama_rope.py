@@ -14,7 +14,7 @@ pytest.importorskip("transformers", reason="the Hugging Face families need trans
 
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding  # noqa: E402
 
-from muonlab.families.hf.model import hf_config  # noqa: E402
+from muonlab.families.tied.hf.model import hf_config  # noqa: E402
 
 
 def llama3_inv_freq(head_dim: int = 64, theta: float = 500000.0, factor: float = 32.0, low: float = 1.0,

@@ -14,8 +14,8 @@ import torch
 from muonlab.cli import main
 from muonlab.families.tied.model import build_tied_model
 from muonlab.families.tied.moe import RouterCounts, TopKMoE
-from muonlab.families.reuse.model import SharedMLPConfig, SharedMLPLM
-from muonlab.families.afmuon import table_stats
+from muonlab.families.tied.reuse.model import SharedMLPConfig, SharedMLPLM
+from muonlab.families.tied.afmuon import table_stats
 
 
 def _random_tied(preset="tied-tiny", seed=0):

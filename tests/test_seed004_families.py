@@ -89,9 +89,9 @@ def test_hf_val_loss_equals_an_independent_pass_over_the_val_file(tmp_path):
 
 # --- Table 15: the untied T5 control --------------------------------------------------------------
 def test_untied_t5_control_puts_every_table_on_adamw():
-    from muonlab.families.t5 import PackedT5
+    from muonlab.families.tied.t5 import PackedT5
     from muonlab.optim.af_muon import build_optimizer
-    from muonlab.families.t5.model import T5_SHAPES
+    from muonlab.families.tied.t5.model import T5_SHAPES
 
     model = PackedT5(T5_SHAPES["t5-tiny-untied"])
     opt = build_optimizer(model, "hybrid_untied")
@@ -135,7 +135,7 @@ def test_memmap_source_trains_the_tied_gpt_on_the_users_token_files(tmp_path):
 
 
 def test_packed_t5_loader_resumes_exactly(tmp_path):
-    from muonlab.families.t5 import PackedPrefixLoader
+    from muonlab.families.tied.t5 import PackedPrefixLoader
 
     mm = write_token_memmap(tmp_path / "t.bin", np.arange(5000) % 97, vocab_size=97)
     a = PackedPrefixLoader(mm, 4, 8, 6, seed=3, device="cpu")
@@ -173,7 +173,7 @@ def test_fasta_records_and_their_errors(tmp_path):
 def test_local_text_with_a_tokenizer_json(tmp_path):
     tokenizers = pytest.importorskip("tokenizers")
     from muonlab.config import preset, apply_overrides
-    from muonlab.families.token_family import token_data
+    from muonlab.families.tied.token_family import token_data
 
     docs = [f"document {i}: the quick brown fox number {i % 7} jumps" for i in range(60)]
     (tmp_path / "corpus.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))

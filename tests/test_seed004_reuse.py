@@ -20,7 +20,7 @@ from muonlab.errors import UsageError
 from muonlab.optim.af_muon import build_optimizer
 from muonlab.optim.polar import newton_schulz
 from muonlab.families.tied.model import build_tied_model
-from muonlab.families.reuse.model import SharedMLPConfig, SharedMLPLM, shared_mlp_expected_num_parameters
+from muonlab.families.tied.reuse.model import SharedMLPConfig, SharedMLPLM, shared_mlp_expected_num_parameters
 
 TINY = SharedMLPConfig(vocab_size=64, n_layer=4, n_embd=32, ff_hidden=64, sequence_len=16)
 

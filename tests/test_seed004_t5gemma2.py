@@ -12,7 +12,7 @@ import torch
 from muonlab.arms import resolve_config
 from muonlab.cli import main
 from muonlab.optim.af_muon import GradientSources, build_optimizer, partition_by_role
-from muonlab.families.t5.t5gemma2 import PAPER_NUM_PARAMETERS, PAPER_VOCAB, T5GEMMA2_MODELS, build_t5gemma2, num_parameters
+from muonlab.families.tied.t5.t5gemma2 import PAPER_NUM_PARAMETERS, PAPER_VOCAB, T5GEMMA2_MODELS, build_t5gemma2, num_parameters
 
 
 def _trainable_count(text: dict) -> int:

@@ -72,7 +72,7 @@ transformers = pytest.importorskip("transformers")
 
 @pytest.mark.parametrize("name,total", [("smollm2-135m", 134_515_008), ("llama-3.2-1b", 1_235_814_400)])
 def test_hf_family_parameter_counts(name, total):
-    from muonlab.families.hf.model import build_hf_model, unique_parameter_count
+    from muonlab.families.tied.hf.model import build_hf_model, unique_parameter_count
     model = build_hf_model(name, device="meta")
     assert unique_parameter_count(model) == total  # seed 004 §3 (the public configs)
     assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
@@ -80,7 +80,7 @@ def test_hf_family_parameter_counts(name, total):
 
 def test_afmuon_trains_a_tiny_random_init_llama_with_tied_embeddings():
     from muonlab.optim import build_optimizer
-    from muonlab.families.hf.model import build_hf_model
+    from muonlab.families.tied.hf.model import build_hf_model
     torch.manual_seed(0)
     model = build_hf_model("tiny-llama", max_positions=64)
     opt = build_optimizer(model, "afmuon")

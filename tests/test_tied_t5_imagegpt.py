@@ -1,5 +1,5 @@
 """Small T5-style (3-way tie) and ImageGPT-style tied models of seed 004 (AF-Muon):
-muonlab.families.t5.model and muonlab.families.imagegpt.model.
+muonlab.families.tied.t5.model and muonlab.families.tied.imagegpt.model.
 
 Shapes and counts from seed 004 App. J.5 / J.7; exact counts not printed there (54,561,792 /
 104,893,440 and 33,563,648 parameters); the 3-way gradient G = G_enc + G_dec + G_out from
@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from muonlab.errors import UsageError
 from muonlab.optim.af_muon import GradientSources, build_optimizer, partition_by_role
 from muonlab.families.tied.model import expected_num_parameters
-from muonlab.families.imagegpt.model import (
+from muonlab.families.tied.imagegpt.model import (
     IMAGEGPT_SHAPES,
     N_COLOURS,
     SOS_ID,
@@ -34,7 +34,7 @@ from muonlab.families.imagegpt.model import (
     rgb554_decode,
     rgb554_encode,
 )
-from muonlab.families.t5.model import (
+from muonlab.families.tied.t5.model import (
     T5_SHAPES,
     T5Config,
     TiedT5,

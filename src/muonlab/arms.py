@@ -16,7 +16,7 @@ from typing import Any
 from muonlab.config import RunConfig, all_presets, build_config, canonical_overrides, family_leaves
 from muonlab.errors import UsageError
 from muonlab.families import get_family
-from muonlab.families.afmuon import TABLE1_FAMILIES
+from muonlab.families.tied.afmuon import TABLE1_FAMILIES
 from muonlab.model.variants.over_encoding import DEFAULT_M as OE_PAPER_M
 from muonlab.record.ledger import read_records_tolerant
 from muonlab.record.protocol import recorded_arm_overrides

@@ -29,7 +29,6 @@ from muonlab.data.config import DataConfig
 from muonlab.errors import UsageError
 from muonlab.data.config import TEXT_SOURCES
 from muonlab.families import all_families, get_family
-from muonlab.families.autoresearch.config import AutoresearchModelConfig, MuonAdamWConfig
 from muonlab.plugins import load_plugins
 from muonlab.record.config import RecordConfig
 from muonlab.record.protocol import PROTOCOL_KEY, protocol_hash
@@ -54,14 +53,27 @@ CODE_KEY = "plugin_code"  # a saved config's {plug-in: digest of its source} (pl
 _RECORD_KEYS = ("format", PROTOCOL_KEY, LAYERS_KEY, CODE_KEY)  # a saved config's own keys, not settings
 
 
+DEFAULT_FAMILY = "autoresearch"
+
+
+def _default_model() -> Section:
+    return get_family(DEFAULT_FAMILY).model_config()
+
+
+def _default_optim() -> Section:
+    return get_family(DEFAULT_FAMILY).optim_config()
+
+
 @dataclass
 class RunConfig(Section):
-    family: str = setting("autoresearch", "model family: autoresearch | tied | t5 | imagegpt | hf",
-                          flag="model-family")
+    """A run: its family (whose registry entry owns `model` and `optim`), seed, arm and the run's sections."""
+
+    family: str = setting(DEFAULT_FAMILY, "model family: autoresearch, or a tied-token family: tied | t5 | "
+                                          "imagegpt | hf | reuse", flag="model-family")
     seed: int = setting(42, "the run's seed")
     arm: str = setting("baseline", "the registered arm this run belongs to", hashed=False)
-    model: Section = setting(factory=AutoresearchModelConfig)
-    optim: Section = setting(factory=MuonAdamWConfig)
+    model: Section = setting(factory=_default_model)  # the family's sections, from the registry
+    optim: Section = setting(factory=_default_optim)
     schedule: ScheduleConfig = setting(factory=ScheduleConfig)
     train: TrainingConfig = setting(factory=TrainingConfig)
     runtime: RuntimeConfig = setting(factory=RuntimeConfig)

@@ -54,7 +54,7 @@ def run(run_dir: str | Path) -> dict:
     """The diagnostics of a tied run's newest checkpoint (its momentum buffer and cap)."""
     from muonlab.diagnostics.printed004 import for_afmuon
     from muonlab.diagnostics.runs import load_run, require_family
-    from muonlab.families.afmuon import TABLE1_FAMILIES
+    from muonlab.families.tied.afmuon import TABLE1_FAMILIES
     from muonlab.errors import UsageError
 
     require_family(run_dir, TABLE1_FAMILIES, "afmuon", "an AF-Muon optimizer's tied-table state")

@@ -33,7 +33,7 @@ from muonlab.errors import UsageError
 from muonlab.optim.af_muon import shape_factor
 from muonlab.optim.polar import newton_schulz
 from muonlab.families.tied.model import lm_loss
-from muonlab.families.reuse.model import SHARED, SharedMLPLM
+from muonlab.families.tied.reuse.model import SHARED, SharedMLPLM
 from muonlab.diagnostics import Command, RUN_OPTIONS
 
 POLARS = ("ns", "svd")

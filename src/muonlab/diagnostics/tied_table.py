@@ -1,6 +1,6 @@
 """A tied run's table diagnostics at its newest checkpoint (seed 004 Table 3, K.8 / Table 38, Table 19).
 
-- Table 3: the tied table's RMS and largest entry, the hidden matrices' RMS (`muonlab.families.afmuon`).
+- Table 3: the tied table's RMS and largest entry, the hidden matrices' RMS (`muonlab.families.tied.afmuon`).
 - K.8: the table's gradient split into its lookup (sparse input) and softmax (dense output) sources over
   the run's next optimizer step (every micro-batch of it, as the run would have taken them): the fraction
   of vocabulary rows each source reaches ("input rows" 0.601, "output rows" 1.000 in the paper) and the
@@ -55,7 +55,7 @@ def measure(model: torch.nn.Module, batches, autocast) -> dict:
     from muonlab.errors import UsageError
     from muonlab.optim.af_muon import GradientSources
     from muonlab.families.tied.moe import RouterCounts
-    from muonlab.families.afmuon import table_stats
+    from muonlab.families.tied.afmuon import table_stats
 
     weights = table_stats(model)
     if not weights:
@@ -80,7 +80,7 @@ def run(run_dir: str | Path, micro_batches: int | None = None, device: str = "cp
     from muonlab.diagnostics.replay import capture_batches
     from muonlab.diagnostics.runs import load_run, require_family
     from muonlab.diagnostics.printed004 import for_tied
-    from muonlab.families.afmuon import TABLE1_FAMILIES
+    from muonlab.families.tied.afmuon import TABLE1_FAMILIES
 
     require_family(run_dir, TABLE1_FAMILIES, "tied", "a tied token table")  # before any data
     loaded = load_run(run_dir, device=device, precision=precision)

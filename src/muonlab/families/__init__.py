@@ -1,9 +1,12 @@
 """Model families behind one interface: config, model, optimizer, schedule, presets, metric.
 
-Each family is a folder, families/<name>/: its model(s), its config sections, its definition
-(registered in the package's __init__) and its presets. What seed 004's tied-token families share
-is in afmuon.py (the AF-Muon optimizer section and builder, the schedule, Table 3's statistics)
-and token_family.py (their token data and evaluation).
+Two folders, as the code is: autoresearch/ (the upstream GPT trained with MuonAdamW) and tied/ (the
+tied-token families of seed 004, all trained with AF-Muon or its baselines): the tied GPT itself
+(tied/__init__.py, model.py, moe.py: the shared layers lm_loss, RMSNorm, TiedLMHead) and beside it
+what every tied-token family shares, tied/afmuon.py (the AF-Muon optimizer section and builder, the
+schedule, Table 3's statistics) and tied/token_family.py (token data and evaluation), then one folder
+per family built on them: tied/hf, tied/t5, tied/imagegpt, tied/reuse. Each family folder holds its
+model(s), its config sections, its definition (registered in its __init__) and its presets.
 
 A family is everything the training loop needs to know about one kind of model: the sections
 of the run config it owns (`model` and `optim`), how to build the model and its optimizer, the
@@ -89,4 +92,5 @@ def all_families() -> dict[str, Family]:
 def _load_builtin() -> None:
     # the built-in families, one package each, in the order they register (the order all_families
     # lists them and the command line builds their flags in)
-    from muonlab.families import autoresearch, tied, hf, imagegpt, reuse, t5  # noqa: F401, I001, PLC0415
+    from muonlab.families import autoresearch, tied  # noqa: F401, I001, PLC0415
+    from muonlab.families.tied import hf, imagegpt, reuse, t5  # noqa: F401, I001, PLC0415

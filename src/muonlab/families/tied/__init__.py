@@ -10,7 +10,7 @@ import torch
 
 from muonlab.errors import UsageError
 from muonlab.families import Family, register_family
-from muonlab.families.afmuon import AFMuonConfig, LRSchedule, build_optimizer, cpu_matrix_lr, table_stats
+from muonlab.families.tied.afmuon import AFMuonConfig, LRSchedule, build_optimizer, cpu_matrix_lr, table_stats
 from muonlab.settings import MethodInfo, Section, setting
 from muonlab.families.tied.model import TIED_SHAPES
 
@@ -110,7 +110,7 @@ def prepare_data(cfg, log=print):
     """Text through the packed loader (bits per byte), or as NanoGPT blocks seed 004's token memmaps
     and local text tokenized with a Hugging Face tokenizer.json (--tokenizer-json)."""
     from muonlab.families import text_data  # noqa: PLC0415
-    from muonlab.families.token_family import block_batcher, token_data  # noqa: PLC0415
+    from muonlab.families.tied.token_family import block_batcher, token_data  # noqa: PLC0415
 
     if cfg.data.source == "memmap" or (cfg.data.source == "local" and cfg.data.tokenizer_json):
         return token_data(cfg, log).with_batcher(block_batcher)  # the paper's tokenizer: its token stream
@@ -121,7 +121,7 @@ def evaluate(model, data, cfg, runtime, ctx, splits=("val", "holdout"), tokens=N
     """Loss (and bits per byte on text) per split; an MoE's router statistics of the same pass beside them
     (seed 004 Table 19: router entropy, max expert fraction, load CV, unused experts)."""
     from muonlab.data.token_data import TokenData  # noqa: PLC0415
-    from muonlab.families.token_family import evaluate_token_splits  # noqa: PLC0415
+    from muonlab.families.tied.token_family import evaluate_token_splits  # noqa: PLC0415
     from muonlab.eval.text import evaluate_text_splits  # noqa: PLC0415
     from muonlab.families.tied.moe import RouterCounts  # noqa: PLC0415
 

@@ -25,8 +25,8 @@ from muonlab.errors import UsageError
 def default_vocab(cfg) -> int:
     """The table the config trains: its BPE size where it trains one, else the paper's (or the CPU data's)
     vocabulary of the setting (the model's own table needs the data's tokenizer otherwise)."""
-    from muonlab.families.hf.model import HF_MODELS  # noqa: PLC0415
-    from muonlab.families.t5.t5gemma2 import PAPER_VOCAB  # noqa: PLC0415
+    from muonlab.families.tied.hf.model import HF_MODELS  # noqa: PLC0415
+    from muonlab.families.tied.t5.t5gemma2 import PAPER_VOCAB  # noqa: PLC0415
 
     if cfg.family == "imagegpt":
         return 16_384  # RGB554 colours

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from muonlab.families.tied.model import lm_loss
-from muonlab.families.token_family import describe_counts
+from muonlab.families.tied.token_family import describe_counts
 
 PAPER_NUM_PARAMETERS = 786_029_296  # afmoun README, not printed in seed 004, at a 262,144-row table
 PAPER_VOCAB = 262_144
@@ -58,7 +58,7 @@ _MM_TOKENS = {"t5gemma2-270m": 256, "t5gemma2-tiny": 4}  # image tokens after th
 
 def t5gemma2_config(name: str, vocab_size: int | None = None):
     """The transformers T5Gemma2Config of `name`, tied embeddings forced on."""
-    from muonlab.families.hf.model import require_transformers
+    from muonlab.families.tied.hf.model import require_transformers
 
     T5Gemma2Config = require_transformers().T5Gemma2Config
     if name not in T5GEMMA2_MODELS:
@@ -73,7 +73,7 @@ def t5gemma2_config(name: str, vocab_size: int | None = None):
 def build_t5gemma2(name: str, vocab_size: int | None = None, device: str | torch.device | None = None) -> nn.Module:
     """A random-init T5Gemma2ForConditionalGeneration whose encoder lookup, decoder lookup and head
     are one Parameter; the vision tower and projector frozen (see the module docstring)."""
-    from muonlab.families.hf.model import require_transformers
+    from muonlab.families.tied.hf.model import require_transformers
 
     AutoModelForSeq2SeqLM = require_transformers().AutoModelForSeq2SeqLM
     with contextlib.nullcontext() if device is None else torch.device(device):  # None: the ambient device

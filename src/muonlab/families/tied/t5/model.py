@@ -47,7 +47,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from muonlab.families.tied.model import REDUCTIONS, RMSNorm, TiedLMHead, lm_loss, shape_config
-from muonlab.families.token_family import describe_counts
+from muonlab.families.tied.token_family import describe_counts
 
 TABLE_PATHS = ("encoder", "decoder", "head")
 

@@ -4,7 +4,7 @@ trained on the prefix-to-continuation objective:
 - the small T5 (`t5-tiny`, `t5-small`) with AF-Muon at rho_out / rho_hid = 1 (Table 14), and the
   untied control of Table 15 (`--t5-tied false`: three tables, all on Hybrid's AdamW);
 - T5Gemma2 (`t5gemma2-tiny`, `t5gemma2-270m`): the Hugging Face google/t5gemma-2-270m-270m
-  configuration at random init, tie forced, rho ratio 60 (App. J.5, Table 16; muonlab.families.t5.t5gemma2).
+  configuration at random init, tie forced, rho ratio 60 (App. J.5, Table 16; muonlab.families.tied.t5.t5gemma2).
 
 The loop hands a model (x, y): here x = [source | decoder input] (S + T tokens) and y = the T
 target tokens, so `PackedT5` (model.py) and `PackedT5Gemma2` (t5gemma2.py) split x at S; the loader (`PackedPrefixLoader`) packs the
@@ -21,10 +21,10 @@ import torch
 
 from muonlab.errors import UsageError
 from muonlab.families import Family, register_family
-from muonlab.families.afmuon import AFMuonConfig, LRSchedule, build_optimizer, cpu_matrix_lr, table_stats
-from muonlab.families.t5.model import T5_SHAPES, PackedT5
-from muonlab.families.t5.t5gemma2 import T5GEMMA2_MODELS, PackedT5Gemma2
-from muonlab.families.token_family import TEXT_TOKEN_SOURCES, eval_examples, evaluate_token_splits, token_data
+from muonlab.families.tied.afmuon import AFMuonConfig, LRSchedule, build_optimizer, cpu_matrix_lr, table_stats
+from muonlab.families.tied.t5.model import T5_SHAPES, PackedT5
+from muonlab.families.tied.t5.t5gemma2 import T5GEMMA2_MODELS, PackedT5Gemma2
+from muonlab.families.tied.token_family import TEXT_TOKEN_SOURCES, eval_examples, evaluate_token_splits, token_data
 from muonlab.settings import MethodInfo, Section, setting
 
 T5_SHAPE_NAMES = ("t5-tiny", "t5-small", *T5GEMMA2_MODELS)
@@ -35,7 +35,7 @@ class T5ModelConfig(Section):
     """The small T5's shape (vocabulary from the data, target length from train.sequence_len)."""
 
     FIELD_METHODS: ClassVar[dict[str, MethodInfo]] = {
-        "tied": MethodInfo("t5_untied_control", "seed 004 Table 15", "muonlab.families.t5.model",
+        "tied": MethodInfo("t5_untied_control", "seed 004 Table 15", "muonlab.families.tied.t5.model",
                            ("tests/test_seed004_families.py",), "tied", True)}
 
     preset: Literal[T5_SHAPE_NAMES] = setting("t5-tiny", "the encoder-decoder: t5-tiny (CPU), t5-small (seed 004 App. "
@@ -64,7 +64,7 @@ def _shape(cfg, vocab_size: int):
 
 def build_model(cfg, vocab_size: int, runtime):
     if _is_t5gemma2(cfg):
-        from muonlab.families.t5.t5gemma2 import build_t5gemma2  # noqa: PLC0415
+        from muonlab.families.tied.t5.t5gemma2 import build_t5gemma2  # noqa: PLC0415
 
         T = cfg.train.sequence_len
         model = build_t5gemma2(cfg.model.preset, vocab_size, runtime.device)

@@ -17,9 +17,9 @@ import torch
 
 from muonlab.errors import UsageError
 from muonlab.families import Family, register_family
-from muonlab.families.afmuon import AFMuonConfig, LRSchedule, build_optimizer, cpu_matrix_lr, table_stats
-from muonlab.families.imagegpt.model import IMAGEGPT_SHAPES, ImageGPTModel
-from muonlab.families.token_family import evaluate_token_splits, tokens_dir
+from muonlab.families.tied.afmuon import AFMuonConfig, LRSchedule, build_optimizer, cpu_matrix_lr, table_stats
+from muonlab.families.tied.imagegpt.model import IMAGEGPT_SHAPES, ImageGPTModel
+from muonlab.families.tied.token_family import evaluate_token_splits, tokens_dir
 from muonlab.settings import Section, setting
 
 IMAGEGPT_SHAPE_NAMES = tuple(IMAGEGPT_SHAPES)
@@ -99,7 +99,7 @@ def prepare_data(cfg, log=print):
 def evaluate(model, data, cfg, runtime, ctx, splits=("val", "holdout"), tokens=None):
     from muonlab.data.memmap_format import count_blocks  # noqa: PLC0415
     from muonlab.eval.loss import image_metrics  # noqa: PLC0415
-    from muonlab.families.token_family import eval_examples  # noqa: PLC0415
+    from muonlab.families.tied.token_family import eval_examples  # noqa: PLC0415
 
     def eval_loader(mm, B, T, n_tokens, device):
         n = eval_examples(mm, n_tokens, T, count_blocks(mm, T, with_target=False))

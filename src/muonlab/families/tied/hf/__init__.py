@@ -1,6 +1,6 @@
 """Seed 004's Hugging Face settings (Table 1 rows 2-4 and 9): SmolLM2-135M, Qwen2.5-0.5B and
 Llama-3.2-1B shapes and the protein Llama, built at random init from their public configuration
-numbers (`muonlab.families.hf.model`; nothing is downloaded) with tied input and output embeddings, and
+numbers (`muonlab.families.tied.hf.model`; nothing is downloaded) with tied input and output embeddings, and
 trained on token blocks with AF-Muon or its baselines (the protein's pure-AdamW baseline too).
 
 The vocabulary is the data's (the model's table has one row per token id the data can hold):
@@ -16,9 +16,9 @@ from typing import Literal
 import torch
 
 from muonlab.families import Family, register_family
-from muonlab.families.afmuon import AFMuonConfig, LRSchedule, build_optimizer, cpu_matrix_lr, table_stats
-from muonlab.families.hf.model import HF_MODELS, HFCausalLM
-from muonlab.families.token_family import PROTEIN_SOURCES, TEXT_TOKEN_SOURCES, block_batcher, evaluate_token_splits, token_data
+from muonlab.families.tied.afmuon import AFMuonConfig, LRSchedule, build_optimizer, cpu_matrix_lr, table_stats
+from muonlab.families.tied.hf.model import HF_MODELS, HFCausalLM
+from muonlab.families.tied.token_family import PROTEIN_SOURCES, TEXT_TOKEN_SOURCES, block_batcher, evaluate_token_splits, token_data
 from muonlab.settings import Section, setting
 
 HF_SHAPE_NAMES = tuple(HF_MODELS)
@@ -35,7 +35,7 @@ class HFModelConfig(Section):
 
 
 def build_model(cfg, vocab_size: int, runtime):
-    from muonlab.families.hf.model import build_hf_model  # noqa: PLC0415
+    from muonlab.families.tied.hf.model import build_hf_model  # noqa: PLC0415
 
     model = build_hf_model(cfg.model.preset, device=runtime.device, vocab_size=vocab_size,
                            max_positions=cfg.train.sequence_len)

@@ -215,6 +215,6 @@ def build_imagegpt(spec: str | ImageGPTConfig, **overrides: object) -> TiedImage
 
 class ImageGPTModel(TiedImageGPT):
     def num_scaling_params(self) -> dict[str, int]:
-        from muonlab.families.token_family import describe_counts  # noqa: PLC0415
+        from muonlab.families.tied.token_family import describe_counts  # noqa: PLC0415
 
         return describe_counts(self)

@@ -1,6 +1,6 @@
 """Seed 004 App. K.9's boundary control as a model family: the attention-free shared-MLP LM whose one
 up- and one down-projection are reused at four depths, with an untied input table, positional table and
-head (`muonlab.families.reuse.model`), trained with Hybrid Muon (Muon 0.02, wd 0.1 on the shared matrices;
+head (`muonlab.families.tied.reuse.model`), trained with Hybrid Muon (Muon 0.02, wd 0.1 on the shared matrices;
 AdamW 3e-4, wd 0.01 on the tables and gains), FP32 without autocast. `muonlab diagnose reuse --run RUN`
 computes Table 39 from the trained run (`muonlab.diagnostics.reuse`).
 
@@ -18,10 +18,10 @@ import torch
 
 from muonlab.errors import UsageError
 from muonlab.families import Family, register_family
-from muonlab.families.afmuon import AFMuonConfig, LRSchedule, build_optimizer
-from muonlab.families.token_family import TEXT_TOKEN_SOURCES, block_batcher, evaluate_token_splits, token_data
+from muonlab.families.tied.afmuon import AFMuonConfig, LRSchedule, build_optimizer
+from muonlab.families.tied.token_family import TEXT_TOKEN_SOURCES, block_batcher, evaluate_token_splits, token_data
 from muonlab.settings import Section, setting
-from muonlab.families.reuse.model import SharedMLPConfig, SharedMLPLM
+from muonlab.families.tied.reuse.model import SharedMLPConfig, SharedMLPLM
 
 REUSE_SHAPES = {
     "k9": SharedMLPConfig(),  # seed 004 K.9: d 512, FF 2048, 4 depths (vocabulary and context from the run)

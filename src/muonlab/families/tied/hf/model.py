@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from muonlab.families.tied.model import lm_loss
-from muonlab.families.token_family import describe_counts
+from muonlab.families.tied.token_family import describe_counts
 
 from muonlab.optional import require
 
