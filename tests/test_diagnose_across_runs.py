@@ -11,7 +11,7 @@ import shutil
 import pytest
 
 from muonlab.cli import main
-from muonlab.diagnostics import printed
+from muonlab.papers.seed002 import printed
 from muonlab.diagnostics.audit002 import run_audit
 from muonlab.diagnostics.trajectory import read_trajectory
 

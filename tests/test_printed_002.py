@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from muonlab.arms import ARMS
-from muonlab.diagnostics import audit_tables, printed
+from muonlab.diagnostics import audit_tables
+from muonlab.papers.seed002 import printed
 from muonlab.diagnostics.accounting import PAPER_TABLE_1B
 from muonlab.diagnostics.run_selection import Selection, SelectedRun
 from muonlab.lab.paper import format_scorecard, load_tables, scorecard

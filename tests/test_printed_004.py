@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from muonlab.cli import main
-from muonlab.diagnostics import printed004
+from muonlab.papers.seed004 import printed as printed004
 from muonlab.lab.paper import load_tables
 from muonlab.lab.paper.scorecard import expected_protocol
 

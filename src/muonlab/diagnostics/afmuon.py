@@ -9,7 +9,7 @@ R_i = b_i sqrt(d) / ||b_i|| (rows with B_i != 0):
   - cos(AF, Sign): global cosine between A and sign(B);
   - objective ratio: <B, A> / <B, sign B> (>= 1 by optimality for c >= 1, Prop. 1).
 The paper's values at (c, s) = (3, 0.5) on NanoGPT: 0.0028, 0.8949, 0.0303, 0.799, 1.253. Where the run's
-model is a table's (`muonlab.diagnostics.printed004`), that table's row is printed beside: Table 22 on the
+model is a table's (`muonlab.papers.seed004.printed`), that table's row is printed beside: Table 22 on the
 tied ImageGPT (by optimizer), Table 37 on NanoGPT (by the run's c and s).
 Source of B: a run directory (the newest checkpoint's optimizer state) or a raw tensor.
 """
@@ -52,7 +52,7 @@ def tied_diagnostics(B: torch.Tensor, cap: float) -> dict:
 
 def run(run_dir: str | Path) -> dict:
     """The diagnostics of a tied run's newest checkpoint (its momentum buffer and cap)."""
-    from muonlab.diagnostics.printed004 import for_afmuon
+    from muonlab.papers.seed004.printed import for_afmuon
     from muonlab.diagnostics.runs import load_run, require_family
     from muonlab.families.tied.afmuon import TABLE1_FAMILIES
     from muonlab.errors import UsageError

@@ -7,7 +7,7 @@
   cosine between the two (0.003), `muonlab.optim.af_muon.GradientSources`.
 - Table 19: for an MoE, the router statistics of the same forward passes (`muonlab.families.tied.moe.RouterCounts`).
 - Table 13's gradient norm: the norm of the step's mean gradient over every parameter, before any clip (what
-  the run logs per step), printed beside the paper's on a Llama-3.2-1B run (`muonlab.diagnostics.printed004`).
+  the run logs per step), printed beside the paper's on a Llama-3.2-1B run (`muonlab.papers.seed004.printed`).
 Printed beside the paper's NanoGPT / NanoGPT-MoE values (mean over seeds 43-45 of the run's optimizer):
 a CPU preset's model and data differ from the paper's, so they compare in kind, not in value.
 """
@@ -42,7 +42,7 @@ KEYS = ("tied_rms", "tied_max", "matrix_rms", "grad_norm", "lookup_rows", "softm
 def paper_values(kind: str, model_preset: str | None = None) -> dict[str, float]:
     """The paper's numbers for the run's optimizer (Table 3 as the mean of its three seeds), and Table 13's
     gradient norm where the run's model is the table's (Llama-3.2-1B)."""
-    from muonlab.diagnostics.printed004 import for_tied
+    from muonlab.papers.seed004.printed import for_tied
 
     table3 = {k: sum(v) / len(v) for k, v in PAPER_TABLE3.get(kind, {}).items()}
     printed = for_tied(model_preset, kind)
@@ -79,7 +79,7 @@ def run(run_dir: str | Path, micro_batches: int | None = None, device: str = "cp
     """The diagnostics of a tied run's newest checkpoint over its next optimizer step's batch."""
     from muonlab.diagnostics.replay import capture_batches
     from muonlab.diagnostics.runs import load_run, require_family
-    from muonlab.diagnostics.printed004 import for_tied
+    from muonlab.papers.seed004.printed import for_tied
     from muonlab.families.tied.afmuon import TABLE1_FAMILIES
 
     require_family(run_dir, TABLE1_FAMILIES, "tied", "a tied token table")  # before any data

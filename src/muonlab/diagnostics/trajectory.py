@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from muonlab.diagnostics import Command, printed
+from muonlab.diagnostics import Command
+from muonlab.papers.seed000 import printed
 from muonlab.diagnostics.run_selection import (SELECTION_OPTIONS, Selection, format_one_or_selection,
                                                one_run_or_selection)
 from muonlab.errors import UsageError

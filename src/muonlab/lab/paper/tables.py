@@ -1,4 +1,5 @@
-"""The seed papers' result tables, shipped as data (`data/<seed>.json`), typed from the papers.
+"""The seed papers' result tables, shipped as data in each paper's pack (`muonlab/papers/<seed>/tables.json`),
+typed from the papers.
 
 A table: an id, where it is printed (`source`), the ledger metric it reports, the preset that is the
 paper's protocol, where it compares when not at the end (`at_tokens`, with `at_source`), its arms (each either per-seed values {"43": v, ...} or a printed mean over n seeds,
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from importlib import resources
 
 from muonlab.errors import UsageError
 from muonlab.lab.paper.rules import check_rule
@@ -119,11 +119,13 @@ def _table(paper: str, raw: dict, choices: tuple[str, ...] = ()) -> PaperTable:
 
 
 def load_tables() -> dict[str, PaperTable]:
-    """Every table of every shipped paper file, by id."""
+    """Every table of every registered paper pack (muonlab.papers), by id."""
+    from muonlab.papers import all_packs  # noqa: PLC0415
+
     out: dict[str, PaperTable] = {}
-    for item in sorted(resources.files("muonlab.lab.paper").joinpath("data").iterdir(), key=lambda p: p.name):
-        if item.name.endswith(".json"):
-            raw = json.loads(item.read_text())
+    for pack in sorted(all_packs().values(), key=lambda p: p.name):
+        if pack.tables is not None:
+            raw = json.loads(pack.tables.read_text())
             for t in raw["tables"]:
                 out[t["id"]] = _table(raw["paper"], t, tuple(raw.get("choices", ())))
     return out

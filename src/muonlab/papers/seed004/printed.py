@@ -1,7 +1,7 @@
 """Seed 004's printed tied-table diagnostics that a run's record does not hold, as the paper prints them.
 
 The columns every tied run records (the tied table's RMS and largest entry, the hidden matrices' RMS, the
-MoE's router statistics) are paper tables in `muonlab.lab.paper` (data/seed004.json: 004-t3-*, -t5-, -t7-,
+MoE's router statistics) are paper tables of this pack (tables.json: 004-t3-*, -t5-, -t7-,
 -t9-, -t11-, -t13-, -t19-, -t22-, -t36-, -t37-*), scored against a ledger by `muonlab paper score`. This
 module holds the rest, each printed beside its measurement by the diagnose tool that measures it, when the
 run's model preset is the table's:

@@ -1,5 +1,5 @@
-"""The values the seed papers print for the checkpoint audits and early trajectories, transcribed from
-the papers, for the across-run diagnostics to print beside their own means.
+"""The values seed 002 prints for its checkpoint audits, transcribed from the paper, for the across-run
+diagnostics (muonlab.diagnostics.audit_tables) to print beside their own means.
 
 - Seed 002 Table 4 (§4.2.1, 3-seed means at step 953): per depth and arm, wte / lm_head / OE-table
   stable rank with its mean-row energy share in %, and value-embedding, attention and MLP stable ranks.
@@ -9,8 +9,6 @@ the papers, for the across-run diagnostics to print beside their own means.
   (#3a, #3b, #3c, #4a) and of their matched references.
 - Seed 002 Table 8b (§4.5): the terminal step-953 scalars per depth, arm and seed: x0_lambdas,
   wte_lambdas, resid_lambdas[0:2], out_lambdas.
-- Seed 000 Table 4B (§4.4, seed 137): loss at steps 10 / 40 / 80, x0_lambdas[1] at 10 / 40 / 80 and
-  x0_lambdas[7] at 80.
 """
 
 from __future__ import annotations
@@ -203,13 +201,3 @@ SEED002_TABLE8B = {
 }
 TABLE8B = {key: dict(zip(TABLE8B_FIELDS, (None if v is None else list(v) for v in values)))
            for key, values in SEED002_TABLE8B.items()}
-
-# Table 4B (seed 137): arm -> loss at 10, 40, 80; x0_lambdas[1] at 10, 40, 80; x0_lambdas[7] at 80
-TRAJECTORY_STEPS = (10, 40, 80)
-SEED000_TABLE4B = {
-    "exp00_baseline": ((5.6835, 4.9576, 4.2519), (-2.141, -3.898, -2.875), -1.054),
-    "exp58_zeta_bf16": ((6.0940, 5.1891, 4.5512), (-2.235, -5.420, -6.441), -5.293),
-    "exp50_bieq_undamped_bf16": ((5.8629, 5.1004, 4.4210), (-2.275, -5.406, -6.401), -5.483),
-    "exp44_hbieq_bf16": ((5.6829, 4.9088, 4.1519), (-2.156, -3.935, -3.058), -1.346),
-}
-TABLE4B_SEED = 137
