@@ -17,6 +17,12 @@ from pathlib import Path
 
 from muonlab.errors import UsageError
 
+
+def is_builtin_module(module: str) -> bool:
+    """Whether a registering module ships with muonlab (a built-in method: a plug-in that ships with the
+    package); the one place this is decided. A plug-in file is imported as muonlab_plugin_<name>."""
+    return module == "muonlab" or module.startswith("muonlab.")
+
 _LOADED: dict[str, object] = {}
 _IMPORTED: dict[str, str] = {}  # plug-in -> digest of the source this process imported
 

@@ -78,9 +78,10 @@ def format_methods(catalog: list[dict[str, Any]]) -> str:
 def _add_plugin_variants(entries: dict[str, dict[str, Any]]) -> None:
     """Model variants registered by plug-ins (the built-in ones have their own sections above)."""
     from muonlab.model import REGISTRY  # noqa: PLC0415
+    from muonlab.model.extensions import is_builtin  # noqa: PLC0415
 
     for name, info in REGISTRY.items():
-        if info.module.startswith("muonlab.model.variants"):
+        if is_builtin(info):
             continue
         settings = _settings(info.config, f"model.plugin_variants.{name}")
         entries[f"variant:{name}"] = {

@@ -35,6 +35,7 @@ from typing import Any, Callable, ClassVar
 import torch
 
 from muonlab.errors import UsageError
+from muonlab.plugins import is_builtin_module
 from muonlab.settings import METHOD_OFF, MethodInfo, Section, coerce, option_settings, setting, type_hints
 
 HOOKS = ("embed", "stream", "block_input", "head_input", "attn_input", "mlp_input", "rotary", "qk",
@@ -178,12 +179,22 @@ class VariantInfo:
 REGISTRY: dict[str, VariantInfo] = {}
 
 
-def register_variant(name: str, config: type, *, paper: str, section: str, tests: tuple[str, ...] = ()):
+def register_variant(name: str, config: type, *, paper: str | None = None, section: str = "",
+                     tests: tuple[str, ...] = ()):
     """Class decorator: register a ModelVariant subclass under `name` with its config class (a frozen
     dataclass; `GPTConfig.variants` holds the configs of the variants that are on). A built-in
-    variant's config is also its run-config section (a VariantConfig); a plug-in's is switched on
-    with `--variant NAME`, its fields as flags (every field not declared `fixed`). A config may define `check_model(config)`,
-    its checks against the model's shape."""
+    variant's config is also its run-config section (a VariantConfig) whose `METHOD` is the variant's one
+    record (paper, tests): `paper`, `section` and `tests` are then not given again. A plug-in's config is
+    switched on with `--variant NAME`, its fields as flags (every field not declared `fixed`). A config
+    may define `check_model(config)`, its checks against the model's shape."""
+    method = getattr(config, "METHOD", None)
+    if method is not None:
+        if paper is not None or section or tests:
+            raise TypeError(f"{name}: {config.__name__}.METHOD is its record; paper, section and tests are given there")
+        paper, tests = method.paper, method.tests
+    elif paper is None:
+        raise TypeError(f"{name}: register_variant needs paper= (or a config with a METHOD record)")
+
     def deco(cls: type) -> type:
         if name in REGISTRY and REGISTRY[name].variant is not cls:
             raise ValueError(f"model variant {name!r} is already registered ({REGISTRY[name].module})")
@@ -198,7 +209,9 @@ def register_variant(name: str, config: type, *, paper: str, section: str, tests
 
 
 def is_builtin(info: VariantInfo) -> bool:
-    return info.module.startswith("muonlab.model.variants")
+    """A variant that ships with muonlab: its config is its own run-config section (a plug-in's is
+    model.plugin_variants.<name>)."""
+    return is_builtin_module(info.module)
 
 
 _PLUGIN_SETTINGS: dict[tuple, type] = {}

@@ -42,6 +42,7 @@ from typing import Any, Callable, ClassVar, NamedTuple
 import torch
 
 from muonlab.errors import UsageError
+from muonlab.plugins import is_builtin_module
 from muonlab.settings import Section, coerce, fixed, option, option_fields, option_settings  # a conditioner's fields: --prepolar-<name>
 
 POINTS = ("prepolar", "muon_stage", "adamw_grad", "adamw_state", "group_kind")
@@ -71,7 +72,7 @@ def _register(point: str, name: str, obj: Any, *, paper: str, config_keys, tests
         if not replace:
             raise ValueError(f"{point} add-on {name!r} is already registered")
         theirs = _INFO[(point, name)].module
-        if _built_in(theirs) and not _built_in(module):  # a run naming it would train other code under its hash
+        if is_builtin_module(theirs) and not is_builtin_module(module):  # a run naming it would train other code under its hash
             raise ValueError(f"{point} add-on {name!r} is built in ({theirs}): a plug-in registers a name of its own")
     _REGISTRY[point][name] = obj
     _INFO[(point, name)] = AddonInfo(name, point, paper, tuple(config_keys), tuple(tests), module, summary)
@@ -80,10 +81,6 @@ def _register(point: str, name: str, obj: Any, *, paper: str, config_keys, tests
 def registrations() -> dict[tuple[str, str], str]:
     """{(point, name): the module that registered it} for every add-on."""
     return {key: info.module for key, info in _INFO.items()}
-
-
-def _built_in(module: str) -> bool:
-    return module == "muonlab" or module.startswith("muonlab.")
 
 
 def unregister(point: str, name: str) -> None:

@@ -108,10 +108,11 @@ class AutoresearchModelConfig(Section):
         if not self.window_pattern or any(c not in "SLsl" for c in self.window_pattern):
             raise UsageError(f"window_pattern must use only S and L, got {self.window_pattern!r}")
         from muonlab.model import REGISTRY  # noqa: PLC0415 (the model's variant registry)
+        from muonlab.model.extensions import is_builtin  # noqa: PLC0415
 
         for name in self.extra_variant_names():
-            if name not in REGISTRY or REGISTRY[name].module.startswith("muonlab.model.variants"):
-                extra = sorted(n for n, i in REGISTRY.items() if not i.module.startswith("muonlab.model.variants"))
+            if name not in REGISTRY or is_builtin(REGISTRY[name]):
+                extra = sorted(n for n, i in REGISTRY.items() if not is_builtin(i))
                 raise UsageError(f"--variant {name!r} is not a registered plug-in variant (registered: "
                                  f"{', '.join(extra) or 'none'}; built-in variants have their own flags)")
 

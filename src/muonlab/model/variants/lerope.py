@@ -172,7 +172,8 @@ class LeRoPEConfig(VariantConfig):
     """Seed 000 Table 2: learnable RoPE log-frequencies (LeRoPE). The run config's `model.rope`
     section and the configuration LeRoPE reads."""
 
-    METHOD: ClassVar[MethodInfo] = MethodInfo('lerope', 'seed 000 Table 2', __name__, ('tests/test_lerope.py',), 'kind', 'standard')
+    METHOD: ClassVar[MethodInfo] = MethodInfo('lerope', 'seed 000 §4.2, Table 2 (§4.2 item 2)', __name__,
+                                              ('tests/test_lerope.py', 'tests/test_model_variants.py'), 'kind', 'standard')
 
     kind: Literal["standard", "lerope_shared", "lerope_adapted"] = setting(
         "standard", "standard RoPE, LeRoPE shared (64, fp32 trig) or adapted (per layer and head, bf16 trig)", flag="rope")
@@ -183,8 +184,7 @@ class LeRoPEConfig(VariantConfig):
             raise UsageError(f"rope_lr_mult must be >= 0, got {self.lr_mult}")
 
 
-@register_variant("lerope", LeRoPEConfig, paper="seed 000", section="§4.2, Table 2 (§4.2 item 2)",
-                  tests=("tests/test_lerope.py", "tests/test_model_variants.py"))
+@register_variant("lerope", LeRoPEConfig)  # its record: LeRoPEConfig.METHOD
 class LeRoPE(ModelVariant):
     param_names = ("rope_tau",)
 

@@ -154,7 +154,8 @@ class OverEncodingConfig(VariantConfig):
     config's `model.oe` section and the configuration OverEncodingVariant reads (table-Neumann on
     these tables' update is an optimizer setting: optim.table_whiten adds its keys to their group)."""
 
-    METHOD: ClassVar[MethodInfo] = MethodInfo('over_encoding', 'seed 002 §2.1 (Family A)', __name__, ('tests/test_over_encoding.py', 'tests/test_over_encoding_model.py', 'tests/test_table_update.py'), 'm', 0)
+    METHOD: ClassVar[MethodInfo] = MethodInfo('over_encoding', 'seed 002 §2.1 (Family A Over-Encoding; table-Neumann §4.3)', __name__,
+                                              ('tests/test_over_encoding.py', 'tests/test_over_encoding_model.py', 'tests/test_table_update.py', 'tests/test_diagnostics_accounting.py'), 'm', 0)
 
     m: int = setting(0, f"table size (0: off; the paper {DEFAULT_M})", flag="oe-m")
     n: int = setting(3, "largest n-gram order", flag="oe-n")
@@ -176,10 +177,7 @@ class OverEncodingConfig(VariantConfig):
         return OverEncoding(config.vocab_size, config.n_embd, m=self.m, n=self.n, k=self.k, device=device)
 
 
-@register_variant("over_encoding", OverEncodingConfig, paper="seed 002",
-                  section="§Family A Over-Encoding (§2.1; table-Neumann §4.3)",
-                  tests=("tests/test_over_encoding.py", "tests/test_over_encoding_model.py",
-                         "tests/test_table_update.py", "tests/test_diagnostics_accounting.py"))
+@register_variant("over_encoding", OverEncodingConfig)  # its record: OverEncodingConfig.METHOD
 class OverEncodingVariant(ModelVariant):
     def create(self) -> None:
         self.model.oe = self.cfg.build(self.config)

@@ -49,7 +49,8 @@ class PresubGainsConfig(VariantConfig):
     """Seed 000 §3.1: per-layer channel gains on the inputs of W_Q, W_K, W_V and W_fc. The run config's
     `model.gains` section and the configuration PresubGains reads."""
 
-    METHOD: ClassVar[MethodInfo] = MethodInfo('presub_gains', 'seed 000 §3.1', __name__, ('tests/test_model_variants.py', 'tests/test_diagnostics_storage.py'), 'impl', 'none')
+    METHOD: ClassVar[MethodInfo] = MethodInfo('presub_gains', 'seed 000 §3.1 (Tables 1–2)', __name__,
+                                              ('tests/test_model_variants.py', 'tests/test_diagnostics_storage.py', 'tests/test_diagnostics_forward.py'), 'impl', 'none')
 
     impl: Literal["none", "unfused_slice", "unfused_contig", "weight_fused", "gate_scaled"] = setting(
         "none", "implementation (gate_scaled: the non-equivalent control)", flag="presub-gains")
@@ -61,9 +62,7 @@ class PresubGainsConfig(VariantConfig):
             raise UsageError(f"presub_lr_mult must be >= 0, got {self.lr_mult}")
 
 
-@register_variant("presub_gains", PresubGainsConfig, paper="seed 000", section="§3.1 (Tables 1–2)",
-                  tests=("tests/test_model_variants.py", "tests/test_diagnostics_storage.py",
-                         "tests/test_diagnostics_forward.py"))
+@register_variant("presub_gains", PresubGainsConfig)  # its record: PresubGainsConfig.METHOD
 class PresubGains(ModelVariant):
     param_names = ("presub_gains",)
 

@@ -107,7 +107,8 @@ class QKScaleConfig(VariantConfig):
     """Seed 000 §3.2, seed 002 §2.1 (Tier 2), §4.2.2: post-QK-norm scaling, plane c = channels c and c + 64.
     The run config's `model.qk` section and the configuration QKScale reads."""
 
-    METHOD: ClassVar[MethodInfo] = MethodInfo('qk_scale', 'seed 000 §3.2; seed 002 §2.1 (Tier 2), §4.2.2 (q_tau, QMASK)', __name__, ('tests/test_model_variants.py',), 'kind', 'none')
+    METHOD: ClassVar[MethodInfo] = MethodInfo('qk_scale', 'seed 000 §3.2 (Tables 2–3); seed 002 §2.1 (Tier 2), §4.2.2 (q_tau, QMASK, Table 5b)', __name__,
+                                              ('tests/test_model_variants.py', 'tests/test_diagnostics_audit002.py', 'tests/test_diagnostics_forward.py'), 'kind', 'none')
 
     kind: Literal["none", "pair_tied_linear", "pair_tied_stopexp", "pair_tied_exp", "untied_stopexp", "head_temp"] = \
         setting("none", "scaling rule", flag="qk-scale")
@@ -138,10 +139,7 @@ class QKScaleConfig(VariantConfig):
             self.mask(config)
 
 
-@register_variant("qk_scale", QKScaleConfig, paper="seed 000",
-                  section="§3.2 (Tables 2–3; QMASK seed 002 §4.2.2, Table 5b)",
-                  tests=("tests/test_model_variants.py", "tests/test_diagnostics_audit002.py",
-                         "tests/test_diagnostics_forward.py"))
+@register_variant("qk_scale", QKScaleConfig)  # its record: QKScaleConfig.METHOD
 class QKScale(ModelVariant):
     param_names = ("qk_scales",)
 

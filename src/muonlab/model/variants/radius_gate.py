@@ -64,7 +64,8 @@ class RadiusGateConfig(VariantConfig):
     """Seed 003: y = u + exp(a + b z_t) f with z_t the causal prefix-standardised log RMS. The run
     config's `model.gate` section and the configuration RadiusGate reads."""
 
-    METHOD: ClassVar[MethodInfo] = MethodInfo('radius_gate', 'seed 003 (radius gates)', __name__, ('tests/test_residual.py',), 'kind', 'none')
+    METHOD: ClassVar[MethodInfo] = MethodInfo('radius_gate', 'seed 003 Forward radius and branch controls (Table 2)', __name__,
+                                              ('tests/test_residual.py', 'tests/test_model_variants.py'), 'kind', 'none')
 
     kind: Literal["none", "state", "branch", "neutral"] = setting("none", "what the gate reads (neutral: frozen at 0)",
                                                                  flag="radius-gate")
@@ -83,9 +84,7 @@ class RadiusGateConfig(VariantConfig):
             raise UsageError(f"gate_lr_mult must be >= 0, got {self.lr_mult}")
 
 
-@register_variant("radius_gate", RadiusGateConfig, paper="seed 003",
-                  section="Forward radius and branch controls (Table 2)",
-                  tests=("tests/test_residual.py", "tests/test_model_variants.py"))
+@register_variant("radius_gate", RadiusGateConfig)  # its record: RadiusGateConfig.METHOD
 class RadiusGate(ModelVariant):
     param_names = ("radius_gates",)
 

@@ -108,15 +108,14 @@ class ResidualRuleConfig(VariantConfig):
     """Seed 003: backward rules at every residual addition (the forward stays bit-identical). The run
     config's `model.residual` section and the configuration ResidualRule reads."""
 
-    METHOD: ClassVar[MethodInfo] = MethodInfo('residual_rule', 'seed 003 (backward rules)', __name__, ('tests/test_residual.py', 'tests/test_diagnostics_replay.py'), 'rule', 'ordinary')
+    METHOD: ClassVar[MethodInfo] = MethodInfo('residual_rule', 'seed 003 Backward branch-credit intervention (Table 1)', __name__,
+                                              ('tests/test_residual.py', 'tests/test_model_variants.py', 'tests/test_diagnostics_replay.py'), 'rule', 'ordinary')
 
     rule: Literal["ordinary", "branch_tangent", "whole_state_tangent", "grad_mag_control"] = setting(
         "ordinary", "backward rule", flag="residual-rule")
 
 
-@register_variant("residual_rule", ResidualRuleConfig, paper="seed 003",
-                  section="Backward branch-credit intervention (Table 1)",
-                  tests=("tests/test_residual.py", "tests/test_model_variants.py", "tests/test_diagnostics_replay.py"))
+@register_variant("residual_rule", ResidualRuleConfig)  # its record: ResidualRuleConfig.METHOD
 class ResidualRule(ModelVariant):
     def residual_add(self, u, f):
         return residual_add(u, f, self.cfg.rule)

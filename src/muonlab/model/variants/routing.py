@@ -28,7 +28,8 @@ class RoutingConfig(VariantConfig):
     """Seed 002 §2.1 (Tier 3): decoupled residual routing of the token embedding. The run config's
     `model.routing` section and the configuration Routing reads."""
 
-    METHOD: ClassVar[MethodInfo] = MethodInfo('routing', 'seed 002 §2.1 (Tier 3)', __name__, ('tests/test_over_encoding_model.py',), 'kind', 'none')
+    METHOD: ClassVar[MethodInfo] = MethodInfo('routing', 'seed 002 §2.1 (Tier 3): decoupled x0 routing', __name__,
+                                              ('tests/test_over_encoding_model.py', 'tests/test_step0.py', 'tests/test_diagnostics_step0_audit.py'), 'kind', 'none')
 
     kind: Literal["none", "sepden", "shden"] = setting("none", "separate or shared denominator anchor", flag="routing")
     out: bool = setting(False, "also out_lambdas before the final norm", flag="routing-out")
@@ -38,9 +39,7 @@ class RoutingConfig(VariantConfig):
         return {"eps": "only the shared-denominator anchor has an epsilon"} if self.kind == "sepden" else super().inactive()
 
 
-@register_variant("routing", RoutingConfig, paper="seed 002", section="decoupled x0 routing (§2.1 Tier 3)",
-                  tests=("tests/test_over_encoding_model.py", "tests/test_step0.py",
-                         "tests/test_diagnostics_step0_audit.py"))
+@register_variant("routing", RoutingConfig)  # its record: RoutingConfig.METHOD
 class Routing(ModelVariant):
     def create(self) -> None:
         self.model.wte_lambdas = nn.Parameter(torch.empty(self.config.n_layer))
