@@ -15,7 +15,7 @@ import sys
 from typing import Any, Callable
 
 from muonlab.cli_flags import add_config_flags, collect_overrides
-from muonlab.settings import comma_items, finite_number, integer_at_least, token_count
+from muonlab.settings import finite_number, integer_at_least, token_count
 from muonlab.errors import MuonlabError, UsageError
 
 
@@ -57,48 +57,12 @@ def _unknown_flag(flag: str, known: list[str]) -> str:
 
 
 def _resolve_config(args: argparse.Namespace):
-    from muonlab.arms import resolve_config
-    from muonlab.config import apply_overrides, load_config_file
+    """The RunConfig of a verb's arguments: a RunRequest made from them, resolved by muonlab.lab.request."""
+    from muonlab.lab.request import RunRequest, resolve_request
 
-    overrides = collect_overrides(args)
-    implied = {}  # giving one duration switches the other off
-    if overrides.get("time_budget") not in (None, "none") and "num_steps" not in overrides:
-        implied["train.num_steps"] = None
-    if overrides.get("num_steps") not in (None, "none") and "time_budget" not in overrides:
-        implied["train.time_budget"] = None
-    if getattr(args, "config", None):
-        if getattr(args, "arm_name", None):
-            raise UsageError("--arm-name defines an arm on a preset; --config starts from a saved config")
-        cfg = apply_overrides(load_config_file(args.config, whole=True), implied, origin="implied")
-        return apply_overrides(cfg, overrides, origin="command line")
-    arm = getattr(args, "arm", "baseline")
-    if getattr(args, "experiment", None):  # an experiment file's arm: its preset, settings, then the flags
-        from muonlab.lab.experiment import load_experiment
-
-        if getattr(args, "arm_name", None):
-            raise UsageError("--arm-name defines an arm on a preset; --experiment names its own arms (--arm)")
-        study = load_experiment(args.experiment)
-        if arm not in study.arms:
-            raise UsageError(f"--arm {arm} is not an arm of {args.experiment} ({', '.join(study.arms)})")
-        if args.preset not in (None, DEFAULT_PRESET, study.preset):  # the default: not given
-            raise UsageError(f"{args.experiment} runs preset {study.preset}: drop --preset {args.preset}")
-        return resolve_config(arm, study.preset, {**study.settings, **overrides}, implied)
-    if getattr(args, "arm_name", None):  # the model and optimizer settings given are the new arm's
-        from muonlab.arms import METHOD_SECTIONS, define_arm
-        from muonlab.config import canonical_overrides
-        from muonlab.record.rundir import ledger_path
-
-        given = canonical_overrides(overrides)
-        own = {k: v for k, v in given.items() if k.startswith(METHOD_SECTIONS)}
-        if not own:
-            raise UsageError("--arm-name names the model and optimizer settings given with it (--prepolar, "
-                             "--qk-scale, ...); none was given")
-        overrides = {k: v for k, v in given.items() if k not in own}
-        preset = args.preset or DEFAULT_PRESET
-        ledger = ledger_path(resolve_config(arm, preset, overrides, implied))  # where the name is recorded
-        arm = define_arm(args.arm_name, own, base=arm, ledger=ledger).name
-        return resolve_config(arm, preset, overrides, implied)
-    return resolve_config(arm, args.preset or DEFAULT_PRESET, overrides, implied)
+    return resolve_request(RunRequest(preset=getattr(args, "preset", None), arm=getattr(args, "arm", "baseline"),
+                                      arm_name=getattr(args, "arm_name", None), config_file=getattr(args, "config", None),
+                                      experiment=getattr(args, "experiment", None), overrides=collect_overrides(args)))
 
 
 def _emit(args, payload: dict, text: str) -> None:
@@ -120,6 +84,7 @@ def _downloaded(args, cfg):
     """`prepare --download`: fetch the paper preset's dataset and tokenizer; the config that reads them."""
     from muonlab.config import apply_overrides, canonical_overrides
     from muonlab.data.paper_data import fetch, paper_data
+    from muonlab.lab.request import DEFAULT_PRESET
     from muonlab.paths import cache_root
 
     wanted = paper_data(args.preset or DEFAULT_PRESET)
@@ -276,40 +241,11 @@ def cmd_sweep(args) -> int:
 
 
 def _sweep_plan(args) -> tuple[list[str], list[int], str, dict]:
-    """(arms, seeds, preset, overrides) of a sweep: from --arms/--seeds/--preset, or an --experiment
-    file (its settings under the command line's); an experiment's arm recorded in the ledger with
-    other overrides is refused."""
-    from muonlab.arms import check_against_ledger, default_seeds, get_arm, resolve_config
-    from muonlab.config import canonical_overrides
-    from muonlab.lab.plugin_methods import check_plugins_act
-    from muonlab.lab.sweep import parse_seeds
-    from muonlab.record.rundir import ledger_path
+    """(arms, seeds, preset, overrides) of the sweep the arguments name (muonlab.lab.request's rules)."""
+    from muonlab.lab.request import SweepRequest, plan_request
 
-    given = canonical_overrides(collect_overrides(args))
-    if "seed" in given:  # each job's seed is one of --seeds (or the experiment's): a single --seed would be dropped
-        raise UsageError("muonlab sweep takes --seeds (a list), not --seed")
-    if getattr(args, "experiment", None):
-        from muonlab.lab.experiment import load_experiment
-
-        if args.arms or args.seeds:
-            raise UsageError("--experiment names the arms and seeds: drop --arms and --seeds")
-        study = load_experiment(args.experiment)
-        if args.preset not in (None, study.preset):
-            raise UsageError(f"{args.experiment} runs preset {study.preset}: drop --preset {args.preset}")
-        arms, seeds, preset, overrides = list(study.arms), list(study.seeds), study.preset, {**study.settings, **given}
-        overrides.setdefault("record.quiet", True)
-        check_against_ledger(arms, ledger_path(resolve_config(arms[0], preset, overrides)))
-        return arms, seeds, preset, overrides
-    if not args.arms:
-        raise UsageError("muonlab sweep needs --arms or --experiment (or --status, to see where a sweep stands)")
-    arms = comma_items(args.arms, "--arms", empty_ok=False)
-    for arm in arms:
-        get_arm(arm)
-    seeds = parse_seeds(args.seeds) if args.seeds is not None else default_seeds(arms)
-    given.setdefault("record.quiet", True)
-    check_plugins_act((resolve_config(arm, args.preset or DEFAULT_PRESET, given) for arm in arms),
-                      "no arm of this sweep selects any")
-    return arms, seeds, args.preset or DEFAULT_PRESET, given
+    return plan_request(SweepRequest(arms=args.arms, seeds=args.seeds, preset=args.preset,
+                                     experiment=getattr(args, "experiment", None), overrides=collect_overrides(args)))
 
 
 def _sweep_status(args) -> int:
@@ -559,7 +495,6 @@ def cmd_verify_reference(args) -> int:
     return 0 if report.passed else 1
 
 
-DEFAULT_PRESET = "gpu-d8"  # the paper's protocol; the CPU presets are named explicitly
 DESCRIPTION = "muonlab: controlled small-scale LLM pretraining research with the Muon optimizer family"
 REPORT_DESCRIPTION = """Statistics of a run ledger, one study per protocol.
 
@@ -606,6 +541,8 @@ def _first_pass(argv: list[str] | None):
     except argparse.ArgumentError:  # e.g. `--plugin --`: the real parse says so, in one line
         known = argparse.Namespace(preset=None, arm=None, config=None, plugin=None)
     load_tracked(known.plugin or "")  # what each plug-in registers, seen at its first import
+    from muonlab.lab.request import DEFAULT_PRESET
+
     try:
         from muonlab.arms import resolve_config
         from muonlab.config import load_config_file
@@ -667,7 +604,9 @@ def build_parser(argv: list[str] | None = None, only: str | None = None) -> argp
         return _first_pass(argv), sorted(all_presets()), all_families()
 
     def with_config(p, data_only: bool = False):
-        base, presets, families = config_context()
+        base, presets, families = config_context()  # first: the first pass loads the plug-ins
+        from muonlab.lab.request import DEFAULT_PRESET
+
         p.add_argument("--preset", default=DEFAULT_PRESET, choices=presets,
                        help="protocol preset the flags override (default: gpu-d8; a GPU preset on a machine "
                             "without one needs --device cpu)")
