@@ -585,7 +585,9 @@ CHECKED_MODULES = ["settings.py", "config/__init__.py", "config/run.py", "data/c
                    "families/autoresearch/__init__.py", "families/tied/__init__.py", "optim/prepolar.py",
                    "optim/addons/moment_free.py", "optim/addons/neumann_whitening.py",
                    "model/variants/memory.py", "model/variants/over_encoding.py", "model/variants/qk_scale.py",
-                   "arms.py", "plugins.py", "lab/experiment.py", "lab/sweep.py", "train/rescore.py", "lab/executors.py", "device.py", "cli.py"]
+                   "arms.py", "plugins.py", "lab/experiment.py", "lab/sweep.py", "train/rescore.py", "lab/executors.py", "device.py",
+                   "lab/request.py", "cli/parser.py", "cli/prepare.py", "cli/train.py", "cli/eval.py", "cli/run_flags.py",
+                   "cli/sweep.py", "cli/paper.py", "cli/report.py", "cli/doctor.py"]
 # Branches no case can reach on this machine, with the reason.
 UNREACHABLE = {
     ("device.py", "CUDA is not available"): "only on a machine without CUDA (tested where that holds)",

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from muonlab.cli import build_parser, main
-from muonlab.cli_flags import DEST
+from muonlab.cli.config_flags import DEST
 from muonlab.config import all_presets, family_leaves
 from muonlab.families import all_families
 from muonlab.settings import base_type
