@@ -464,7 +464,7 @@ CASES = [
     ("sinks-trailing-comma", TINY + ["--sinks", "tensorboard,"], USAGE, "sinks 'tensorboard,' has an empty element"),
     ("report-at-tokens-nan", ["report", "--at-tokens", "nan"], USAGE, "argument --at-tokens: must be a finite token"),
     ("plugin-without-a-value", ["config", "--preset", "cpu-tiny", "--plugin", "--"], USAGE,
-     "argument --plugin: expected one argument"),
+     "--plugin: expected one argument"),
     ("preset-without-a-value", ["train", "--preset"], USAGE, "argument --preset: expected one argument"),
     ("flag-given-a-double-dash", ["diagnose", "accounting", "--visited-rows=--"], USAGE,
      "argument --visited-rows: expected one value, got '--'"),

@@ -254,3 +254,28 @@ def test_the_family_setting_names_every_registered_family_and_the_run_config_tak
     cfg = RunConfig()
     assert type(cfg.model) is get_family(DEFAULT_FAMILY).model_config
     assert type(cfg.optim) is get_family(DEFAULT_FAMILY).optim_config
+
+
+def test_a_setting_is_named_on_the_command_line_by_its_dotted_key_and_its_flat_flag_alike(capsys):
+    """--model.qk.kind is --qk-scale, --optim.prepolar.tau is --prepolar-tau, a boolean's dotted key takes
+    true|false: the same resolved config either way; --help lists the dotted key with its alias."""
+    from muonlab.cli import _resolve_config, build_parser
+
+    def resolved(*argv):
+        argv = ["train", "--preset", "cpu-tiny", *argv]
+        return _resolve_config(build_parser(argv, only="train").parse_args(argv))
+
+    pairs = [(("--model.qk.kind", "pair_tied_linear"), ("--qk-scale", "pair_tied_linear")),
+             (("--prepolar", "hbieq", "--optim.prepolar.tau", "25"), ("--prepolar", "hbieq", "--prepolar-tau", "25")),
+             (("--model.memory.checkpoint_blocks", "true"), ("--checkpoint-blocks", "true")),
+             (("--train.num_steps", "7"), ("--num-steps", "7"))]
+    for dotted, flat in pairs:
+        a, b = resolved(*dotted), resolved(*flat)
+        assert a.to_dict() == b.to_dict() and a.config_hash() == b.config_hash(), dotted
+    assert resolved("--model.qk.kind", "head_temp").model.qk.kind == "head_temp"
+    with pytest.raises(SystemExit):
+        main(["train", "--preset", "cpu-tiny", "--help"])
+    out = capsys.readouterr().out
+    assert "--model.qk.kind STR, --qk-scale STR" in out and "--optim.prepolar.tau FLOAT, --prepolar-tau FLOAT" in out
+    assert main(["train", "--preset", "cpu-tiny", "--model.qk.knd", "x"]) == 2
+    assert "did you mean --model.qk.kind" in capsys.readouterr().err

@@ -1,10 +1,12 @@
 """Command-line flags generated from the run config's sections (muonlab.settings).
 
-One flag per setting, under its flat name (`--prepolar-tau`), grouped by component, with the
-setting's description, its choices, and the effective default: the value after `--preset`,
-`--arm` (or `--config`), found by a first pass over the command line. Booleans take `--x`,
-`--no-x` or `--x true|false`. A flag of another model family is accepted by the parser and
-refused by the config resolution with a one-line reason.
+One flag per setting: its dotted key (`--optim.prepolar.tau`), the setting's one name, and the flat
+name the command line has always used (`--prepolar-tau`) as its alias, both listed in `--help`, grouped by
+component, with the setting's description, its choices, and the effective default: the value after
+`--preset`, `--arm` (or `--config`), found by a first pass over the command line. Booleans take `--x`,
+`--no-x` (flat names) or `--x true|false`. The dotted flags are those of the family that first pass
+resolves to; a flat flag of another model family is accepted by the parser and refused by the config
+resolution with a one-line reason.
 """
 
 from __future__ import annotations
@@ -18,12 +20,11 @@ DEST = "cfg:"  # argparse dest prefix of a config flag; the rest is the flag
 
 
 class _Bool(argparse.Action):
-    """--x, --no-x, or --x true|false."""
+    """--x, --no-x, or --x true|false (a dotted key takes true|false, no --no- form)."""
 
     def __init__(self, option_strings, dest, **kwargs):
-        positive = option_strings[0]
-        negative = "--no-" + positive[2:]
-        super().__init__([positive, negative], dest, nargs="?", metavar="true|false", **kwargs)
+        negatives = ["--no-" + flag[2:] for flag in option_strings if "." not in flag]
+        super().__init__([*option_strings, *negatives], dest, nargs="?", metavar="true|false", **kwargs)
 
     def __call__(self, parser, namespace, value, option_string=None):
         if option_string.startswith("--no-"):
@@ -48,6 +49,7 @@ def add_config_flags(parser: argparse.ArgumentParser, base, families: dict, skip
 
     groups: dict[str, Any] = {}
     seen: set[str] = set()
+    dotted: set[str] = set()  # a key shared by families is the shown family's setting
     ordered = [base.family] + [f for f in families if f != base.family]
     for family in ordered:
         shown = family == base.family  # another family's flags parse, hidden: resolution refuses them
@@ -63,11 +65,15 @@ def add_config_flags(parser: argparse.ArgumentParser, base, families: dict, skip
                 choices = field_choices(leaf.type)
                 extra = "" if not choices else " {" + "|".join("none" if c is None else str(c) for c in choices) + "}"
                 kwargs["help"] = f"{leaf.help}{extra} (default: {_show(get_dotted(base, leaf.key))}; {leaf.key})"
+            names = [f"--{leaf.flag}"]
+            if shown and "." in leaf.key and leaf.key not in dotted:  # the setting's name first, its flat alias
+                dotted.add(leaf.key)
+                names.insert(0, f"--{leaf.key}")
             scalar, _ = base_type(leaf.type)
             if scalar is bool:
-                target.add_argument(f"--{leaf.flag}", action=_Bool, **kwargs)
+                target.add_argument(*names, action=_Bool, **kwargs)
             else:
-                target.add_argument(f"--{leaf.flag}", metavar=scalar.__name__.upper(), **kwargs)
+                target.add_argument(*names, metavar=scalar.__name__.upper(), **kwargs)
 
 
 def _show(value) -> str:
