@@ -4,7 +4,10 @@ from pathlib import Path
 import pytest
 import torch
 from support.bundles import PRECISIONS, reference_bundles  # tests/ is on sys.path
+from support.budget import TierBudget
 from support.ranks import one_thread as single_thread
+
+pytest_plugins = ["pytester"]  # tests/test_suite_layout.py runs small suites of its own
 
 # Under pytest-xdist every core has its worker: one thread each (tiny models gain nothing from
 # more, and oversubscribed cores slow everything); a single process may use two.
@@ -74,6 +77,10 @@ def pytest_runtest_call(item):
         return (yield)
     except MissingPackage as exc:
         pytest.skip(f"optional package missing: {exc}")
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(TierBudget(), "muonlab-tier-budget")  # the suite's own time budget
 
 
 def pytest_collection_modifyitems(config, items):

@@ -58,6 +58,21 @@ def test_two_ranks_match_one_process(tmp_path):
     assert resumed.returncode == 2 and "same number" in resumed.stderr
 
 
+TEARDOWN_REPEATS = 4
+
+
+@pytest.mark.slow
+def test_a_two_rank_run_ends_cleanly_every_time(tmp_path):
+    """Issue 46: rank 1 of a 2-process gloo run once aborted at exit ("terminate called without an active
+    exception", -6). Each rank frees what holds a collective's work and leaves the group before the interpreter
+    is torn down (train.distributed.shutdown); the shortest two-rank run, repeated, ends 0 with no abort."""
+    for i in range(TEARDOWN_REPEATS):
+        done = _run(tmp_path, ["train", "--preset", "cpu-tiny", "--num-steps", "2", "--eval-tokens", "256",
+                               "--run-name", f"teardown{i}", "--json"], nproc=2)
+        assert done.returncode == 0 and "terminate called" not in done.stderr, (i, done.stderr[-2000:])
+        assert json.loads(done.stdout)["status"] == "ok"
+
+
 @pytest.mark.slow
 def test_global_batch_must_split_over_ranks(tmp_path):
     done = _run(tmp_path, ARGS + ["--device-batch-size", "8"], nproc=2)  # 512 tokens = 8 rows: 1 rank only

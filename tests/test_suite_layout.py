@@ -24,3 +24,38 @@ def test_no_test_module_imports_another():
     support = {p.name: sorted(_imported_modules(p) & test_modules) for p in (TESTS / "support").glob("*.py")
                if _imported_modules(p) & test_modules}
     assert not offenders and not support, {**offenders, **support}
+
+
+BUDGETED = '''
+import time
+
+import pytest
+from support.budget import TierBudget
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(TierBudget(), "muonlab-tier-budget")
+'''
+BURN = "import time\n\ndef burn(seconds):\n    end = time.process_time() + seconds\n    while time.process_time() < end:\n        pass\n"
+
+
+def test_a_fast_test_over_the_budget_fails_the_session_and_a_slow_one_does_not(pytester, monkeypatch):
+    """The budget counts CPU seconds: a fast test burning more than its tier's budget fails the run (and is
+    named), the same test marked slow passes, and sleeping (a loaded machine's wall time) costs nothing."""
+    import shutil
+
+    shutil.copytree(TESTS / "support", pytester.path / "support")
+    pytester.makeconftest(BUDGETED)
+    pytester.makeini("[pytest]\nmarkers =\n    slow: slow\n")
+    monkeypatch.setenv("MUONLAB_TEST_BUDGET_SCALE", "0.05")  # a budget of 0.2 CPU s
+    monkeypatch.syspath_prepend(str(pytester.path))
+    pytester.makepyfile(test_fast=BURN + "\ndef test_burns():\n    burn(0.6)\n\n"
+                                  "def test_sleeps():\n    time.sleep(0.6)\n")
+    run = pytester.runpytest("-p", "no:cacheprovider")
+    assert run.ret == 1, run.stdout.str()
+    run.stdout.fnmatch_lines(["*1 fast test(s) over the fast tier's budget of 0.2 CPU s*", "*test_fast.py::test_burns*"])
+    assert "test_fast.py::test_sleeps" not in run.stdout.str().split("over the fast tier")[1]
+    pytester.makepyfile(test_fast="import pytest\n" + BURN + "\n@pytest.mark.slow\ndef test_burns():\n    burn(0.6)\n")
+    run = pytester.runpytest("-p", "no:cacheprovider")
+    assert run.ret == 0, run.stdout.str()
+    run.stdout.fnmatch_lines(["*slowest 10 tests*", "*slow*test_fast.py::test_burns*"])

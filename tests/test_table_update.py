@@ -13,7 +13,10 @@ import pytest
 import torch
 from torch import nn
 
-from muonlab.optim.addons.moment_free import OE_TABLE_ROWS, moment_free_step, oe_learning_rate, state_bytes
+from muonlab.model.variants.over_encoding import DEFAULT_M
+from muonlab.optim.addons.moment_free import moment_free_step, oe_learning_rate, state_bytes
+
+OE_TABLE_ROWS = tuple(DEFAULT_M + 2 * j for j in range(4))  # seed 002 §2.1: the tables have m + 2j rows
 
 ROWS, W = 37, 8
 

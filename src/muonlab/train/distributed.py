@@ -12,6 +12,7 @@ depends on the number of nodes.
 
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -83,9 +84,15 @@ def init_from_env(device: torch.device, timeout_s: float = 1800) -> tuple[Dist, 
 
 
 def shutdown(ctx: Dist) -> None:
+    """Leave the group while the interpreter is whole: whatever still holds a collective's work or tensors
+    (a traceback, a reference cycle) is freed first, the ranks leave together, and the group is destroyed
+    before exit. Gloo's worker threads otherwise release such objects during interpreter finalization, which
+    aborts the process ("terminate called without an active exception", exit -6)."""
     if ctx.active and dist.is_initialized():
+        gc.collect()
         try:
             collectives.barrier()  # leave together: a peer tearing down early can abort gloo's threads
         except Exception:  # a failed peer: tear down regardless
             pass
         dist.destroy_process_group()
+        gc.collect()

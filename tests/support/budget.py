@@ -1,0 +1,86 @@
+"""The suite's time budget, held by the suite itself.
+
+Each test's call is measured in CPU seconds (this process's user + system time, plus its waited-for
+children's): on a machine busy with other work a test's wall time grows with the load, its CPU time
+hardly does, so the check holds on a loaded laptop and still catches a test that got expensive. A test's
+tier is what its markers say (gpu, slurm, multiprocess, slow; else fast); a fast test over FAST_BUDGET_CPU_S
+fails the session, so the fast tier cannot grow slow tests unnoticed: mark the test slow, or make it
+cheaper. The terminal summary lists the slowest tests by wall time with their CPU time.
+
+MUONLAB_TEST_BUDGET_SCALE multiplies the budget (a slower machine class than the 2-core machines it was
+set on); MUONLAB_TEST_BUDGET=off reports without failing.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+
+import pytest
+
+FAST_BUDGET_CPU_S = 4.0  # the fast tier's limit per test (`make test-fast` runs that tier in about a minute)
+TIERS = ("gpu", "slurm", "multiprocess", "slow")  # the first marker a test carries names its tier
+SHOWN = 10
+
+
+def tier(item) -> str:
+    return next((name for name in TIERS if item.get_closest_marker(name)), "fast")
+
+
+def _cpu_seconds() -> float:
+    own = time.process_time()
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own + children.ru_utime + children.ru_stime
+
+
+def budget_s() -> float:
+    return FAST_BUDGET_CPU_S * float(os.environ.get("MUONLAB_TEST_BUDGET_SCALE", "1"))
+
+
+class TierBudget:
+    """The pytest plug-in (registered by conftest.py): works in xdist workers and in the controller."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, float, float]] = []  # (nodeid, tier, wall s, cpu s)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item):
+        start = _cpu_seconds()
+        try:
+            return (yield)
+        finally:
+            item.user_properties.append(("cpu_s", _cpu_seconds() - start))
+            item.user_properties.append(("tier", tier(item)))
+
+    def pytest_runtest_logreport(self, report) -> None:
+        if report.when != "call":
+            return
+        props = dict(report.user_properties)
+        if "cpu_s" in props:
+            self.seen.append((report.nodeid, props["tier"], report.duration, props["cpu_s"]))
+
+    def over_budget(self) -> list[tuple[str, str, float, float]]:
+        limit = budget_s()
+        return [row for row in self.seen if row[1] == "fast" and row[3] > limit]
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        if not self.seen or hasattr(terminalreporter.config, "workerinput"):
+            return
+        write = terminalreporter.write_line
+        write(f"slowest {SHOWN} tests (wall s, CPU s, tier):")
+        for nodeid, name, wall, cpu in sorted(self.seen, key=lambda r: -r[2])[:SHOWN]:
+            write(f"  {wall:7.1f} {cpu:7.1f}  {name:<12} {nodeid}")
+        over = self.over_budget()
+        if over:
+            write(f"{len(over)} fast test(s) over the fast tier's budget of {budget_s():.1f} CPU s (mark them slow, "
+                  "or make them cheaper):")
+            for nodeid, _, wall, cpu in sorted(over, key=lambda r: -r[3]):
+                write(f"  {cpu:7.1f} CPU s  {nodeid}")
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session, exitstatus) -> None:
+        if hasattr(session.config, "workerinput") or os.environ.get("MUONLAB_TEST_BUDGET") == "off":
+            return
+        if self.over_budget() and session.exitstatus == 0:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
