@@ -20,6 +20,18 @@ def _isolated_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("MUONLAB_CACHE", str(tmp_path / "cache"))
 
 
+@pytest.fixture(autouse=True)
+def _forget_defined_arms():
+    """An arm a test defines (an experiment file's, --arm-name) leaves the registry with it: the tests that
+    walk every registered arm see the registry, not what earlier tests of the worker defined."""
+    from muonlab.arms import ARMS
+
+    before = set(ARMS)
+    yield
+    for name in set(ARMS) - before:
+        del ARMS[name]
+
+
 @pytest.fixture
 def one_thread(monkeypatch):
     """Train on one thread, here and in child processes (OMP_NUM_THREADS): tiny models run

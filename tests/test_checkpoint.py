@@ -114,6 +114,7 @@ def test_sigterm_checkpoints_and_resumes(tmp_path, reference_run, capsys, monkey
     assert [r["status"] for r in ledger(tmp_path) if r["run_id"] == "preempted"] == ["interrupted", "ok"]
 
 
+@pytest.mark.slow
 def test_a_checkpoint_interval_in_minutes_checkpoints_by_wall_time(tmp_path, monkeypatch, capsys):
     """checkpoint_minutes: a checkpoint after the first step that ends that much wall time after the
     last; the clock is the loop's own (time.monotonic), stepped 40 s per read here."""
@@ -152,6 +153,7 @@ def test_damaged_checkpoint_is_refused_and_fallback_works(tmp_path, reference_ru
     assert verify_checkpoint(flipped) == "checksum mismatch (corrupted)"
 
 
+@pytest.mark.slow
 def test_divergence_keeps_last_good_checkpoint(tmp_path, monkeypatch, capsys):
     real_forward = GPT.forward
     calls = {"n": 0}
@@ -182,6 +184,7 @@ def test_out_of_memory_is_reported_with_the_batch_shape(tmp_path, monkeypatch, c
     assert rec["status"] == "failed" and rec["error_kind"] == "oom"
 
 
+@pytest.mark.slow
 def test_disk_full_during_checkpoint_keeps_the_previous_one(tmp_path, monkeypatch, capsys):
     real_save = torch.save
     saves = {"n": 0}

@@ -150,6 +150,7 @@ def test_a_training_step_reads_the_device_once(monkeypatch):
     assert reads == ["tolist"] * steps, reads
 
 
+@pytest.mark.slow
 def test_a_run_with_its_batches_made_ahead_is_the_run_without(tmp_path, capsys):
     import json
 
@@ -179,6 +180,7 @@ def test_document_batches_encoded_ahead_on_threads_pack_the_same_rows():
         assert _same(next(one), next(again))
 
 
+@pytest.mark.slow
 def test_each_step_records_where_its_time_goes_and_the_check_reads_it(tmp_path, capsys):
     """The phases follow each other from the step's start to its end: none negative, the data wait inside the
     forward + backward phase, their sum within the step's time; the GPU check's breakdown reads them."""

@@ -35,6 +35,7 @@ def _json(capsys, argv):
     return json.loads(capsys.readouterr().out)
 
 
+@pytest.mark.slow
 def test_audit_tables_are_the_single_run_audits_averaged(runs, capsys):
     root, dirs = runs
     res = _json(capsys, ["diagnose", "audit", "--ledger", str(root / "runs" / "ledger.jsonl"), "--arms", ",".join(ARMS)])
@@ -101,6 +102,7 @@ def test_selection_refusals_and_left_out_runs(runs, capsys, tmp_path):
     assert res["protocols"][0]["table4"][0]["seeds"] == [41]
 
 
+@pytest.mark.slow
 def test_audit_refuses_a_run_of_another_family(tmp_path, capsys):
     assert main(["train", "--preset", "tied-cpu", "--num-steps", "2", "--quiet", "--runs-dir", str(tmp_path / "runs"),
                  "--cache-dir", str(tmp_path / "cache")]) == 0

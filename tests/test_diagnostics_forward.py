@@ -160,6 +160,7 @@ def test_diagnose_cli(tool, exp17_run, capsys):
     assert commands()[tool].format(result).strip()  # the text view of the same numbers
 
 
+@pytest.mark.slow
 def test_diagnose_accounting_cli(capsys):
     assert main(["diagnose", "accounting", "--arms", "10_oe_native,12_oe_joint", "--preset", "gpu-d8", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]

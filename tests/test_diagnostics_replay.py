@@ -38,6 +38,7 @@ def _state(loaded):
     return tensors
 
 
+@pytest.mark.slow
 def test_replay_leaves_weights_and_optimizer_state_bitwise_unchanged(run_dir):
     loaded = load_run(run_dir)
     before = _state(loaded)
@@ -167,6 +168,7 @@ def test_trained_precision_resolves_auto_on_the_training_device():
     assert R.trained_precision("fp32", "auto", ("cuda",)) == "fp32" and R.trained_precision("bf16", "cpu", ()) == "bf16"
 
 
+@pytest.mark.slow
 def test_default_precision_is_the_runs_own(run_dir, tmp_path):
     assert R.recorded_precision(run_dir) == "fp32"  # cpu-tiny trains at fp32
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):

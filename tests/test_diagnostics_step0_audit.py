@@ -63,6 +63,7 @@ class _Spy:
         return self.real(cfg, model, optimizer, tap(), *args, **kwargs)
 
 
+@pytest.mark.slow
 def test_init_batches_and_steps_are_those_of_muonlab_train(monkeypatch, capsys):
     """The harness's init weights and step-0 micro-batches are bitwise a real run's, and with a
     step-0 mode set by the audit its losses and final scalars are the run's with that mode."""
@@ -95,6 +96,7 @@ def test_init_batches_and_steps_are_those_of_muonlab_train(monkeypatch, capsys):
     assert [r["loss"] for r in T.first_steps(from_run, 3).records] == losses
 
 
+@pytest.mark.slow
 def test_device_and_precision_reach_the_tensors(cache):
     s = T.setup(arm=ARM, seed=SEED, settings=SMALL, device="cpu", precision="bf16")
     st = T.first_steps(s, 1, keep_init=True)
@@ -203,6 +205,7 @@ def test_measured_gradient_is_rounding_noise_that_sets_the_step0_sign(audit):
         assert fam["ratio"]["2^-23"] == pytest.approx((meas / true).tolist())
 
 
+@pytest.mark.slow
 def test_shared_denominator_and_dense_arms(cache):
     """shden's anchor (fp32 inside the model) is float64 in the copy: eps = 0 still vanishes; a dense
     arm has resid/x0 lambdas only."""
@@ -230,6 +233,7 @@ def test_displacement_check_can_fail(audit):
     assert all(c["passed"] for c in A._checks(audit))
 
 
+@pytest.mark.slow
 def test_lm_head_gradient_matches_finite_difference_at_eps0(cache):
     st = T.first_steps(T.setup(arm=ARM, seed=SEED, settings=SMALL), 1, keep_init=True)
     m64 = A.float64_model(st.init)
@@ -291,6 +295,7 @@ def _fam(traj, mode, step, family):
     return traj["modes"][mode]["steps"][step]["families"][family]
 
 
+@pytest.mark.slow
 def test_trajectory_every_mode_step0_semantics(traj):
     """Seed 002 §4.5 item 2 read off the raw records (b1 = 0.96, b2 = 0.95: m0 = 0.04 g0, v0 = 0.05 g0^2)."""
     assert list(traj["modes"]) == list(T.STEP0_MODES) and traj["passed"]
@@ -362,6 +367,7 @@ def test_trajectory_checks_fail_on_broken_records(traj, mode, step, family, key,
     assert all(c["passed"] for c in T.mode_checks(traj["modes"]))
 
 
+@pytest.mark.slow
 def test_trajectory_table_and_cli(traj, cache, capsys):
     text = T.format_trajectory_table(traj)
     for mode in T.STEP0_MODES:
@@ -376,6 +382,7 @@ def test_trajectory_table_and_cli(traj, cache, capsys):
     capsys.readouterr()
 
 
+@pytest.mark.slow
 def test_step0_cli_json(cache, capsys):
     assert main(["diagnose", "step0", "--set", "oe-m=1009", "--seed", "42", "--precision", "bf16", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)

@@ -211,6 +211,7 @@ def test_the_throughput_run_must_lower_its_loss_without_recompiling(tmp_path, mo
         **good, "tokens_per_second": 1.0, "seconds": 1.0})
 
 
+@pytest.mark.slow
 def test_the_attention_timing_runs_in_a_child_and_says_how_it_ended(tmp_path, monkeypatch):
     assert gpu.attention_timing(60.0, tmp_path)["status"] == "skipped"  # the real child, here without CUDA
     ends = {"stopped": runs.Finished(None, "", "", 20.0), "crashed": runs.Finished(1, "", "RuntimeError: boom\n", 1.0),
@@ -317,6 +318,7 @@ def test_a_stopped_run_says_how_far_it_got(tmp_path):
     assert runs.progress(run_dir, 13) == "after its last step (12), in the final evaluation"
 
 
+@pytest.mark.slow
 def test_a_child_past_its_limit_is_stopped():
     start = time.monotonic()
     done = runs.run_process([sys.executable, "-c", "import time; time.sleep(60)"], 1.0)
@@ -435,6 +437,7 @@ def test_the_compile_harness_is_deterministic_and_its_losses_move(one_thread):
     assert max(abs(x - first[0]) for x in first[1:]) > 0.1, first
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", selection.representative_arms(), ids=lambda c: f"{c.arm}@{c.preset}")
 def test_the_compile_harness_feeds_every_case_of_the_gpu_test(case, one_thread):
     """tests/test_gpu_acceptance.py's compiled-against-eager cases, eager on the CPU (fp32) for the

@@ -19,6 +19,7 @@ def _state_bytes(opt) -> int:
                if isinstance(v, torch.Tensor))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,extra_mib", [("gpu-d6", 96.0), ("gpu-d8", 160.0)])
 def test_master32_memory_matches_the_analysis(name, extra_mib):
     """+8 B per wte/value-embedding parameter: 96.0 MiB at depth 6, 160.0 MiB at depth 8 (seed 002 §2.1, §3 item 3)."""

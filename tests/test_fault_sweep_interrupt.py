@@ -185,6 +185,7 @@ def test_select_continues_interrupted_runs_and_leaves_failed_ones(tmp_path):
     assert [(o.job.seed, o.action) for o in skipped] == [(4, "skipped-failed")]
 
 
+@pytest.mark.slow
 def test_ctrl_c_while_the_outcome_is_written_waits_for_the_ledger_line(tmp_path, monkeypatch, capsys, one_thread,
                                                                       terminal_ctrl_c):
     import muonlab.record.ledger as ledger

@@ -132,6 +132,7 @@ def test_tolerant_reader_reports_line_numbers(tmp_path):
         append_record(path, {"run_id": "c", "status": "weird"})
 
 
+@pytest.mark.slow
 def test_metric_sinks_mirror_steps(tmp_path, monkeypatch):
     """Sinks are optional: a fake TensorBoard writer receives every step and the summary."""
     import importlib.util

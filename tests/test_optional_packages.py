@@ -55,6 +55,7 @@ print("ok")
 
 @pytest.mark.parametrize("blocked", [pytest.param(EVERY, id="all"),
                                      *(pytest.param((name,), id=name, marks=pytest.mark.slow) for name in OPTIONAL)])
+@pytest.mark.slow
 def test_every_module_imports_and_every_help_prints_without(blocked, tmp_path):
     proc = run_without(blocked, IMPORT_ALL_AND_HELP, tmp_path)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
@@ -128,6 +129,7 @@ def test_a_verb_that_needs_a_missing_package_says_what_to_install(package, tmp_p
     assert not (tmp_path / "cache" / "runs").exists() or not any((tmp_path / "cache" / "runs").iterdir())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("package", sorted(LIBRARY_FEATURES))
 def test_a_library_feature_that_needs_a_missing_package_says_what_to_install(package, tmp_path):
     code, extra = LIBRARY_FEATURES[package]

@@ -190,6 +190,7 @@ def test_seed002_arm_trains_on_cpu_preset(arm, capsys):
     assert ("oe_params_M" in out["summary"]) == ("model.oe.m" in ARMS[arm].overrides)
 
 
+@pytest.mark.slow
 def test_oe_run_resumes_bitwise_from_a_checkpoint(tmp_path, capsys):
     """OE tables, routing scalars, table-Neumann counters and q_tau all survive a checkpoint:
     resuming from the step-4 checkpoint reproduces the uninterrupted run's final weights."""

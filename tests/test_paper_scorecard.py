@@ -81,6 +81,7 @@ def _ledger(shift: dict[str, float] | None = None, preset_of=lambda t: t.preset)
     return lines
 
 
+@pytest.mark.slow
 def test_the_papers_own_numbers_score_zero_deviation():
     card = _card(list(TABLES.values()), _ledger())
     for t in card["tables"]:

@@ -110,6 +110,7 @@ def test_an_edited_plugin_runs_again_and_the_report_keeps_the_two_versions_apart
     assert md.startswith(f"# Experiment report: study ({study})")  # titled by the experiment, not the ledger
 
 
+@pytest.mark.slow
 def test_eval_and_resume_refuse_a_run_whose_plugin_changed(tmp_path, capsys):
     plugin = tmp_path / "mine.py"
     plugin.write_text(MIX)

@@ -75,6 +75,7 @@ def test_diagnose_conditioning_cli(capsys):
             assert 1 <= row["kappa"] < rules["raw"]["kappa"], name
 
 
+@pytest.mark.slow
 def test_whitening_reaches_only_the_vocabulary_tables():
     cfg = resolve_config("baseline", "cpu-tiny", {"whiten": "neumann", "whiten_tau": 25.0})
     model = build_model(cfg, 300, Runtime(torch.device("cpu"), "fp32"))

@@ -165,6 +165,7 @@ def afmuon_run(tmp_path_factory):
     return run_dir
 
 
+@pytest.mark.slow
 def test_a_tied_run_records_every_metric_the_new_tables_read(afmuon_run):
     (record,) = [json.loads(line) for line in open(afmuon_run.parent / "ledger.jsonl")]
     read = {TABLES[tid].metric for tid in NEW}

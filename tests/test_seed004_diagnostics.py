@@ -84,6 +84,7 @@ def moe_run(tmp_path_factory):
     return run_dir
 
 
+@pytest.mark.slow
 def test_a_tied_run_records_table3_and_router_statistics_per_evaluation(moe_run):
     rows = [json.loads(line) for line in open(moe_run / "metrics.jsonl")]
     evals = [r for r in rows if "val_ce" in r]

@@ -349,6 +349,7 @@ def test_diagnose_reuse_from_the_command_line(k9_run, tmp_path, capsys):
     assert all(res[n]["split_error"] < 1e-6 for n in ("up", "down"))  # sum of per-use gradients = shared
 
 
+@pytest.mark.slow
 def test_run_rejects_a_model_that_is_not_the_shared_mlp(tmp_path, capsys):
     from muonlab.cli import main
 

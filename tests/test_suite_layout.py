@@ -4,6 +4,8 @@ fixtures in conftest.py)."""
 import ast
 from pathlib import Path
 
+import pytest
+
 TESTS = Path(__file__).resolve().parent
 
 
@@ -39,6 +41,7 @@ def pytest_configure(config):
 BURN = "import time\n\ndef burn(seconds):\n    end = time.process_time() + seconds\n    while time.process_time() < end:\n        pass\n"
 
 
+@pytest.mark.slow
 def test_a_fast_test_over_the_budget_fails_the_session_and_a_slow_one_does_not(pytester, monkeypatch):
     """The budget counts CPU seconds: a fast test burning more than its tier's budget fails the run (and is
     named), the same test marked slow passes, and sleeping (a loaded machine's wall time) costs nothing."""

@@ -97,6 +97,7 @@ def test_afmuon_trains_a_tiny_random_init_llama_with_tied_embeddings():
     assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
 
 
+@pytest.mark.slow
 def test_afmuon_diagnostics_endpoints_and_cli(tmp_path, capsys):
     from muonlab.diagnostics.afmuon import tied_diagnostics
     g = torch.Generator().manual_seed(0)
