@@ -58,7 +58,7 @@ def test_two_ranks_match_one_process(tmp_path):
     assert resumed.returncode == 2 and "same number" in resumed.stderr
 
 
-TEARDOWN_REPEATS = 4
+TEARDOWN_REPEATS = 3
 
 
 @pytest.mark.slow

@@ -50,7 +50,9 @@ def test_a_fast_test_over_the_budget_fails_the_session_and_a_slow_one_does_not(p
     shutil.copytree(TESTS / "support", pytester.path / "support")
     pytester.makeconftest(BUDGETED)
     pytester.makeini("[pytest]\nmarkers =\n    slow: slow\n")
-    monkeypatch.setenv("MUONLAB_TEST_BUDGET_SCALE", "0.05")  # a budget of 0.2 CPU s
+    from support.budget import FAST_BUDGET_CPU_S
+
+    monkeypatch.setenv("MUONLAB_TEST_BUDGET_SCALE", str(0.2 / FAST_BUDGET_CPU_S))  # a budget of 0.2 CPU s
     monkeypatch.syspath_prepend(str(pytester.path))
     pytester.makepyfile(test_fast=BURN + "\ndef test_burns():\n    burn(0.6)\n\n"
                                   "def test_sleeps():\n    time.sleep(0.6)\n")
