@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from importlib.resources.abc import Traversable
 
+
 @dataclass(frozen=True)
 class PaperPack:
     name: str  # the pack's folder, e.g. "seed004"
