@@ -279,3 +279,28 @@ def test_a_setting_is_named_on_the_command_line_by_its_dotted_key_and_its_flat_f
     assert "--model.qk.kind STR, --qk-scale STR" in out and "--optim.prepolar.tau FLOAT, --prepolar-tau FLOAT" in out
     assert main(["train", "--preset", "cpu-tiny", "--model.qk.knd", "x"]) == 2
     assert "did you mean --model.qk.kind" in capsys.readouterr().err
+
+
+HOOKS = ("variant_configs", "param_group_keys", "needs_param_names", "step_hooks", "check_with")
+
+
+def _all_subclasses(cls):
+    for sub in cls.__subclasses__():
+        yield sub
+        yield from _all_subclasses(sub)
+
+
+def test_a_section_offers_the_method_hooks_only_through_the_typed_protocol():
+    """A family calls the five hooks on MethodSections only: a plain Section defining one would be skipped
+    silently, so none does; every method section of the run config is one."""
+    from muonlab import families
+    from muonlab.config import RunConfig
+    from muonlab.settings import MethodSection, Section, method_sections
+
+    families.all_families()  # every family's sections are imported
+    stray = [f"{c.__module__}.{c.__qualname__}.{h}" for c in _all_subclasses(Section)
+             if not issubclass(c, MethodSection) for h in HOOKS if h in vars(c)]
+    assert stray == []
+    cfg = RunConfig()
+    found = {type(s).__name__ for s in method_sections(cfg.optim)} | {type(s).__name__ for s in method_sections(cfg.model)}
+    assert {"MuonAdamWConfig", "PolarPrecision", "NeumannWhitening", "TableNeumann", "MemorySettings"} <= found

@@ -120,6 +120,31 @@ class Section:
         """Raise UsageError naming the first impossible setting (sub-sections validate themselves)."""
 
 
+class MethodSection(Section):
+    """A method's section of a model or optimizer config: the hooks its family calls, each a no-op by
+    default. The protocol is these five methods and nothing found by name: a family walks its config's
+    MethodSections (`method_sections`) and calls each hook, so a type checker and grep see every caller."""
+
+    def variant_configs(self, cfg) -> tuple:
+        """The model variant configs this section turns on for run config `cfg` (in any order)."""
+        return ()
+
+    def param_group_keys(self, optim) -> dict[str, dict]:
+        """{optimizer group name: keys to add to it}; `optim` is the run's optimizer section."""
+        return {}
+
+    def needs_param_names(self) -> bool:
+        """Whether the method reads the parameters' names (the groups then carry `param_names`)."""
+        return False
+
+    def step_hooks(self, model) -> list:
+        """What the method does around each training step of `model` (objects with the step-hook calls)."""
+        return []
+
+    def check_with(self, cfg) -> None:
+        """Raise UsageError when the method needs another setting of run config `cfg` that is not on."""
+
+
 # ----------------------------------------------------------------------------- types
 @functools.cache
 def type_hints(cls) -> dict[str, Any]:
@@ -264,6 +289,11 @@ def sections(obj: Section, prefix: str = "") -> Iterator[tuple[str, Section]]:
         value = getattr(obj, f.name)
         if isinstance(value, Section):
             yield from sections(value, f"{prefix}{f.name}.")
+
+
+def method_sections(obj: Section) -> Iterator[MethodSection]:
+    """obj and every section below it that offers the method hooks, in field order."""
+    return (section for _, section in sections(obj) if isinstance(section, MethodSection))
 
 
 def get_dotted(obj: Section, key: str) -> Any:

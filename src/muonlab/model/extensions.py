@@ -36,7 +36,7 @@ import torch
 
 from muonlab.errors import UsageError
 from muonlab.plugins import is_builtin_module
-from muonlab.settings import METHOD_OFF, MethodInfo, Section, coerce, option_settings, setting, type_hints
+from muonlab.settings import METHOD_OFF, MethodInfo, MethodSection, Section, coerce, option_settings, setting, type_hints
 
 HOOKS = ("embed", "stream", "block_input", "head_input", "attn_input", "mlp_input", "rotary", "qk",
          "branch", "residual_add", "loss", "run_block")
@@ -127,7 +127,7 @@ class ModelVariant:
         return {h: getattr(self, h) for h in HOOKS if callable(getattr(self, h, None))}
 
 
-class VariantConfig(Section):
+class VariantConfig(MethodSection):
     """Base of a built-in variant's config: one frozen dataclass that is both the run config's section
     for the method (its settings with their flags and help, which act when, its validation) and the
     configuration the variant reads. METHOD names the field that switches it on and its off value:

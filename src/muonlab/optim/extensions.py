@@ -43,7 +43,7 @@ import torch
 
 from muonlab.errors import UsageError
 from muonlab.plugins import is_builtin_module
-from muonlab.settings import Section, coerce, fixed, option, option_fields, option_settings  # a conditioner's fields: --prepolar-<name>
+from muonlab.settings import MethodSection, Section, coerce, fixed, option, option_fields, option_settings  # a conditioner's fields: --prepolar-<name>
 
 POINTS = ("prepolar", "muon_stage", "adamw_grad", "adamw_state", "group_kind")
 
@@ -98,7 +98,7 @@ def info(point: str, name: str) -> AddonInfo:
     return _INFO[(point, name)]
 
 
-class GroupSection(Section):
+class GroupSection(MethodSection):
     """Base of a method whose settings are keys of the optimizer groups it acts on: one frozen
     dataclass that is both the run config's section (settings, flags, help, which act when) and the
     values its implementation reads from a group (`from_group`). A setting's group key is its flag

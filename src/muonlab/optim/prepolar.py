@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 
 from muonlab.errors import UsageError
 from muonlab.optim import extensions
-from muonlab.settings import METHOD_OFF, MethodInfo, Section, option_settings, setting
+from muonlab.settings import METHOD_OFF, MethodInfo, MethodSection, Section, option_settings, setting
 
 SCOPES = ("all", "square_only", "rect_only")
 STEP_KEY = "prepolar_step"  # completed updates of the group (only present with a conditioner on)
@@ -98,7 +98,7 @@ def conditioner(group: dict) -> tuple[extensions.PrePolar | None, bool]:
 
 # ---------------------------------------------------------------- the run-config section
 @dataclasses.dataclass
-class PrepolarSettingsBase(Section):
+class PrepolarSettingsBase(MethodSection):
     """Seed 000 §3.3, seed 002 §2.1 (Tier 1): a conditioner of the Nesterov tensor before Polar Express.
     The concrete class adds every registered conditioner's options (new_settings)."""
 

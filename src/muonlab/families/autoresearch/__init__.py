@@ -8,7 +8,7 @@ from muonlab.errors import UsageError
 from muonlab.families import Family, register_family
 from muonlab.families.autoresearch.config import AutoresearchModelConfig, MuonAdamWConfig
 from muonlab.families.autoresearch.presets import PRESETS
-from muonlab.settings import sections
+from muonlab.settings import method_sections
 
 
 def gpt_config(cfg, vocab_size: int):
@@ -29,7 +29,7 @@ def variant_configs(cfg) -> tuple:
     from muonlab.model.extensions import in_registry_order  # noqa: PLC0415
 
     m = cfg.model
-    built = [c for _, section in sections(m) for c in getattr(section, "variant_configs", lambda cfg: ())(cfg)]
+    built = [c for section in method_sections(m) for c in section.variant_configs(cfg)]
     return in_registry_order(built + [m.plugin_config(name) for name in m.extra_variant_names()])
 
 
@@ -59,11 +59,10 @@ def build_optimizer(model, cfg, compile_step: bool, distributed: bool = False):
     # (param_group_keys); a method that is off adds none, so baseline groups stay exactly upstream's
     extra: dict[str, dict] = {}
     with_names = False
-    for _, section in sections(o):
-        rule = getattr(section, "param_group_keys", None)
-        for name, keys in (rule(o) if rule else {}).items():
+    for section in method_sections(o):
+        for name, keys in section.param_group_keys(o).items():
             extra.setdefault(name, {}).update(keys)
-        with_names = with_names or getattr(section, "needs_param_names", lambda: False)()
+        with_names = with_names or section.needs_param_names()
     named = model.param_groups(unembedding_lr=o.unembedding_lr, embedding_lr=o.embedding_lr, matrix_lr=o.matrix_lr,
                                weight_decay=o.weight_decay, adam_betas=(o.adam_beta1, o.adam_beta2),
                                scalar_lr=o.scalar_lr)
@@ -96,8 +95,8 @@ def schedule(cfg):
 
 def step_hooks(cfg, model) -> list:
     """What the methods that are on do around each step (a section's `step_hooks(model)`)."""
-    return [hook for part in (cfg.model, cfg.optim) for _, section in sections(part)
-            for hook in getattr(section, "step_hooks", lambda model: [])(model)]
+    return [hook for part in (cfg.model, cfg.optim) for section in method_sections(part)
+            for hook in section.step_hooks(model)]
 
 
 def trajectory(model) -> dict:
@@ -114,10 +113,8 @@ def validate(cfg) -> None:
                          "its own BPE (bits per byte need each token's bytes); the seed-004 families (tied, hf, t5, "
                          "reuse) read a Hugging Face tokenizer")
     for part in (cfg.model, cfg.optim):
-        for _, section in sections(part):
-            check = getattr(section, "check_with", None)
-            if check is not None:
-                check(cfg)
+        for section in method_sections(part):
+            section.check_with(cfg)
     try:
         gpt_config(cfg, vocab_size=cfg.data.vocab_size)
     except ValueError as e:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from muonlab.errors import UsageError
-from muonlab.settings import MethodInfo, Section, comma_items, setting
+from muonlab.settings import MethodInfo, MethodSection, Section, comma_items, setting
 from muonlab.model.variants.presub_gains import PresubGainsConfig
 from muonlab.model.variants.qk_scale import QKScaleConfig
 from muonlab.model.variants.lerope import LeRoPEConfig
@@ -121,7 +121,7 @@ STEP0_HELP = "seed 002 §4.5 item 2 step-0 controls on the routing scalars (none
 
 
 @dataclass
-class MuonAdamWConfig(Section):
+class MuonAdamWConfig(MethodSection):
     """MuonAdamW as upstream sets it up, its schedules, and the seed papers' add-ons."""
 
     embedding_lr: float = setting(0.6, "AdamW lr of wte and value embeddings (x (d/768)^-1/2)")

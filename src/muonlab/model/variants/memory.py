@@ -15,7 +15,7 @@ from torch.utils.checkpoint import checkpoint
 
 from muonlab.errors import UsageError
 from muonlab.model.extensions import ModelVariant, register_variant
-from muonlab.settings import MethodInfo, Section, setting
+from muonlab.settings import MethodInfo, MethodSection, Section, setting
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ class ChunkedLoss(ModelVariant):
 
 # run-config settings of this method: its flags, their help, which options act when
 @dataclass
-class MemorySettings(Section):
+class MemorySettings(MethodSection):
     """Seed 003's memory-safe path (usable by any run)."""
 
     METHOD: ClassVar[MethodInfo] = MethodInfo('memory_safe_path', 'seed 003 (block checkpointing, 4096-token loss chunks)', __name__, ('tests/test_model_variants.py',), None, None)
