@@ -7,7 +7,7 @@ from support.bundles import PRECISIONS, reference_bundles  # tests/ is on sys.pa
 from support.budget import TierBudget
 from support.ranks import one_thread as single_thread
 
-pytest_plugins = ["pytester"]  # tests/test_suite_layout.py runs small suites of its own
+pytest_plugins = ["pytester"]  # tests/suite/test_suite_layout.py runs small suites of its own
 
 # Under pytest-xdist every core has its worker: one thread each (tiny models gain nothing from
 # more, and oversubscribed cores slow everything); a single process may use two.

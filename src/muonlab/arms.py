@@ -47,7 +47,7 @@ ARMS: dict[str, Arm] = {}
 def register(arm: Arm) -> Arm:
     """Register an arm, its overrides stored as dotted keys (an override that names no setting
     fails here). Whether each acts is checked when the arm is resolved (resolve_config) and, for
-    every registered arm, by tests/test_arms.py (check_arm): importing the registry builds no config."""
+    every registered arm, by tests/arms/test_arms.py (check_arm): importing the registry builds no config."""
     if arm.name in ARMS:
         raise ValueError(f"arm {arm.name!r} is already registered")
     arm = Arm(**{**arm.to_dict(), "overrides": canonical_overrides(arm.overrides)})

@@ -24,7 +24,7 @@ of the magnitudes over the magnitude of the sum. Here:
   - an amplification of at most 1e2 through the three steps (forward, backward, Polar Express, moments).
 Hence a figure moves by at most 3.6e-7 relative between CPUs: `RTOL` = 1e-6. It is a hundred times below
 what the check must catch: NorMuon's scale off by 1e-4 moves the zero-initialised projections, whose
-whole value is their updates, by 1e-4 (tests/test_arm_checksums.py breaks it and watches this check fail).
+whole value is their updates, by 1e-4 (tests/arms/test_arm_checksums.py breaks it and watches this check fail).
 
     python tests/golden/arm_float64.py             # record every arm's figures (all machines share them)
     python tests/golden/arm_float64.py --check     # compare, print the arms that differ

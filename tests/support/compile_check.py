@@ -1,7 +1,7 @@
 """A few training steps of one resolved config through the real training loop
 (muonlab.train.loop.train_loop, with its family's schedule and step hooks), compiled as a CUDA
 run compiles (torch.compile of the model, the optimizer's compiled step) or eager, on fixed token
-batches: the compiled-against-eager check of tests/test_gpu_acceptance.py."""
+batches: the compiled-against-eager check of tests/doctor/test_gpu_acceptance.py."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from muonlab.train.loop import train_loop
 
 
 # Steps of a compiled-against-eager case: enough for its losses to move by more than 0.1 nats, so
-# that a wrong compiled gradient shows (tests/test_doctor_gpu.py checks each case on the CPU). Seed
+# that a wrong compiled gradient shows (tests/doctor/test_doctor_gpu.py checks each case on the CPU). Seed
 # 004's CPU presets scale the Muon lr to their batch (cpu_matrix_lr), so their cases take more steps:
 # in 8 steps tied-cpu's K.8 arm moves 0.17 nats, hf-cpu 0.16, imagegpt-cpu 0.06 (0.38 in 20); the
 # t5-cpu untied Hybrid 0.07 in 20, 0.14 in 30.

@@ -16,6 +16,6 @@ CONDITIONER = textwrap.dedent('''
             return G.sign()
 
 
-    register_prepolar("plugin_sign", SignConditioner, paper="test plug-in", tests=("tests/test_plugins.py",),
+    register_prepolar("plugin_sign", SignConditioner, paper="test plug-in", tests=("tests/plugins/test_plugins.py",),
                       replace=True)
 ''')

@@ -29,7 +29,7 @@ class TrainingConfig(Section):
     max_loss: float = setting(100.0, "fast fail above this training loss (upstream)")
     eval_tokens: int = setting(40 * 2**19, "tokens scored per split (val and holdout)")
     eval_batch_size: int | None = setting(None, "rows per evaluation step; none: device_batch_size")
-    # periodic evaluation reads the model and changes no trained number (tests/test_periodic_eval.py):
+    # periodic evaluation reads the model and changes no trained number (tests/eval/test_periodic_eval.py):
     # it is outside the hash and the protocol (hashed at 0, as every run without it always was)
     eval_every: int = setting(0, "score the val split every N optimizer steps (val_bpb, val_ce in metrics.jsonl: "
                               "the validation curves of `muonlab report`); 0 = only at the end", hashed_as=0)

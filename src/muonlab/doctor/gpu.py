@@ -7,7 +7,7 @@ not stop the others:
 1. environment: CUDA device, capability, torch / CUDA / driver versions, FlashAttention-3 (the
    backend `auto` resolves to; the reason when it cannot load), Triton, and a tiny function
    run through torch.compile in a child process.
-2. pytest: `pytest -m gpu` over the test files that hold gpu tests (tests/test_gpu_acceptance.py:
+2. pytest: `pytest -m gpu` over the test files that hold gpu tests (tests/doctor/test_gpu_acceptance.py:
    the attention backends against an fp32 reference, compiled against eager for one arm of
    every method and model family, the LMO on CUDA against CPU; and the others), its counts read
    from a JUnit XML report.
@@ -306,7 +306,7 @@ def gpu_test_files(tests: Path) -> list[str]:
     """The test files that hold gpu tests. Only they are collected: the rest of the suite may
     import what a GPU image lacks (the layer tests' grimp, say), and collecting it would fail
     the section for tests it does not run."""
-    return [str(path.resolve()) for path in sorted(tests.glob("test_*.py"))
+    return [str(path.resolve()) for path in sorted(tests.rglob("test_*.py"))
             if _uses_gpu_mark(path.read_text(encoding="utf-8"))]
 
 

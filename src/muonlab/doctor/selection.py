@@ -1,4 +1,4 @@
-"""What the GPU acceptance check's compiled-against-eager test (tests/test_gpu_acceptance.py)
+"""What the GPU acceptance check's compiled-against-eager test (tests/doctor/test_gpu_acceptance.py)
 covers: one arm for every registered method, every arm group and every model family (a family
 no arm runs under: its baseline), each at its model family's smallest preset.
 

@@ -13,7 +13,7 @@ name, with the metadata `muonlab methods` lists (AddonInfo):
   adamw_state  the precision of an adamw param's state, e.g. an fp32 master (register_adamw_state)
   group_kind   a param-group kind besides "muon" and "adamw" (register_group_kind)
 
-A plug-in conditioner, in its own file (tests/test_extensions.py does exactly this):
+A plug-in conditioner, in its own file (tests/model/test_extensions.py does exactly this):
 
     @dataclass(frozen=True)
     class Power(PrePolar):

@@ -103,7 +103,7 @@ class PrepolarSettingsBase(MethodSection):
     The concrete class adds every registered conditioner's options (new_settings)."""
 
     METHOD: ClassVar[MethodInfo] = MethodInfo('prepolar', 'seed 000 §3.3; seed 002 §2.1 (Tier 1)', __name__,
-                                              ('tests/test_prepolar.py', 'tests/test_prepolar_arms.py'), 'kind', None)
+                                              ('tests/optim/test_prepolar.py', 'tests/optim/test_prepolar_arms.py'), 'kind', None)
     OWNERS: ClassVar[dict[str, tuple[str, ...]]] = {}  # option -> the conditioners that declare it
 
     def chosen(self) -> type[extensions.PrePolar] | None:

@@ -152,17 +152,17 @@ class MuonAdamWConfig(MethodSection):
     # methods that are one setting of this section: (field, off value) -> what it is
     FIELD_METHODS: ClassVar[dict[str, MethodInfo]] = {
         "embedding_state": MethodInfo("master32", "seed 002 §2.1 (Tier 1), §4.3 item 2", "muonlab.optim.addons.master32",
-                                      ("tests/test_embedding_state.py",), "embedding_state", "native"),
+                                      ("tests/optim/test_embedding_state.py",), "embedding_state", "native"),
         "muon_momentum_cooldown": MethodInfo("momentum_cooldown", "seed 002 §2.1 (Tier 1)", "muonlab.optim.schedules",
-                                             ("tests/test_schedules.py",), "muon_momentum_cooldown", False),
+                                             ("tests/optim/test_schedules.py",), "muon_momentum_cooldown", False),
         "muon_wd_schedule": MethodInfo("cosine_muon_wd", "seed 002 §2.1 (Tier 1)", "muonlab.optim.schedules",
-                                       ("tests/test_schedules.py",), "muon_wd_schedule", "linear"),
+                                       ("tests/optim/test_schedules.py",), "muon_wd_schedule", "linear"),
         "lr_scale": MethodInfo("lr_scale", "seed 002 §4.4 (lr141)", "muonlab.optim.schedules",
-                               ("tests/test_schedules.py",), "lr_scale", 1.0),
+                               ("tests/optim/test_schedules.py",), "lr_scale", 1.0),
         "step0_mode": MethodInfo("step0_controls", "seed 002 §4.5 item 2", "muonlab.optim.step0",
-                                 ("tests/test_step0.py",), "step0_mode", "none"),
+                                 ("tests/optim/test_step0.py",), "step0_mode", "none"),
         "matrix_optimizer": MethodInfo("adamw_only_control", "muonlab control (every block matrix on AdamW)",
-                                       "muonlab.model.gpt", ("tests/test_lab_sweep.py",), "matrix_optimizer", "muon"),
+                                       "muonlab.model.gpt", ("tests/lab/test_lab_sweep.py",), "matrix_optimizer", "muon"),
     }
     whiten: NeumannWhitening = setting(factory=NeumannWhitening)
     table_whiten: TableNeumann = setting(factory=TableNeumann)

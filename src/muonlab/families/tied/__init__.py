@@ -22,7 +22,7 @@ class TiedModelConfig(Section):
 
     FIELD_METHODS: ClassVar[dict[str, MethodInfo]] = {
         "grad_source": MethodInfo("tied_gradient_source", "seed 004 K.8", "muonlab.families.tied.model",
-                                  ("tests/test_tied_lab.py",), "grad_source", "both")}
+                                  ("tests/families/test_tied_lab.py",), "grad_source", "both")}
 
     preset: Literal[TIED_SHAPE_NAMES] = setting("tied-tiny", "the tied model's shape", flag="tied-preset")
     grad_source: Literal["both", "lookup", "softmax"] = setting(

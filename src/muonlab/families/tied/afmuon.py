@@ -53,7 +53,7 @@ class AFMuonConfig(Section):
 
     METHOD: ClassVar[MethodInfo] = MethodInfo(
         "af_muon", "seed 004 §3 (Table 1; K.1, K.3, K.7)", "muonlab.optim.af_muon; muonlab.optim.lmo",
-        ("tests/test_af_muon.py", "tests/test_lmo.py", "tests/test_tied_lab.py"), "kind", None)
+        ("tests/optim/test_af_muon.py", "tests/optim/test_lmo.py", "tests/families/test_tied_lab.py"), "kind", None)
 
     kind: Literal[AF_OPTIMIZERS] = setting("afmuon", "AF-Muon, Hybrid Muon, Sign (c = 1), the K.1 factorial "
                                            "(tied rule x vector rule), or plain AdamW", flag="optimizer")

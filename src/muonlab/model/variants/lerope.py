@@ -173,7 +173,7 @@ class LeRoPEConfig(VariantConfig):
     section and the configuration LeRoPE reads."""
 
     METHOD: ClassVar[MethodInfo] = MethodInfo('lerope', 'seed 000 §4.2, Table 2 (§4.2 item 2)', __name__,
-                                              ('tests/test_lerope.py', 'tests/test_model_variants.py'), 'kind', 'standard')
+                                              ('tests/model/test_lerope.py', 'tests/model/test_model_variants.py'), 'kind', 'standard')
 
     kind: Literal["standard", "lerope_shared", "lerope_adapted"] = setting(
         "standard", "standard RoPE, LeRoPE shared (64, fp32 trig) or adapted (per layer and head, bf16 trig)", flag="rope")

@@ -24,7 +24,7 @@ class CheckpointBlocksConfig:
 
 
 @register_variant("checkpoint_blocks", CheckpointBlocksConfig, paper="seed 003",
-                  section="memory-safe implementation (Forward radius and branch controls)", tests=("tests/test_model_variants.py",))
+                  section="memory-safe implementation (Forward radius and branch controls)", tests=("tests/model/test_model_variants.py",))
 class CheckpointBlocks(ModelVariant):
     def run_block(self, block, x, ve, cos_sin, window):
         if torch.is_grad_enabled():
@@ -42,7 +42,7 @@ class ChunkedLossConfig:
 
 
 @register_variant("chunked_loss", ChunkedLossConfig, paper="seed 003",
-                  section="memory-safe implementation (Forward radius and branch controls)", tests=("tests/test_model_variants.py",))
+                  section="memory-safe implementation (Forward radius and branch controls)", tests=("tests/model/test_model_variants.py",))
 class ChunkedLoss(ModelVariant):
     def _token_losses(self, x, targets):
         return F.cross_entropy(self.model._logits(x), targets, ignore_index=-1, reduction="none")
@@ -71,7 +71,7 @@ class ChunkedLoss(ModelVariant):
 class MemorySettings(MethodSection):
     """Seed 003's memory-safe path (usable by any run)."""
 
-    METHOD: ClassVar[MethodInfo] = MethodInfo('memory_safe_path', 'seed 003 (block checkpointing, 4096-token loss chunks)', __name__, ('tests/test_model_variants.py',), None, None)
+    METHOD: ClassVar[MethodInfo] = MethodInfo('memory_safe_path', 'seed 003 (block checkpointing, 4096-token loss chunks)', __name__, ('tests/model/test_model_variants.py',), None, None)
 
     checkpoint_blocks: bool = setting(False, "non-reentrant activation checkpointing per block")
     loss_chunk_tokens: int = setting(0, "> 0: the loss in recomputed chunks of this many tokens (seed 003: 4096)")

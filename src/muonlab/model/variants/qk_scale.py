@@ -108,7 +108,7 @@ class QKScaleConfig(VariantConfig):
     The run config's `model.qk` section and the configuration QKScale reads."""
 
     METHOD: ClassVar[MethodInfo] = MethodInfo('qk_scale', 'seed 000 §3.2 (Tables 2–3); seed 002 §2.1 (Tier 2), §4.2.2 (q_tau, QMASK, Table 5b)', __name__,
-                                              ('tests/test_model_variants.py', 'tests/test_diagnostics_audit002.py', 'tests/test_diagnostics_forward.py'), 'kind', 'none')
+                                              ('tests/model/test_model_variants.py', 'tests/diagnostics/test_diagnostics_audit002.py', 'tests/diagnostics/test_diagnostics_forward.py'), 'kind', 'none')
 
     kind: Literal["none", "pair_tied_linear", "pair_tied_stopexp", "pair_tied_exp", "untied_stopexp", "head_temp"] = \
         setting("none", "scaling rule", flag="qk-scale")

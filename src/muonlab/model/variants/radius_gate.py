@@ -65,7 +65,7 @@ class RadiusGateConfig(VariantConfig):
     config's `model.gate` section and the configuration RadiusGate reads."""
 
     METHOD: ClassVar[MethodInfo] = MethodInfo('radius_gate', 'seed 003 Forward radius and branch controls (Table 2)', __name__,
-                                              ('tests/test_residual.py', 'tests/test_model_variants.py'), 'kind', 'none')
+                                              ('tests/model/test_residual.py', 'tests/model/test_model_variants.py'), 'kind', 'none')
 
     kind: Literal["none", "state", "branch", "neutral"] = setting("none", "what the gate reads (neutral: frozen at 0)",
                                                                  flag="radius-gate")

@@ -79,5 +79,5 @@ class HBiEq(PrePolar):
 
 
 register_prepolar("hbieq", HBiEq, paper="seed 000 §3.3 (also seed 002 §2.1 (Tier 1))",
-                  tests=("tests/test_prepolar.py", "tests/test_prepolar_arms.py"),
+                  tests=("tests/optim/test_prepolar.py", "tests/optim/test_prepolar_arms.py"),
                   summary="homotopy bilateral RMS equilibration of the Nesterov tensor")

@@ -28,5 +28,5 @@ MASTER32 = register_adamw_state("master32", AdamWPrecision(
     target=lambda state: state["master"],
     grad=lambda grad: grad.float(),
     write_back=lambda share, state: share.copy_(state["master"]),
-), paper="seed 002 §2.1 (Tier 1), §3 item 3", tests=("tests/test_embedding_state.py", "tests/test_step0.py"),
+), paper="seed 002 §2.1 (Tier 1), §3 item 3", tests=("tests/optim/test_embedding_state.py", "tests/optim/test_step0.py"),
     summary="fp32 master copy and moments of the bf16 embedding tables")

@@ -98,7 +98,7 @@ class TableNeumann(GroupSection):
     """Seed 002 §4.3 item 1: Neumann-Gram whitening of the Over-Encoding tables' visited rows. The run
     config's `optim.table_whiten` section and the Over-Encoding group's `table_whiten*` keys."""
 
-    METHOD: ClassVar[MethodInfo] = MethodInfo('table_neumann', 'seed 002 §4.3 item 1', __name__, ('tests/test_table_update.py',), 'kind', None)
+    METHOD: ClassVar[MethodInfo] = MethodInfo('table_neumann', 'seed 002 §4.3 item 1', __name__, ('tests/papers/test_table_update.py',), 'kind', None)
 
     kind: Literal[None, "neumann"] = setting(None, "none | neumann", flag="table-whiten")
     tau: float = setting(80.0, "homotopy horizon", flag="table-whiten-tau")
@@ -161,5 +161,5 @@ class MomentFreeKind(GroupKind):
 
 
 register_group_kind("oe_mfree", MomentFreeKind(), paper="seed 002 §2.1 (Family A) (table-Neumann §4.3 item 1)",
-                    tests=("tests/test_table_update.py", "tests/test_over_encoding_model.py"),
+                    tests=("tests/papers/test_table_update.py", "tests/model/test_over_encoding_model.py"),
                     summary="moment-free, count-normalised update of the Over-Encoding tables")

@@ -34,5 +34,5 @@ class Muon2F(PrePolar):
         return replace(stages, normuon=False)  # the second moment already acted before the polar step
 
 
-register_prepolar("muon2f", Muon2F, paper="seed 000 §3.3", tests=("tests/test_prepolar.py",),
+register_prepolar("muon2f", Muon2F, paper="seed 000 §3.3", tests=("tests/optim/test_prepolar.py",),
                   summary="NorMuon's factored second moment before Polar Express instead of after")

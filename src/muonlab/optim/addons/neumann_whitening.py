@@ -90,7 +90,7 @@ class NeumannWhitening(GroupSection):
     """Seed 002 §2.1 (Tier 1): right-projected Neumann-Gram whitening of wte, lm_head and value-embedding
     updates. The run config's `optim.whiten` section and the adamw groups' `whiten*` keys."""
 
-    METHOD: ClassVar[MethodInfo] = MethodInfo('neumann_whitening', 'seed 002 §2.1 (Tier 1)', __name__, ('tests/test_whitening.py',), 'kind', None)
+    METHOD: ClassVar[MethodInfo] = MethodInfo('neumann_whitening', 'seed 002 §2.1 (Tier 1)', __name__, ('tests/optim/test_whitening.py',), 'kind', None)
 
     kind: Literal[None, "neumann"] = setting(None, "none | neumann", flag="whiten")
     tau: float = setting(80.0, "homotopy horizon of beta_t", flag="whiten-tau")
@@ -156,5 +156,5 @@ register_adamw_transform("neumann", AdamWTransform(
     key="whiten", options={k: v for k, v in WHITEN_DEFAULTS.items() if k != "whiten"},
     apply=lambda grad, step, group: _whitened(grad, step, options(group)),
     validate=validate_group, whole_tensor=True),
-    paper="seed 002 §2.1 (Tier 1)", tests=("tests/test_whitening.py", "tests/test_prepolar_arms.py"),
+    paper="seed 002 §2.1 (Tier 1)", tests=("tests/optim/test_whitening.py", "tests/optim/test_prepolar_arms.py"),
     summary="right-projected Neumann-Gram whitening of the vocabulary tables' AdamW gradients")

@@ -24,7 +24,7 @@ class PolarPrecision(GroupSection):
     """Seed 002 §2.1 (Tier 1), seed 000: the precision of Polar Express and of its output. The run
     config's `optim.polar` section and the muon groups' `polar_dtype` / `post_polar_dtype`."""
 
-    METHOD: ClassVar[MethodInfo] = MethodInfo('polar_precision', 'seed 002 §2.1 (Tier 1); seed 000 (post-polar fp32)', __name__, ('tests/test_prepolar.py', 'tests/test_extensions.py'), None, None)
+    METHOD: ClassVar[MethodInfo] = MethodInfo('polar_precision', 'seed 002 §2.1 (Tier 1); seed 000 (post-polar fp32)', __name__, ('tests/optim/test_prepolar.py', 'tests/model/test_extensions.py'), None, None)
 
     dtype: Literal["bf16", "fp32"] = setting("bf16", "Polar Express dtype (fp32: seed 002's NS5 in FP32)",
                                              flag="polar-dtype")
@@ -44,5 +44,5 @@ class PolarPrecision(GroupSection):
 
 register_muon_stage("polar_precision", PolarPrecision,
                     paper="seed 002 §2.1 (Tier 1) (NS5 in FP32); seed 000 exp40 (post-polar fp32)",
-                    tests=("tests/test_prepolar.py", "tests/test_prepolar_arms.py"),
+                    tests=("tests/optim/test_prepolar.py", "tests/optim/test_prepolar_arms.py"),
                     summary="Polar Express and the post-polar update in bf16 or fp32")

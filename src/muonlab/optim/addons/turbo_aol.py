@@ -54,5 +54,5 @@ class TurboAOL(PrePolar):
 
 
 register_prepolar("turbo_aol", TurboAOL, paper="seed 000 §3.3 (Turbo-Muon, Boissin et al. 2025)",
-                  tests=("tests/test_prepolar.py", "tests/test_prepolar_arms.py"),
+                  tests=("tests/optim/test_prepolar.py", "tests/optim/test_prepolar_arms.py"),
                   summary="AOL Gram L1 scaling replaces the Frobenius normalisation of Polar Express")

@@ -53,5 +53,5 @@ class Zeta(PrePolar):
         return zeta_whiten(G, inputs["zeta_buffer"], inputs["bias_t"], self.eps)
 
 
-register_prepolar("zeta", Zeta, paper="seed 000 §3.3", tests=("tests/test_prepolar.py", "tests/test_prepolar_arms.py"),
+register_prepolar("zeta", Zeta, paper="seed 000 §3.3", tests=("tests/optim/test_prepolar.py", "tests/optim/test_prepolar_arms.py"),
                   summary="coordinate whitening by an EMA of the squared raw gradient")

@@ -36,7 +36,7 @@ class T5ModelConfig(Section):
 
     FIELD_METHODS: ClassVar[dict[str, MethodInfo]] = {
         "tied": MethodInfo("t5_untied_control", "seed 004 Table 15", "muonlab.families.tied.t5.model",
-                           ("tests/test_seed004_families.py",), "tied", True)}
+                           ("tests/families/test_seed004_families.py",), "tied", True)}
 
     preset: Literal[T5_SHAPE_NAMES] = setting("t5-tiny", "the encoder-decoder: t5-tiny (CPU), t5-small (seed 004 App. "
                                          "J.5), t5gemma2-tiny (CPU) or t5gemma2-270m (App. J.5, Table 16)",

@@ -1,0 +1,101 @@
+"""`torchrun --nproc_per_node=2 -m muonlab train` on CPU (gloo) against the single-process run."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from support.models import assert_trained
+
+pytestmark = pytest.mark.multiprocess
+
+ARGS = ["train", "--preset", "cpu-tiny", "--num-steps", "16", "--json"]
+PEAK = 1e15  # what every device reports under the fixed_peak plug-in, so CPU runs have an MFU
+FIXED_PEAK = ["--plugin", str(Path(__file__).parents[1] / "support" / "fixed_peak.py")]
+
+
+def _run(tmp_path, argv, nproc=None, threads="1"):
+    env = dict(os.environ, MUONLAB_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS=threads,
+               MUONLAB_TEST_PEAK_FLOPS=str(PEAK))
+    launcher = ([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+                 "--standalone", "-m", "muonlab"] if nproc else [sys.executable, "-m", "muonlab"])
+    done = subprocess.run(launcher + argv, env=env, capture_output=True, text=True, timeout=300)
+    return done
+
+
+@pytest.mark.slow
+def test_two_ranks_match_one_process(tmp_path):
+    single = _run(tmp_path, ARGS + FIXED_PEAK + ["--run-name", "single"])
+    assert single.returncode == 0, single.stderr
+    double = _run(tmp_path, ARGS + FIXED_PEAK + ["--run-name", "double"], nproc=2)
+    assert double.returncode == 0, double.stderr[-3000:]
+    s, d = json.loads(single.stdout), json.loads(double.stdout)  # only rank 0 prints
+    # same global batch, same micro-batches (rank r takes batches r, r+W, ...): the same numbers.
+    # The issue's bound is 1e-4; with W=2 the gradient average is exact, so we see equality.
+    assert abs(s["summary"]["val_bpb"] - d["summary"]["val_bpb"]) < 1e-4
+    assert abs(s["summary"]["holdout_bpb"] - d["summary"]["holdout_bpb"]) < 1e-4
+    runs = tmp_path / "cache" / "runs"
+    ws = torch.load(runs / "single" / "model.pt", weights_only=True)
+    wd = torch.load(runs / "double" / "model.pt", weights_only=True)
+    assert all(torch.equal(ws[k], wd[k]) for k in ws)
+    assert_trained(runs / "single")  # equal, and trained: a loop that never steps would be equal too
+    records = [json.loads(line) for line in (runs / "ledger.jsonl").read_text().splitlines()]
+    assert [r["world_size"] for r in records] == [1, 2]  # one ledger line per run, not per rank
+    # MFU: the global batch's FLOPs over the peak of every device, per step and in the summary
+    for out, name, world in ((s, "single", 1), (d, "double", 2)):
+        m = out["metrics"]
+        assert m["mfu_percent"] == pytest.approx(100 * m["flops_per_token"] * m["tokens_per_second"] / (PEAK * world))
+        steps = [json.loads(line) for line in (runs / name / "metrics.jsonl").read_text().splitlines()]
+        assert steps and all(r["mfu"] == pytest.approx(100 * m["flops_per_token"] * r["tok_per_sec"] / (PEAK * world))
+                             for r in steps)
+    # a checkpoint written by 2 ranks is refused by 1 process with a clear message (the run as if stopped before
+    # its summary: a finished one is refused first, for having nothing to resume)
+    (runs / "double" / "summary.json").unlink()
+    resumed = _run(tmp_path, ["train", "--resume", str(runs / "double")])
+    assert resumed.returncode == 2 and "same number" in resumed.stderr
+
+
+TEARDOWN_REPEATS = 3
+
+
+@pytest.mark.slow
+def test_a_two_rank_run_ends_cleanly_every_time(tmp_path):
+    """Issue 46: rank 1 of a 2-process gloo run once aborted at exit ("terminate called without an active
+    exception", -6). Each rank frees what holds a collective's work and leaves the group before the interpreter
+    is torn down (train.distributed.shutdown); the shortest two-rank run, repeated, ends 0 with no abort."""
+    for i in range(TEARDOWN_REPEATS):
+        done = _run(tmp_path, ["train", "--preset", "cpu-tiny", "--num-steps", "2", "--eval-tokens", "256",
+                               "--run-name", f"teardown{i}", "--json"], nproc=2)
+        assert done.returncode == 0 and "terminate called" not in done.stderr, (i, done.stderr[-2000:])
+        assert json.loads(done.stdout)["status"] == "ok"
+
+
+@pytest.mark.slow
+def test_global_batch_must_split_over_ranks(tmp_path):
+    done = _run(tmp_path, ARGS + ["--device-batch-size", "8"], nproc=2)  # 512 tokens = 8 rows: 1 rank only
+    assert done.returncode != 0
+    assert "not divisible by device_batch_size x sequence_len x world_size" in done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", ["tied-cpu"])  # DistAFMuon (DistMuonAdamW's: tests/doctor/test_doctor_gpu.py)
+def test_a_torchrun_world_of_one_takes_the_group_path(tmp_path, preset):
+    """`torchrun --nproc_per_node 1` joins a process group (gloo here, NCCL on a GPU) and runs the
+    N-rank code path (the distributed optimizer, gathered checkpoints) with the single process's
+    numbers: the GPU acceptance check proves NCCL on one GPU this way."""
+    argv = ["train", "--preset", preset, "--num-steps", "4", "--json"]
+    single = _run(tmp_path, argv + ["--run-name", "single"])
+    assert single.returncode == 0, single.stderr[-3000:]
+    one = _run(tmp_path, argv + ["--run-name", "one"], nproc=1)
+    assert one.returncode == 0, one.stderr[-3000:]
+    runs = tmp_path / "cache" / "runs"
+    records = {r["run_id"]: r for r in map(json.loads, (runs / "ledger.jsonl").read_text().splitlines())}
+    assert records["single"]["process_group"] is None and records["one"]["process_group"] == "gloo"
+    assert [records[n]["world_size"] for n in ("single", "one")] == [1, 1]
+    ws = torch.load(runs / "single" / "model.pt", weights_only=True)
+    wo = torch.load(runs / "one" / "model.pt", weights_only=True)
+    assert ws.keys() == wo.keys() and all(torch.equal(ws[k], wo[k]) for k in ws)
+    assert json.loads(one.stdout)["summary"]["val_bpb"] == json.loads(single.stdout)["summary"]["val_bpb"]

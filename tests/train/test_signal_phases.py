@@ -1,0 +1,104 @@
+"""SIGTERM at every phase of a run (issue 32 item 3): it stops within seconds, exits 130 with one line,
+and the run is recorded as `interrupted` with the phase it was in.
+
+- data: while the corpus is still being built (Python takes the signal between operations); the
+  half-built corpus folder, its lock included, is removed, and the run gets its directory and line;
+- train, first step: the step that compiles the model stops at once, not after the step (there is
+  nothing yet a checkpoint would keep);
+- train, later steps: the loop stops after its step and checkpoints (tests/train/test_checkpoint.py);
+- evaluate: the final evaluation stops at once; the final checkpoint makes the run resumable."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from muonlab.train.run import StopSignals
+
+
+def _interrupt(tmp_path, marker: str, *args: str, delay: float = 0.5):
+    """Start `muonlab train --preset cpu-tiny ARGS`, send SIGTERM `delay` s after a stdout line
+    holding `marker`; (exit code, stderr, the ledger's lines, the runs folder)."""
+    env = {**os.environ, "MUONLAB_CACHE": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1"}
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen([sys.executable, "-m", "muonlab", "train", "--preset", "cpu-tiny", "--runs-dir",
+                             str(runs), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    try:
+        for line in proc.stdout:
+            if marker in line:
+                break
+        time.sleep(delay)
+        assert proc.poll() is None, f"the run passed {marker!r} before the signal"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    ledger = runs / "ledger.jsonl"
+    lines = [json.loads(line) for line in ledger.read_text().splitlines()] if ledger.is_file() else []
+    return proc.returncode, err, lines, runs
+
+
+@pytest.mark.slow
+def test_sigterm_while_the_corpus_is_built_stops_cleans_the_cache_and_records_the_run(tmp_path):
+    code, err, lines, runs = _interrupt(tmp_path, "data: building synthetic corpus", "--synthetic-bytes",
+                                        "200000000", "--num-steps", "2")
+    assert code == 130, err
+    assert err.strip().splitlines()[-1] == "error: interrupted"
+    assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]
+    [line] = lines
+    assert (line["status"], line["phase"], line["resumable"]) == ("interrupted", "data", False)
+    assert line["provenance"]["corpus_hash"] is None  # the data was never made
+    run_dir = runs / line["run_id"]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["status"], summary["phase"]) == ("interrupted", "data")
+    assert (run_dir / "config.json").is_file()
+
+
+@pytest.mark.slow
+def test_sigterm_while_the_first_step_compiles_stops_at_once(tmp_path):
+    code, err, lines, runs = _interrupt(tmp_path, "compile True", "--compile", "on", "--num-steps", "3")
+    assert code == 130, err
+    [line] = lines
+    assert (line["status"], line["phase"], line["resumable"]) == ("interrupted", "train", False)
+    assert line["error"] == "interrupted (SIGTERM)"
+    assert (runs / line["run_id"] / "metrics.jsonl").read_text() == ""  # stopped inside the step, not after it
+
+
+@pytest.mark.slow
+def test_sigterm_during_the_final_evaluation_records_a_resumable_run(tmp_path):
+    code, err, lines, _ = _interrupt(tmp_path, "step 00001", "--synthetic-bytes", "30000000", "--num-steps", "1",
+                                     "--eval-tokens", "5000000", delay=1.0)
+    assert code == 130, err
+    [line] = lines
+    assert (line["status"], line["phase"], line["resumable"]) == ("interrupted", "evaluate", True)
+
+
+def test_a_signal_before_the_first_poll_interrupts_at_once_and_names_itself():
+    with StopSignals(at_once=True) as stop:
+        with pytest.raises(KeyboardInterrupt) as caught:
+            signal.raise_signal(signal.SIGTERM)
+        assert (caught.value.signal, str(caught.value)) == ("SIGTERM", "interrupted (SIGTERM)")
+        assert not stop.requested
+
+
+def test_after_the_first_poll_a_signal_asks_for_a_stop_and_a_second_interrupts():
+    with StopSignals(at_once=True) as stop:
+        assert stop.poll() is False
+        signal.raise_signal(signal.SIGUSR2)
+        assert (stop.poll(), stop.signal) == (True, "SIGUSR2")
+        with pytest.raises(KeyboardInterrupt) as caught:
+            signal.raise_signal(signal.SIGINT)
+        assert caught.value.signal == "SIGUSR2"  # the first signal says why the run stopped
+
+
+def test_a_distributed_run_waits_for_its_step_whatever_the_phase():
+    with StopSignals(at_once=False) as stop:
+        signal.raise_signal(signal.SIGTERM)
+        assert stop.poll() is True
