@@ -120,11 +120,11 @@ def test_a_machine_without_a_bitwise_set_still_compares_numbers(tmp_path):
     the bit comparison with the reason, and the float64 figures are still compared (and pass)."""
     empty = tmp_path / "arm_checksums.json"
     empty.write_text(json.dumps({"machines": {}}))
-    tests = Path(__file__).parents[1]
+    here = Path(__file__).parent
     first_of = {member: first for first, members in GROUPS.items() for member in members}
     groups = [first_of["baseline"], first_of["t1_hybrid"]]  # the autoresearch GPT and seed 004's tied GPT
-    nodes = [*(f"{tests / 'test_arm_checksums.py'}::test_arm_trains_to_its_golden_checksum[{g}]" for g in groups),
-             *(f"{tests / 'test_arm_float64.py'}::test_arm_matches_its_float64_figures[{g}]" for g in groups)]
+    nodes = [*(f"{here / 'test_arm_checksums.py'}::test_arm_trains_to_its_golden_checksum[{g}]" for g in groups),
+             *(f"{here / 'test_arm_float64.py'}::test_arm_matches_its_float64_figures[{g}]" for g in groups)]
     env = {**os.environ, "MUONLAB_ARM_CHECKSUMS": str(empty), "MUONLAB_CACHE": str(tmp_path / "cache")}
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-p", "no:xdist",
                            *nodes], capture_output=True, text=True, env=env, cwd=tests.parent, timeout=300)
