@@ -127,7 +127,7 @@ def test_a_machine_without_a_bitwise_set_still_compares_numbers(tmp_path):
              *(f"{here / 'test_arm_float64.py'}::test_arm_matches_its_float64_figures[{g}]" for g in groups)]
     env = {**os.environ, "MUONLAB_ARM_CHECKSUMS": str(empty), "MUONLAB_CACHE": str(tmp_path / "cache")}
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-p", "no:xdist",
-                           *nodes], capture_output=True, text=True, env=env, cwd=tests.parent, timeout=300)
+                           *nodes], capture_output=True, text=True, env=env, cwd=here.parents[1], timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert "2 passed, 2 skipped" in proc.stdout, proc.stdout[-3000:]
     assert "SKIPPED [2] tests/arms/test_arm_checksums.py" in proc.stdout, proc.stdout[-3000:]  # -rs folds alike skips

@@ -1,8 +1,9 @@
 """Where sweep runs execute: local subprocesses or SLURM job arrays (through submitit).
 
-Local: each run is a separate `python -m muonlab train --config FILE` process, so a crash or
-an out-of-memory kills one run, not the sweep. With GPUs, one run per GPU at a time
-(`CUDA_VISIBLE_DEVICES` set per run): throughput-sensitive runs never share a GPU; with
+Local: each run is a separate `muonlab train --config FILE` process, so a crash or an
+out-of-memory kills one run, not the sweep (a CPU run is forked from a server that imported torch
+and muonlab once, muonlab.lab.warm_start; a GPU or torchrun run is `python -m muonlab`). With
+GPUs, one run per GPU at a time (`CUDA_VISIBLE_DEVICES` set per run): throughput-sensitive runs never share a GPU; with
 `gpus_per_run` N > 1 a run is `torchrun --standalone --nproc_per_node N` on N GPUs of its own,
 and GPUs // N runs go at a time. On CPU, `parallel` runs at a time (default 1), each of N gloo
 processes when N > 1. Either way the cores are split between the runs at a
@@ -29,6 +30,7 @@ from typing import Any, Callable
 
 from muonlab.atomic import folder_undone_on_failure
 from muonlab.errors import MuonlabError, UsageError
+from muonlab.lab import warm_start
 from muonlab.optional import require
 
 EXECUTORS = ("local", "slurm")
@@ -52,13 +54,15 @@ def usable_cores() -> int:
 
 
 class LocalExecutor:
-    def __init__(self, parallel: int | None = None, gpus: list[str] | None = None, gpus_per_run: int = 1):
+    def __init__(self, parallel: int | None = None, gpus: list[str] | None = None, gpus_per_run: int = 1,
+                 warm_start: bool = True):
         if gpus_per_run < 1:
             raise UsageError(f"--gpus-per-run must be >= 1, got {gpus_per_run}")
         if parallel is not None and parallel < 1:
             raise UsageError(f"--parallel must be >= 1, got {parallel}")
         self.gpus = visible_gpus() if gpus is None else gpus
         self.per_run = gpus_per_run  # processes of one run (torchrun ranks when > 1)
+        self.warm_start = warm_start  # CPU runs fork from a server that imported torch once (lab/warm_start.py)
         if self.gpus:
             if gpus_per_run > len(self.gpus):
                 raise UsageError(f"--gpus-per-run {gpus_per_run} exceeds the {len(self.gpus)} visible GPU(s)")
@@ -93,6 +97,17 @@ class LocalExecutor:
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(self.per_run),
                 "-m", "muonlab"]
 
+    def starts_warm(self, slot: str | None) -> bool:
+        """A one-process run without a GPU forks from the warm server (muonlab.lab.warm_start)."""
+        return self.warm_start and slot is None and self.per_run == 1 and warm_start.available()
+
+    def _start(self, argv: list[str], slot: str | None, logfile):
+        """Start one run, in a session of its own: the terminal's Ctrl-C reaches the sweep only (stop_runs)."""
+        if self.starts_warm(slot):
+            return warm_start.WarmRun(argv, self._env(slot), logfile.name)
+        return subprocess.Popen(self.launcher() + argv, stdin=subprocess.DEVNULL, stdout=logfile,
+                                stderr=subprocess.STDOUT, env=self._env(slot), start_new_session=True)
+
     def run(self, jobs, workdir: Path, log: Callable[[str], None]) -> None:
         from muonlab.lab.progress import SweepProgress
         from muonlab.record.rundir import runs_dir
@@ -109,13 +124,9 @@ class LocalExecutor:
                     if i not in running and queue:
                         job = queue.pop(0)
                         logfile = open(workdir / f"{job.name}.log", "w")
-                        cmd = self.launcher() + ["train"] + (
-                            ["--resume", job.resume_dir] if job.resume_dir
-                            else ["--config", str(workdir / f"{job.name}.json")])
-                        # a session of its own: the terminal's Ctrl-C reaches the sweep only (stop_runs)
-                        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logfile,
-                                                stderr=subprocess.STDOUT, env=self._env(slot),
-                                                start_new_session=True)
+                        argv = ["train"] + (["--resume", job.resume_dir] if job.resume_dir
+                                            else ["--config", str(workdir / f"{job.name}.json")])
+                        proc = self._start(argv, slot, logfile)
                         running[i] = (proc, job, logfile)
                         where = (f"GPU {slot}" if slot is not None else "CPU") + (
                             f" ({self.per_run} processes)" if self.per_run > 1 else "")

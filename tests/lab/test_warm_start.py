@@ -1,0 +1,66 @@
+"""A CPU sweep's runs fork from a server that imported torch and muonlab once (muonlab.lab.warm_start):
+the runs are those a new interpreter each would make, bit for bit, and each child has its own session,
+environment, log, thread share and exit status."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from muonlab.cli import main
+from muonlab.lab import warm_start
+from muonlab.record.ledger import read_records
+
+pytestmark = pytest.mark.skipif(not warm_start.available(), reason="no forkserver on this platform")
+
+
+def test_a_warm_child_has_its_own_session_environment_log_threads_and_exit_status(tmp_path):
+    from support.warm_child import report
+
+    env = dict(os.environ, OMP_NUM_THREADS="1", WARM_CHILD_VAR="mine")
+    log = tmp_path / "run.log"
+    run = warm_start.WarmRun(["3"], env, str(log), target=report)
+    assert run.wait(timeout=120) == 3 and run.poll() == 3 and run.returncode == 3
+    assert log.read_text().strip() == "threads=1 own_session=True var=mine argv=['3']"
+    env["OMP_NUM_THREADS"] = "2"
+    run = warm_start.WarmRun(["0"], env, str(log), target=report)
+    assert run.wait(timeout=120) == 0
+    assert log.read_text().splitlines()[-1].startswith("threads=2 ")  # appended: the sweep opened the log
+
+
+COSTS = {"total_seconds", "training_seconds", "tokens_per_second", "mfu_percent", "peak_memory_mb"}
+
+
+def _sweep(where: Path, capsys, monkeypatch, warm: bool):
+    monkeypatch.setenv("MUONLAB_CACHE", str(where))
+    started = []
+
+    class Counted(warm_start.WarmRun):
+        def __init__(self, *args, **kwargs):
+            started.append(args[0])
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(warm_start, "WarmRun", Counted)
+    monkeypatch.setattr(warm_start, "available", lambda: warm)  # not warm: `python -m muonlab train` each
+    assert main(["sweep", "--preset", "cpu-tiny", "--num-steps", "4", "--arms", "baseline,adamw_only",
+                 "--seeds", "1", "--json"]) == 0
+    assert {r["status"] for r in json.loads(capsys.readouterr().out)["runs"]} == {"ok"}
+    records = {r["arm"]: r for r in read_records(where / "runs" / "ledger.jsonl")}
+    curves = {arm: [json.loads(line)["loss"] for line in (Path(r["run_dir"]) / "metrics.jsonl").read_text().splitlines()
+                    if "loss" in json.loads(line)] for arm, r in records.items()}
+    return started, records, curves
+
+
+@pytest.mark.slow
+def test_a_warm_run_is_the_run_a_new_interpreter_makes(tmp_path, capsys, monkeypatch):
+    started, warm, warm_curves = _sweep(tmp_path / "warm", capsys, monkeypatch, warm=True)
+    assert len(started) == 2  # both runs forked from the server
+    started, fresh, fresh_curves = _sweep(tmp_path / "fresh", capsys, monkeypatch, warm=False)
+    assert started == []
+    assert warm_curves == fresh_curves and all(len(c) == 4 for c in warm_curves.values())
+    for arm in ("baseline", "adamw_only"):
+        w, f = warm[arm]["metrics"], fresh[arm]["metrics"]
+        assert set(w) == set(f) and {k for k in w if w[k] != f[k]} <= COSTS, arm  # only what the machine measured
+        assert w["val_bpb"] == f["val_bpb"]
+        assert warm[arm]["config_hash"] == fresh[arm]["config_hash"]
