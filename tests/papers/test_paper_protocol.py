@@ -312,3 +312,23 @@ def test_nanogpts_table_has_the_papers_50304_rows_whatever_the_tokenizer():
     assert build_model(small, 300, meta).wte.weight.shape[0] == 300
     with pytest.raises(UsageError, match="tied_vocab_rows"):
         resolve_config("t1_afmuon", "tied-cpu", {"tied_vocab_rows": 0})
+
+
+@pytest.mark.parametrize("table_id", ["002-d8", "004-t1-nanogpt", "000-t1"])
+def test_miniature_steps_sizes_the_longest_run_and_keeps_the_comparison_point_a_step(table_id):
+    """--miniature-steps N: the longest run about N steps (the factor the nearest that divides the comparison
+    step and the evaluation interval), the comparison point still a whole step evaluated inside the run."""
+    table = load_tables()[table_id]
+    for target in (12, 40):
+        plan = table_plan(table, miniature=True, miniature_steps=target)
+        lengths = [resolve_config(a.arm, plan.preset, a.overrides).train.num_steps for a in plan.arms]
+        default = table_plan(table, miniature=True)
+        assert (plan.scale == default.scale) == (target == 40)  # 40 is the default
+        assert abs(max(lengths) - target) <= max(lengths) / 2 and min(lengths) >= 4, (target, lengths)
+        for arm in plan.arms:
+            if arm.at_tokens is not None:
+                cfg = resolve_config(arm.arm, plan.preset, arm.overrides)
+                assert arm.at_tokens % cfg.train.total_batch_size == 0
+                assert arm.at_tokens // cfg.train.total_batch_size <= cfg.train.num_steps
+    with pytest.raises(UsageError, match="add --miniature"):
+        table_plan(table, miniature_steps=12)

@@ -11,7 +11,8 @@ from muonlab.cli.config_flags import add_config_flags, collect_overrides
 from muonlab.cli.parser import _emit, _log_for
 from muonlab.cli.run_flags import RUN_FLAGS, add_run_flags, parse_slurm_options
 from muonlab.errors import UsageError
-from muonlab.settings import finite_number
+from muonlab.lab.paper.runs import MIN_STEPS, MINI_STEPS
+from muonlab.settings import finite_number, integer_at_least
 
 HELP = "the seed papers' tables beside the ledger's runs (a scorecard); run what is missing"
 PARSER = dict(description="muonlab paper [score] [TABLE ...]: the scorecard (default: every table, under each "
@@ -29,6 +30,9 @@ def add_arguments(p, context) -> None:
     p.add_argument("--miniature", action="store_true",
                    help="the table's miniature: its runs on the family's CPU preset, every duration in steps "
                         "divided by one factor, so the comparison point and its evaluation keep their place")
+    p.add_argument("--miniature-steps", type=integer_at_least(MIN_STEPS), default=None, metavar="N",
+                   help=f"with --miniature: the longest run about N steps (default {MINI_STEPS}; fewer is a quicker, "
+                        "noisier table, the factor still dividing the comparison point)")
     p.add_argument("--full-grid", action="store_true",
                    help="every arm at every seed of the table (default: the seeds the paper ran for each arm)")
     p.add_argument("--all", action="store_true", help="paper run: every table")
@@ -96,7 +100,8 @@ def run(args) -> int:
         raise UsageError(f"--all runs every table: drop {' '.join(args.tables)}")
     tables = select_tables(args.tables)
     overrides = collect_overrides(args)  # e.g. --ledger, --runs-dir, or settings that change the protocol
-    plans = [table_plan(t, args.preset, overrides, args.full_grid, args.miniature) for t in tables]
+    plans = [table_plan(t, args.preset, overrides, args.full_grid, args.miniature, args.miniature_steps)
+             for t in tables]
     if args.action == "run":
         from muonlab.lab.sweep import format_outcomes, run_sweep
 

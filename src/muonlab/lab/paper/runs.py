@@ -43,7 +43,7 @@ STAND_INS: dict[str, tuple[str, dict[str, Any]]] = {
     "imagegpt": ("imagegpt-cpu", {}),
     "reuse-k9": ("reuse-cpu", {}),
 }
-MINI_STEPS = 40  # about the longest run of a miniature table
+MINI_STEPS = 40  # about the longest run of a miniature table (paper --miniature-steps)
 MIN_STEPS = 4  # no miniature run shorter
 # durations in optimizer steps, divided by the table's factor (the run's own length comes first)
 STEP_KEYS = ("train.num_steps", "train.eval_every", "optim.muon_momentum_warmup_steps")
@@ -97,14 +97,17 @@ def run_seeds(table: PaperTable, full_grid: bool = False) -> dict[str, tuple[int
 
 
 def table_plan(table: PaperTable, preset: str | None = None, given: dict[str, Any] | None = None,
-               full_grid: bool = False, miniature: bool = False) -> TablePlan:
-    """The table's runs under its own protocol (or `preset`), or its miniature."""
+               full_grid: bool = False, miniature: bool = False, miniature_steps: int | None = None) -> TablePlan:
+    """The table's runs under its own protocol (or `preset`), or its miniature (its longest run about
+    `miniature_steps` steps, default MINI_STEPS)."""
     given = dict(given or {})
     seeds = run_seeds(table, full_grid)
+    if miniature_steps is not None and not miniature:
+        raise UsageError("--miniature-steps sizes the miniature: add --miniature")
     if miniature:
         if preset is not None:
             raise UsageError("--miniature picks the CPU preset of the table's family itself: drop --preset")
-        return _miniature(table, seeds, given)
+        return _miniature(table, seeds, given, miniature_steps or MINI_STEPS)
     preset = preset or table.preset
     # the comparison point is the paper protocol's; under another preset the runs are read at their end
     at = table.at_tokens if preset == table.preset else None
@@ -174,16 +177,17 @@ def _divisors(n: int) -> list[int]:
     return sorted({d for i in range(1, math.isqrt(n) + 1) if n % i == 0 for d in (i, n // i)})
 
 
-def _scale_factor(lengths: list[int], fixed: list[int]) -> int:
+def _scale_factor(lengths: list[int], fixed: list[int], target: int = MINI_STEPS) -> int:
     """D: divides every step count in `fixed` (comparison steps, evaluation intervals), makes the longest run
-    about MINI_STEPS steps and none shorter than MIN_STEPS."""
+    about `target` steps and none shorter than MIN_STEPS."""
     longest, shortest = max(lengths), min(lengths)
     candidates = _divisors(math.gcd(*fixed)) if fixed else range(1, longest + 1)
     fit = [d for d in candidates if round(shortest / d) >= MIN_STEPS] or [1]
-    return min(fit, key=lambda d: (abs(longest / d - MINI_STEPS), -d))
+    return min(fit, key=lambda d: (abs(longest / d - target), -d))
 
 
-def _miniature(table: PaperTable, seeds: dict[str, tuple[int, ...]], given: dict[str, Any]) -> TablePlan:
+def _miniature(table: PaperTable, seeds: dict[str, tuple[int, ...]], given: dict[str, Any],
+               target: int = MINI_STEPS) -> TablePlan:
     from muonlab.arms import resolve_config  # noqa: PLC0415
     from muonlab.config import all_presets, build_config  # noqa: PLC0415
 
@@ -204,7 +208,7 @@ def _miniature(table: PaperTable, seeds: dict[str, tuple[int, ...]], given: dict
             compare[arm] = table.at_tokens // f["train.total_batch_size"]
     fixed = [c for c in compare.values() if c] + [f["train.eval_every"] for f in full.values()
                                                    if f["train.eval_every"] and table.at_tokens]
-    scale = _scale_factor([f["train.num_steps"] for f in full.values()], fixed)
+    scale = _scale_factor([f["train.num_steps"] for f in full.values()], fixed, target)
     settings = {k: v for k, v in table.settings.items() if k not in STEP_KEYS + SHAPE_KEYS}
     least = min(f["train.total_batch_size"] for f in full.values())
     arms = []
