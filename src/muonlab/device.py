@@ -187,3 +187,11 @@ def one_intra_op_thread():
         yield
     finally:
         torch.set_num_threads(threads)
+
+
+def machine_memory_bytes() -> int | None:
+    """This machine's physical memory (None where the platform does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None

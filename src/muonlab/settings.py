@@ -25,13 +25,66 @@ from typing import Any, Iterator, Literal, get_args, get_origin
 from muonlab.errors import UsageError
 
 
+@dataclass(frozen=True)
+class Range:
+    """The interval a number setting is checked against where it is set (command line, arm, preset, file)."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False  # (low, ...: low itself is refused
+    high_open: bool = False  # ..., high): high itself is refused
+    why: str = ""  # what the bound stands for, said when it is crossed
+
+    def holds(self, value: float) -> bool:
+        if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
+            return False
+        return not (self.high is not None and (value > self.high or (self.high_open and value == self.high)))
+
+    def __str__(self) -> str:
+        low = "-inf" if self.low is None else f"{self.low:g}"
+        high = "inf" if self.high is None else f"{self.high:g}"
+        left = "(" if self.low_open or self.low is None else "["
+        return f"{left}{low}, {high}{')' if self.high_open or self.high is None else ']'}"
+
+
+MAX_COUNT = 10**12  # steps, micro-batches, layers: more than any run on any machine takes
+MAX_TOKENS = 10**15  # tokens: more than any dataset a run reads
+COUNT = Range(0, MAX_COUNT, why="a count no run reaches")
+POSITIVE_COUNT = Range(1, MAX_COUNT, why="a count no run reaches")
+TOKENS = Range(1, MAX_TOKENS, why="more tokens than any dataset")
+FRACTION = Range(0, 1)
+MOMENTUM = Range(0, 1, high_open=True)
+POSITIVE = Range(0, None, low_open=True)
+NON_NEGATIVE = Range(0, None)
+
+
+def check_range(value: Any, rng: Range | None, key: str) -> None:
+    """UsageError naming the setting when a number lies outside its range (None: unset, allowed). An interval
+    (a momentum, a fraction) is said whole; a bound that only guards against a mistyped count is said alone."""
+    if rng is None or value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    if rng.holds(value):
+        return
+    got = f"{value:g}" if isinstance(value, float) else str(value)
+    if rng.low is not None and rng.high is not None and not rng.why:
+        raise UsageError(f"{key} must be in {rng}, got {got}")
+    if rng.low is not None and (value < rng.low or (rng.low_open and value == rng.low)):
+        raise UsageError(f"{key} must be {'>' if rng.low_open else '>='} {rng.low:g}, got {got}")
+    why = f" ({rng.why})" if rng.why else ""
+    raise UsageError(f"{key} must be {'<' if rng.high_open else '<='} {rng.high:g}{why}, got {got}")
+
+
 def setting(default: Any = MISSING, help: str = "", *, flag: str | None = None, hashed: bool = True,
-            factory: Any = MISSING, hashed_as: Any = MISSING, allow_inf: bool = False) -> Any:
+            factory: Any = MISSING, hashed_as: Any = MISSING, allow_inf: bool = False,
+            range: Range | None = None) -> Any:  # noqa: A002 - the setting's range, as the help says it
     """A dataclass field with its description, flat flag name and whether it can change a number.
     `hashed_as`: a setting that changes no number but was hashed in earlier releases is hashed at this
     fixed value whatever it is set to, so the hashes recorded before it left the hash still match.
-    A float setting is finite unless `allow_inf` (NaN never: it compares unequal to itself)."""
+    A float setting is finite unless `allow_inf` (NaN never: it compares unequal to itself); a number
+    with a `range` is refused outside it where it is set."""
     metadata = {"help": help, "flag": flag, "hashed": hashed}
+    if range is not None:
+        metadata["range"] = range
     if allow_inf:
         metadata["allow_inf"] = True
     if hashed_as is not MISSING:
@@ -251,6 +304,7 @@ class Leaf:
     help: str
     type: Any
     allow_inf: bool = False  # a float setting that takes inf (AF-Muon's cap)
+    range: Range | None = None  # the interval a number is checked against where it is set
 
 
 def leaves(obj, prefix: str = "", classes: dict[str, type] | None = None) -> Iterator[Leaf]:
@@ -273,7 +327,7 @@ def leaves(obj, prefix: str = "", classes: dict[str, type] | None = None) -> Ite
             yield from leaves(below, key + ".")
             continue
         yield Leaf(key, f.metadata.get("flag") or f.name.replace("_", "-"), f.metadata.get("help", ""), tp,
-                   bool(f.metadata.get("allow_inf")))
+                   bool(f.metadata.get("allow_inf")), f.metadata.get("range"))
 
 
 def _factory_class(f: dataclasses.Field) -> type:
@@ -317,7 +371,9 @@ def set_dotted(obj: Section, key: str, value: Any, where: str = "") -> None:
             if _is_section_type(tp):
                 raise UsageError(f"{key} is a group of settings, not a setting")
             meta = next(f.metadata for f in dataclasses.fields(target) if f.name == part)
-            _assign(chain, parts, coerce(value, tp, key, bool(meta.get("allow_inf"))))
+            value = coerce(value, tp, key, bool(meta.get("allow_inf")))
+            check_range(value, meta.get("range"), key)
+            _assign(chain, parts, value)
             return
         below = getattr(target, part)
         if not isinstance(below, Section):
@@ -414,16 +470,22 @@ SEED_LIMIT = 2**63  # torch.manual_seed's range: seeds are in [0, SEED_LIMIT)
 
 def integer_at_least(minimum: int, maximum: int | None = None):
     """An argparse `type`: an integer in [minimum, maximum), refused in one line where parsed (a verb's
-    own options; a config flag is checked by its setting)."""
+    own options; a config flag is checked by its setting). A count has a bound even where none is given:
+    MAX_COUNT, beyond what any run takes (a mistyped count would otherwise run until killed)."""
+    given, maximum = maximum, MAX_COUNT + 1 if maximum is None else maximum
 
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {text!r}") from None
-        if value < minimum or (maximum is not None and value >= maximum):
-            bound = f">= {minimum}" if maximum is None else f"between {minimum} and {maximum - 1}"
-            raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
+        if given is not None and not minimum <= value < maximum:
+            raise argparse.ArgumentTypeError(f"must be between {minimum} and {maximum - 1}, got {value}")
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        if value >= maximum:
+            why = " (a count no run reaches)" if maximum == MAX_COUNT + 1 else ""
+            raise argparse.ArgumentTypeError(f"must be <= {maximum - 1}{why}, got {value}")
         return value
 
     parse.__name__ = f"integer >= {minimum}"

@@ -7,7 +7,7 @@ import json
 
 from muonlab.cli.parser import _emit, _log_for
 from muonlab.errors import UsageError
-from muonlab.settings import finite_number, integer_at_least
+from muonlab.settings import comma_items, finite_number, integer_at_least
 
 HELP = "acceptance checks of this machine: --gpu checks every CUDA path in ~8 minutes"
 DESCRIPTION = """Acceptance checks of this machine.
@@ -57,7 +57,7 @@ def run(args) -> int:
     if not args.gpu:
         raise UsageError("say what to check: --gpu (the only check so far)")
     options = gpu.GpuCheckOptions(out=args.out, tests=args.tests, budget_s=args.budget_s,
-                                  skip=tuple(s.strip() for s in args.skip.split(",") if s.strip()),
+                                  skip=tuple(comma_items(args.skip, "--skip")),
                                   pytest_workers=args.pytest_workers, require_fa3=args.require_fa3,
                                   work_dir=args.work_dir)
     if args.plan:  # no GPU needed: what would run, and whether it fits

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from muonlab.cli.parser import _emit, _log_for
 from muonlab.errors import UsageError
-from muonlab.settings import integer_at_least
+from muonlab.settings import comma_items, integer_at_least
 
 HELP = ("score a run's final weights or a checkpoint again, in a process of its own, and compare with what the "
         "run recorded (equal bit for bit on the machine that trained it)")
@@ -35,7 +35,7 @@ def run(args) -> int:
               "\n".join([f"{args.run}: the val split after each multiple of {args.every} steps, recorded in its "
                          "evals.jsonl (report --at-step reads them)", "   steps  scores", *text]))
         return 0
-    splits = tuple(s.strip() for s in args.splits.split(",") if s.strip())
+    splits = tuple(comma_items(args.splits, "--splits", empty_ok=False))
     result = rescore_run(args.run, step=args.step, splits=splits, device=args.device, log=_log_for(args))
     _emit(args, result.to_dict(), result.format())
     return 0 if result.equal is not False else 1

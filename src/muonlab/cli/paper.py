@@ -11,7 +11,6 @@ from muonlab.cli.config_flags import add_config_flags, collect_overrides
 from muonlab.cli.parser import _emit, _log_for
 from muonlab.cli.run_flags import RUN_FLAGS, add_run_flags, parse_slurm_options
 from muonlab.errors import UsageError
-from muonlab.lab.paper.runs import MIN_STEPS, MINI_STEPS
 from muonlab.settings import finite_number, integer_at_least
 
 HELP = "the seed papers' tables beside the ledger's runs (a scorecard); run what is missing"
@@ -30,6 +29,8 @@ def add_arguments(p, context) -> None:
     p.add_argument("--miniature", action="store_true",
                    help="the table's miniature: its runs on the family's CPU preset, every duration in steps "
                         "divided by one factor, so the comparison point and its evaluation keep their place")
+    from muonlab.lab.paper.runs import MIN_STEPS, MINI_STEPS
+
     p.add_argument("--miniature-steps", type=integer_at_least(MIN_STEPS), default=None, metavar="N",
                    help=f"with --miniature: the longest run about N steps (default {MINI_STEPS}; fewer is a quicker, "
                         "noisier table, the factor still dividing the comparison point)")
@@ -152,6 +153,8 @@ def _price_tables(args, plans) -> int:
         run_plan = dry_run(arms, seeds, plan.preset, {"quiet": True}, retry_failed=args.retry_failed,
                            log=_log_for(args), arm_overrides=own)
         configs = {job.key: job.config for job in plan_sweep(arms, seeds, plan.preset, {"quiet": True}, own)}
+        if args.gpu is not None and not args.gpu.strip():
+            raise UsageError("--gpu names a GPU (H100, A100, ...): give one or leave the option out")
         gpu = args.gpu or "H100"
         ledger = Path(run_plan[0]["ledger"])
         records = read_records_tolerant(ledger)[0] if ledger.is_file() else []

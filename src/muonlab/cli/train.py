@@ -30,6 +30,8 @@ def run(args) -> int:
     from muonlab.train import run_training
     from muonlab.train.run import format_summary, resume_training
 
+    if args.fallback and not args.resume:
+        raise UsageError("--fallback picks the checkpoint --resume continues from: add --resume RUN_DIR")
     if args.resume:
         if collect_overrides(args) or args.config:
             raise UsageError("--resume continues a run with its saved config; give no other settings")

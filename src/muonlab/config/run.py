@@ -8,33 +8,40 @@ from typing import Literal
 
 from muonlab.device import PRECISIONS
 from muonlab.errors import UsageError
-from muonlab.settings import Section, setting
+from muonlab.settings import (COUNT, FRACTION, NON_NEGATIVE, POSITIVE, POSITIVE_COUNT, TOKENS, Section,
+                              setting)
 
 
 @dataclass
 class TrainingConfig(Section):
     """Batch, duration and evaluation (upstream train.py's names)."""
 
-    sequence_len: int = setting(2048, "context length T: tokens per row")
-    device_batch_size: int = setting(64, "rows per micro-step on one device")
-    total_batch_size: int = setting(2**19, "tokens per optimizer step, over all micro-steps and processes")
-    num_steps: int | None = setting(953, "fixed number of optimizer steps (seed 002 protocol); none: time_budget")
-    time_budget: float | None = setting(None, "training-time budget in seconds (upstream); none: num_steps")
-    untimed_steps: int = setting(11, "compile/warm-up steps excluded from timing and progress")
-    grad_clip: float = setting(0.0, "global gradient-norm clip before each step (seed 004: 1.0); 0 = off")
+    sequence_len: int = setting(2048, "context length T: tokens per row", range=POSITIVE_COUNT)
+    device_batch_size: int = setting(64, "rows per micro-step on one device", range=POSITIVE_COUNT)
+    total_batch_size: int = setting(2**19, "tokens per optimizer step, over all micro-steps and processes",
+                                    range=TOKENS)
+    num_steps: int | None = setting(953, "fixed number of optimizer steps (seed 002 protocol); none: time_budget",
+                                    range=POSITIVE_COUNT)
+    time_budget: float | None = setting(None, "training-time budget in seconds (upstream); none: num_steps",
+                                        range=POSITIVE)
+    untimed_steps: int = setting(11, "compile/warm-up steps excluded from timing and progress", range=COUNT)
+    grad_clip: float = setting(0.0, "global gradient-norm clip before each step (seed 004: 1.0); 0 = off",
+                               range=NON_NEGATIVE)
     # what is logged, not what is trained (the divergence check always reads the last micro-batch, as upstream)
     loss_logged: Literal["last", "mean"] = setting(
         "last", "the training loss logged per step and its EMA: the last micro-batch's (upstream) or the mean over "
         "the step's micro-batches (seed 004's logs)", hashed=False)
-    max_loss: float = setting(100.0, "fast fail above this training loss (upstream)")
-    eval_tokens: int = setting(40 * 2**19, "tokens scored per split (val and holdout)")
-    eval_batch_size: int | None = setting(None, "rows per evaluation step; none: device_batch_size")
+    max_loss: float = setting(100.0, "fast fail above this training loss (upstream)", range=POSITIVE)
+    eval_tokens: int = setting(40 * 2**19, "tokens scored per split (val and holdout)", range=TOKENS)
+    eval_batch_size: int | None = setting(None, "rows per evaluation step; none: device_batch_size",
+                                          range=POSITIVE_COUNT)
     # periodic evaluation reads the model and changes no trained number (tests/eval/test_periodic_eval.py):
     # it is outside the hash and the protocol (hashed at 0, as every run without it always was)
     eval_every: int = setting(0, "score the val split every N optimizer steps (val_bpb, val_ce in metrics.jsonl: "
-                              "the validation curves of `muonlab report`); 0 = only at the end", hashed_as=0)
+                              "the validation curves of `muonlab report`); 0 = only at the end", hashed_as=0,
+                                  range=COUNT)
     eval_every_tokens: int | None = setting(None, "tokens scored per periodic evaluation; none: eval_tokens",
-                                            hashed=False)
+                                            hashed=False, range=TOKENS)
 
     @property
     def tokens_per_micro_step(self) -> int:
@@ -56,10 +63,7 @@ class TrainingConfig(Section):
             out["eval_every_tokens"] = "eval_every is 0 (no periodic evaluation)"
         return out
 
-    def validate(self) -> None:
-        for name in ("sequence_len", "device_batch_size", "total_batch_size", "eval_tokens"):
-            if getattr(self, name) < 1:
-                raise UsageError(f"{name} must be >= 1, got {getattr(self, name)}")
+    def validate(self) -> None:  # each number's own range is its setting's (checked where it is set)
         if self.eval_tokens < self.sequence_len:  # evaluation scores whole sequences
             raise UsageError(f"eval_tokens ({self.eval_tokens}) must be at least sequence_len ({self.sequence_len})")
         if self.total_batch_size % self.tokens_per_micro_step != 0:
@@ -68,30 +72,19 @@ class TrainingConfig(Section):
                 f"sequence_len = {self.device_batch_size} x {self.sequence_len} = {self.tokens_per_micro_step}")
         if (self.num_steps is None) == (self.time_budget is None):
             raise UsageError("give exactly one of num_steps and time_budget")
-        if self.num_steps is not None and self.num_steps < 1:
-            raise UsageError(f"num_steps must be >= 1, got {self.num_steps}")
-        if self.time_budget is not None and self.time_budget <= 0:
-            raise UsageError(f"time_budget must be > 0 seconds, got {self.time_budget}")
-        if self.untimed_steps < 0:
-            raise UsageError(f"untimed_steps must be >= 0, got {self.untimed_steps}")
-        if self.grad_clip < 0:
-            raise UsageError(f"grad_clip must be >= 0, got {self.grad_clip}")
-        if self.eval_every < 0:
-            raise UsageError(f"eval_every must be >= 0 (0: off), got {self.eval_every}")
         if self.eval_every_tokens is not None and self.eval_every_tokens < self.sequence_len:
             raise UsageError(f"eval_every_tokens ({self.eval_every_tokens}) must be at least sequence_len "
                              f"({self.sequence_len})")
-        if self.eval_batch_size is not None and self.eval_batch_size < 1:
-            raise UsageError(f"eval_batch_size must be >= 1, got {self.eval_batch_size}")
 
 
 @dataclass
 class ScheduleConfig(Section):
     """The shape of the LR multiplier over training progress (upstream: warmup, flat, linear warmdown)."""
 
-    warmup_ratio: float = setting(0.0, "share of training spent warming the LR up")
-    warmdown_ratio: float = setting(0.5, "share of training spent decaying the LR (0: constant LR, seed 004)")
-    final_lr_frac: float = setting(0.0, "LR multiplier at the end of the warmdown")
+    warmup_ratio: float = setting(0.0, "share of training spent warming the LR up", range=FRACTION)
+    warmdown_ratio: float = setting(0.5, "share of training spent decaying the LR (0: constant LR, seed 004)",
+                                    range=FRACTION)
+    final_lr_frac: float = setting(0.0, "LR multiplier at the end of the warmdown", range=FRACTION)
 
     def inactive(self) -> dict[str, str]:
         return {"final_lr_frac": "warmdown_ratio is 0 (constant LR)"} if self.warmdown_ratio == 0 else {}

@@ -119,6 +119,27 @@ def validate(cfg) -> None:
         gpt_config(cfg, vocab_size=cfg.data.vocab_size)
     except ValueError as e:
         raise UsageError(str(e)) from None
+    check_model_fits(cfg)
+
+
+BYTES_PER_PARAMETER = 16  # fp32 weight, gradient and two optimizer moments: the least a trained parameter holds
+
+
+def check_model_fits(cfg) -> None:
+    """Refuse, before anything is built or written, a shape whose parameters alone exceed this machine's
+    memory: 12 d^2 a block (attention 4 d^2, MLP 8 d^2) and the embedding and head (2 V d), each held as
+    BYTES_PER_PARAMETER bytes. A lower bound: activations come on top."""
+    from muonlab.device import machine_memory_bytes  # noqa: PLC0415
+
+    m = cfg.model
+    params = 12 * m.depth * m.model_dim ** 2 + 2 * cfg.data.vocab_size * m.model_dim
+    have = machine_memory_bytes()
+    if have and params * BYTES_PER_PARAMETER > have:
+        need = params * BYTES_PER_PARAMETER / 2**30
+        shown = f"{need:,.0f}" if need < 1e6 else f"{need:.3g}"
+        raise UsageError(f"model depth {m.depth}, width {m.model_dim}: about {params:.3g} parameters need at least "
+                         f"{shown} GiB to train, this machine has {have / 2**30:,.0f} GiB: choose a smaller --depth "
+                         "/ --aspect-ratio")
 
 
 register_family(Family(

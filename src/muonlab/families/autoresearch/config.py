@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from muonlab.errors import UsageError
-from muonlab.settings import MethodInfo, MethodSection, Section, comma_items, setting
+from muonlab.settings import (COUNT, MOMENTUM, POSITIVE_COUNT, MethodInfo, MethodSection, Section, comma_items,
+                              setting)
 from muonlab.model.variants.presub_gains import PresubGainsConfig
 from muonlab.model.variants.qk_scale import QKScaleConfig
 from muonlab.model.variants.lerope import LeRoPEConfig
@@ -34,10 +35,11 @@ from muonlab.optim.addons.moment_free import TableNeumann
 class AutoresearchModelConfig(Section):
     """The autoresearch GPT: width = depth x aspect_ratio rounded up to head_dim (upstream)."""
 
-    depth: int = setting(8, "number of transformer blocks")
-    aspect_ratio: int = setting(64, "width per layer of depth (upstream's model_dim rule)")
-    head_dim: int = setting(128, "channels per attention head")
-    n_embd: int | None = setting(None, "explicit width; none derives it from depth and aspect_ratio")
+    depth: int = setting(8, "number of transformer blocks", range=POSITIVE_COUNT)
+    aspect_ratio: int = setting(64, "width per layer of depth (upstream's model_dim rule)", range=POSITIVE_COUNT)
+    head_dim: int = setting(128, "channels per attention head", range=POSITIVE_COUNT)
+    n_embd: int | None = setting(None, "explicit width; none derives it from depth and aspect_ratio",
+                                 range=POSITIVE_COUNT)
     n_kv_head: int | None = setting(None, "key/value heads (GQA); none: as many as query heads")
     window_pattern: str = setting("SSSL", "sliding-window pattern per layer: S = half context, L = full")
     attn_backend: Literal["auto", "fa3", "flex", "sdpa"] = setting(
@@ -94,9 +96,6 @@ class AutoresearchModelConfig(Section):
         return REGISTRY[name].config(**values)
 
     def validate(self) -> None:
-        for name in ("depth", "aspect_ratio", "head_dim"):
-            if getattr(self, name) < 1:
-                raise UsageError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.model_dim % self.head_dim != 0:
             raise UsageError(f"width {self.model_dim} is not divisible by head_dim {self.head_dim}")
         if self.head_dim % 2 != 0:
@@ -131,9 +130,9 @@ class MuonAdamWConfig(MethodSection):
     weight_decay: float = setting(0.2, "Muon (cautious) weight decay, decayed linearly to 0")
     adam_beta1: float = setting(0.8, "AdamW beta1")
     adam_beta2: float = setting(0.95, "AdamW beta2")
-    muon_momentum_start: float = setting(0.85, "Muon momentum at step 0")
-    muon_momentum_end: float = setting(0.95, "Muon momentum after the warm-up")
-    muon_momentum_warmup_steps: int = setting(300, "steps of the Muon momentum warm-up")
+    muon_momentum_start: float = setting(0.85, "Muon momentum at step 0", range=MOMENTUM)
+    muon_momentum_end: float = setting(0.95, "Muon momentum after the warm-up", range=MOMENTUM)
+    muon_momentum_warmup_steps: int = setting(300, "steps of the Muon momentum warm-up", range=COUNT)
     muon_momentum_cooldown: bool = setting(False, "seed 002 §2.1 (Tier 1): momentum 0.95 -> 0.85 over the warmdown")
     muon_wd_schedule: Literal["linear", "cosine"] = setting("linear", "Muon weight-decay decay (cosine: seed 002 §2.1 (Tier 1))")
     lr_scale: float = setting(1.0, "seed 002 lr141: every LR x k, Muon weight decay x 1/k")
