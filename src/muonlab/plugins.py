@@ -51,14 +51,25 @@ def _import(item: str):
         sys.modules[name] = module
         try:
             spec.loader.exec_module(module)
-        except Exception as exc:
+            return module
+        except (Exception, SystemExit) as exc:  # a plug-in's sys.exit() at import is its failure, not muonlab's exit
             del sys.modules[name]
-            raise UsageError(f"plug-in {item} failed to import: {exc.__class__.__name__}: {exc}") from exc
-        return module
-    try:
-        return importlib.import_module(item)
-    except ImportError as exc:
-        raise UsageError(f"plug-in module {item!r} cannot be imported: {exc}") from exc
+            failure = exc
+    else:
+        try:
+            return importlib.import_module(item)
+        except ImportError as exc:
+            raise UsageError(f"plug-in module {item!r} cannot be imported: {exc}") from exc
+        except (Exception, SystemExit) as exc:
+            failure = exc
+    raise UsageError(f"plug-in {item} failed to import: {_said(failure)}") from failure
+
+
+def _said(exc: BaseException) -> str:
+    """An import failure in one line: its class and its message's words (a SystemExit: its code)."""
+    if isinstance(exc, SystemExit):
+        return f"it called sys.exit({exc.code!r}) while importing"
+    return f"{exc.__class__.__name__}: {' '.join(str(exc).split())}"
 
 
 def source_digests(spec: str) -> dict[str, str]:

@@ -312,6 +312,13 @@ CASES = [
     ("plugin-file-missing", TINY + ["--plugin", "/nonexistent/plugin.py"], USAGE, "plug-in file not found"),
     ("plugin-import-fails", lambda t: TINY + ["--plugin", str(_file(t, "p.py", "raise ValueError('broken')"))],
      USAGE, "failed to import"),
+    ("plugin-exits-at-import", lambda t: TINY + ["--plugin", str(_file(t, "exits.py", "import sys\nsys.exit(3)\n"))],
+     USAGE, "it called sys.exit(3) while importing"),
+    ("plugin-multiline-error", lambda t: TINY + ["--plugin", str(_file(t, "multi.py", "raise ValueError('one\\ntwo')"))],
+     USAGE, "ValueError: one two"),
+    ("plugin-registers-nothing", lambda t: TINY + ["--plugin", str(_file(t, "empty.py", "X = 1\n"))], USAGE,
+     "registers nothing"),
+    ("plugin-module-registers-nothing", TINY + ["--plugin", "json"], USAGE, "--plugin json registers nothing"),
     ("plugin-module-missing", TINY + ["--plugin", "no_such_module_xyz"], USAGE, "cannot be imported"),
     ("methods-plugin", ["methods", "--plugin", "/nonexistent/plugin.py"], USAGE, "plug-in file not found"),
     # --- resume
@@ -364,6 +371,18 @@ CASES = [
     ("eval-no-checkpoint", lambda t: ["eval", str(_run_dir(t, {"model": {"depth": 2}})), "--step", "3"], USAGE,
      "has no checkpoint after step 3 (it kept no checkpoint)"),
     # --- report
+    ("report-tsv-unwritable", lambda t: ["report", "--ledger", str(_ledger_line(t, {"arm": "baseline", "seed": 1,
+     "status": "ok"})), "--tsv", "/proc/muonlab.tsv"], USAGE, "--tsv /proc/muonlab.tsv: cannot write"),
+    ("report-protocol-free-without-such-lines", lambda t: ["report", "--ledger", str(_ledger_with_a_run(t)),
+                                                           "--protocol-free"], USAGE, "drop --protocol-free"),
+    ("sweep-status-ledger-missing", ["sweep", "--status", "--ledger", "/nonexistent/ledger.jsonl"], USAGE,
+     "ledger not found"),
+    ("sweep-status-ledger-a-directory", lambda t: ["sweep", "--status", "--ledger", str(t / "in")], USAGE,
+     "is a directory; give the ledger file"),
+    ("paper-ledger-a-directory", lambda t: ["paper", "000-t1", "--ledger", str(t / "in")], USAGE,
+     "is a directory; give the ledger file"),
+    ("unknown-option-before-the-verb", ["--helpp"], USAGE, "unknown option --helpp before the verb"),
+    ("flex-off-cuda-before-the-run-directory", TINY + ["--attn-backend", "flex"], USAGE, "needs a CUDA device"),
     ("report-no-ledger", ["report", "--ledger", "/nonexistent/ledger.jsonl"], USAGE, "ledger not found"),
     ("report-two-points", lambda t: ["report", "--ledger", str(_ledger_line(t, {"arm": "baseline", "seed": 1,
      "status": "ok"})), "--at-step", "5", "--at-tokens", "5k"], USAGE, "not both"),
@@ -462,7 +481,7 @@ CASES = [
     ("report-ledger-is-a-folder", ["report", "--ledger", "{tmp}"], USAGE, "is a directory; give the ledger file"),
     ("train-ledger-is-a-folder", lambda t: TINY + ["--num-steps", "1", "--ledger", str(t / "in")], RUNTIME,
      "is a directory"),
-    ("ledger-recover-nothing-there", ["ledger", "recover", "/nonexistent/runs"], RUNTIME, "is not a runs directory"),
+    ("ledger-recover-nothing-there", ["ledger", "recover", "/nonexistent/runs"], USAGE, "is not a runs directory"),
     ("plugin-never-selected", lambda t: TINY + ["--num-steps", "1", "--plugin", str(_file(
         t, "contract_conditioner.py", CONDITIONER.replace("plugin_sign", "contract_sign")))], USAGE,
      "registers prepolar contract_sign, and this run selects none of them"),
@@ -612,7 +631,8 @@ CHECKED_MODULES = ["settings.py", "config/__init__.py", "config/run.py", "data/c
                    "model/variants/memory.py", "model/variants/over_encoding.py", "model/variants/qk_scale.py",
                    "arms.py", "plugins.py", "lab/experiment.py", "lab/sweep.py", "train/rescore.py", "lab/executors.py", "device.py",
                    "lab/request.py", "cli/parser.py", "cli/prepare.py", "cli/train.py", "cli/eval.py", "cli/run_flags.py",
-                   "cli/sweep.py", "cli/paper.py", "cli/report.py", "cli/doctor.py"]
+                   "cli/sweep.py", "cli/paper.py", "cli/report.py", "cli/doctor.py", "cli/__init__.py",
+                   "lab/plugin_methods.py", "lab/report/grouping.py"]
 # Branches no case can reach on this machine, with the reason.
 UNREACHABLE = {
     ("device.py", "CUDA is not available"): "only on a machine without CUDA (tested where that holds)",

@@ -132,7 +132,7 @@ def test_flex_traces_into_one_graph():
 def test_flex_is_refused_off_cuda_in_one_line(capsys):
     with pytest.raises(MuonlabError, match="needs a CUDA device"):
         attention.resolve_backend("flex", CPU)
-    assert main(["train", "--preset", "cpu-tiny", "--attn-backend", "flex"]) == 1
+    assert main(["train", "--preset", "cpu-tiny", "--attn-backend", "flex"]) == 2  # a usage error, before any file
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: attention backend 'flex' needs a CUDA device") and "\n" not in err
 

@@ -50,7 +50,8 @@ def test_sigterm_while_the_corpus_is_built_stops_cleans_the_cache_and_records_th
     code, err, lines, runs = _interrupt(tmp_path, "data: building synthetic corpus", "--synthetic-bytes",
                                         "200000000", "--num-steps", "2")
     assert code == 130, err
-    assert err.strip().splitlines()[-1] == "error: interrupted"
+    assert err.strip().splitlines()[-1].startswith("error: interrupted: the run is recorded interrupted; where its "
+                                                   "ledger line says resumable, `muonlab train --resume RUN_DIR`")
     assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]
     [line] = lines
     assert (line["status"], line["phase"], line["resumable"]) == ("interrupted", "data", False)

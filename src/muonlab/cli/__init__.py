@@ -15,7 +15,7 @@ import sys
 
 from muonlab.cli.parser import build_parser
 from muonlab.cli.resolve import _resolve_config
-from muonlab.errors import MuonlabError
+from muonlab.errors import MuonlabError, UsageError
 
 __all__ = ["main", "build_parser", "_resolve_config"]
 
@@ -36,6 +36,11 @@ def _chosen_verb(argv: list[str] | None) -> str | None:
     return words[0] if words else None
 
 
+def _one_line(exc: BaseException) -> str:
+    """An error's message as the one line the contract promises (a message may hold newlines: a plug-in's)."""
+    return " ".join(str(exc).split())
+
+
 def main(argv: list[str] | None = None) -> int:
     import signal
 
@@ -43,23 +48,33 @@ def main(argv: list[str] | None = None) -> int:
     stops = [signal.SIGTERM] + ([signal.SIGUSR2] if hasattr(signal, "SIGUSR2") else [])
     previous = {sig: signal.signal(sig, _signal_as_interrupt) for sig in stops} if threading_is_main() else {}
     try:
+        words = sys.argv[1:] if argv is None else argv
+        if words and words[0].startswith("-") and words[0] not in ("-h", "--help", "--version"):
+            raise UsageError(f"unknown option {words[0]} before the verb (muonlab --help lists the verbs; "
+                             "muonlab VERB --help its options)")
         args = build_parser(argv, only=_chosen_verb(argv) or "").parse_args(argv)
         return args.func(args)
     except MuonlabError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
         return exc.exit_code
     except OSError as exc:  # disk full, permissions, a vanished file: the run is already recorded
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
+        verb = _chosen_verb(argv) or ""
+        after = {"train": ": the run is recorded interrupted; where its ledger line says resumable, `muonlab train "
+                          "--resume RUN_DIR` continues it",
+                 "sweep": ": its runs are recorded interrupted; the same sweep command again resumes them",
+                 "paper": ": its runs are recorded interrupted; the same command again resumes them"}.get(verb, "")
+        print(f"error: interrupted{after}", file=sys.stderr)
         return 130
     except Exception as exc:  # a bug or an unforeseen failure: one line; a run keeps its traceback
         if os.environ.get("MUONLAB_DEBUG"):
             raise
         verb = _chosen_verb(argv) or ""
         where = "a run records the traceback in its ledger line; " if verb in ("train", "sweep") else ""
-        print(f"error: {exc.__class__.__name__}: {exc} ({where}MUONLAB_DEBUG=1 shows the traceback)", file=sys.stderr)
+        print(f"error: {exc.__class__.__name__}: {_one_line(exc)} ({where}MUONLAB_DEBUG=1 shows the traceback)",
+              file=sys.stderr)
         return 1
     finally:
         for sig, handler in previous.items():

@@ -125,6 +125,8 @@ def run(args) -> int:
                 print(format_outcomes(outcomes), file=sys.stderr)
     first = plans[0]
     ledger = ledger_path(resolve_config(first.arms[0].arm, first.preset, first.arms[0].overrides))
+    if ledger.is_dir():
+        raise UsageError(f"--ledger {ledger} is a directory; give the ledger file (e.g. {ledger / 'ledger.jsonl'})")
     records = read_records_tolerant(ledger)[0] if ledger.is_file() else []
     card = scorecard(plans, records, rule=args.rule, threshold=args.threshold)
     card["ledger"] = str(ledger)

@@ -104,6 +104,10 @@ def run(args) -> int:
         raise UsageError(f"--ledger {ledger} is a directory; give the ledger file (e.g. {ledger / 'ledger.jsonl'})")
     if args.tsv and Path(args.tsv).is_dir():  # before the report writes anything
         raise UsageError(f"--tsv {args.tsv} is a directory; give a file name (e.g. {Path(args.tsv) / 'results.tsv'})")
+    if args.tsv:
+        _check_can_write(Path(args.tsv), "--tsv", "a file name in a folder you can write")
+    _check_can_write(Path(args.out) if args.out else ledger.parent / "report", "--out",
+                     "a report folder you can write (--out DIR)")
     if not ledger.is_file():
         out = still_out(ledger)
         if out:  # a detached sweep none of whose runs has ended yet
@@ -135,3 +139,19 @@ def _point(args):
     if args.at_step is not None and args.at_tokens is not None:
         raise UsageError("give --at-step or --at-tokens, not both")
     return Point(step=args.at_step) if args.at_step is not None else Point(tokens=args.at_tokens)
+
+
+def _check_can_write(target: Path, flag: str, instead: str) -> None:
+    """Refuse, before the report writes anything, a target it could not write: a probe file is made and removed
+    in the target folder where it exists, else in the nearest folder above it that exists (permissions alone do
+    not say: root passes every access check, and /proc takes no new file)."""
+    import tempfile  # noqa: PLC0415
+
+    where = target if target.is_dir() else target.parent
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    try:
+        with tempfile.NamedTemporaryFile(dir=where, prefix=".muonlab-probe-"):
+            pass
+    except OSError as exc:
+        raise UsageError(f"{flag} {target}: cannot write in {where} ({exc.strerror or exc}); give {instead}") from None

@@ -80,7 +80,13 @@ def _sweep_status(args) -> int:
         ledger = ledger_path(jobs[0].config)
         planned = [(j.arm, j.seed, j.config_hash, j.config.train.num_steps) for j in jobs]
     elif overrides.get("ledger"):
+        from muonlab.lab.report.build import still_out
+
         ledger, planned = Path(overrides["ledger"]).expanduser(), None
+        if ledger.is_dir():
+            raise UsageError(f"--ledger {ledger} is a directory; give the ledger file (e.g. {ledger / 'ledger.jsonl'})")
+        if not ledger.is_file() and not still_out(ledger):
+            raise UsageError(f"ledger not found: {ledger} (no run finished and no sweep submitted there)")
     else:
         raise UsageError("muonlab sweep --status needs the sweep's --arms (with its --seeds, --preset and settings), "
                          "its --experiment or its --ledger")

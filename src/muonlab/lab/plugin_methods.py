@@ -25,14 +25,31 @@ def registered_methods() -> set[tuple[str, str]]:
             | {("arm", n) for n in ARMS})
 
 
+def everything_registered() -> set[tuple[str, str]]:
+    """All a plug-in can register: the selectable methods, every optimizer add-on, the families, the presets."""
+    from muonlab.config import all_presets
+    from muonlab.families import all_families
+    from muonlab.optim.extensions import registrations
+
+    return (registered_methods() | {(point, name) for point, name in registrations()}
+            | {("family", n) for n in all_families()} | {("preset", n) for n in all_presets()})
+
+
 def load_tracked(spec: str) -> None:
     """load_plugins(spec), noting what each plug-in registers at its first import (one imported
-    before, untracked, registers nothing as far as the check knows: it is never refused)."""
+    before, untracked, registers nothing as far as the check knows: it is never refused). A plug-in
+    whose first import registers nothing at all (a wrong file, a standard module) is refused."""
+    from muonlab import plugins
+
     for item in _items(spec):
         if item not in _METHODS:
-            before = registered_methods()
+            imported_before = item in plugins._LOADED
+            before, methods = everything_registered(), registered_methods()
             load_plugins(item)
-            _METHODS[item] = registered_methods() - before
+            _METHODS[item] = registered_methods() - methods
+            if not imported_before and not everything_registered() - before:
+                raise UsageError(f"--plugin {item} registers nothing (no method, arm, add-on, family or preset): "
+                                 "a plug-in registers through muonlab's registries at import (docs/extending.md)")
 
 
 def _selected_by(cfg, kind: str, name: str) -> bool:

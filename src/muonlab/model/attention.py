@@ -39,7 +39,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from muonlab.errors import MuonlabError
+from muonlab.errors import MuonlabError, UsageError
 from muonlab.model.sliding_window import flex_window_attention
 from muonlab.optional import MissingPackage, require
 
@@ -110,18 +110,24 @@ def _one_line(exc: BaseException) -> str:
     return f"{exc.__class__.__name__}: {text}" if text else exc.__class__.__name__
 
 
+def check_backend_runs_on(requested: str, device: torch.device) -> None:
+    """Refuse a backend that cannot run on `device` (fa3 and flex need CUDA): the run checks it before its
+    directory is made, so a refused run leaves nothing behind."""
+    if requested in ("fa3", "flex") and _cuda_capability(device) is None:
+        why = " (PyTorch's FlexAttention has no backward there)" if requested == "flex" else ""
+        raise UsageError(f"attention backend {requested!r} needs a CUDA device, not {device.type}{why}; "
+                         "use --attn-backend auto or sdpa")
+
+
 def resolve_backend(requested: str, device: torch.device) -> AttentionBackend:
     """Pick the attention backend actually used on `device`, loading FA3 if it is chosen."""
     if requested not in BACKENDS:
         raise ValueError(f"attention backend must be one of {BACKENDS}, got {requested!r}")
     if requested == "sdpa":
         return AttentionBackend("sdpa")
+    check_backend_runs_on(requested, device)
     capability = _cuda_capability(device)
     if capability is None:
-        if requested in ("fa3", "flex"):
-            why = " (PyTorch's FlexAttention has no backward there)" if requested == "flex" else ""
-            raise MuonlabError(f"attention backend {requested!r} needs a CUDA device, not {device.type}{why}; "
-                               "use --attn-backend auto or sdpa")
         return AttentionBackend("sdpa")
     if requested == "flex":
         return AttentionBackend("flex")

@@ -22,7 +22,7 @@ from typing import Any, Iterator
 from filelock import FileLock
 
 from muonlab.atomic import append_whole, nearest_existing, writable_error
-from muonlab.errors import MuonlabError
+from muonlab.errors import MuonlabError, UsageError
 
 STATUSES = ("ok", "failed", "diverged", "interrupted")
 STAMP_FORMAT = "%Y-%m-%dT%H:%M:%S%z"  # a line's finished_at: local time with its UTC offset, whole seconds
@@ -158,7 +158,7 @@ def recover(runs_dir: str | os.PathLike, ledger: str | os.PathLike | None = None
     A recovered run directory's file becomes `ledger_line.recovered.json`. Returns the run ids appended."""
     runs_dir = Path(runs_dir)
     if not runs_dir.is_dir():
-        raise MuonlabError(f"{runs_dir} is not a runs directory")
+        raise UsageError(f"{runs_dir} is not a runs directory (give the folder that holds the run directories)")
     ledger = Path(ledger) if ledger else runs_dir / "ledger.jsonl"
     check_writable(ledger)
     have = {r.get("run_id") for r in read_records_tolerant(ledger)[0]}

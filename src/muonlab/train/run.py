@@ -249,6 +249,10 @@ def run_training(cfg: RunConfig, log: Callable[[str], None] = print, data: Prepa
 
 def _run(cfg, log, data, resume, ctx: Dist, device, t_start) -> RunResult:
     runtime = Runtime(device, resolve_precision(cfg.runtime.precision, device))
+    if getattr(cfg.model, "attn_backend", None):  # refused before anything is written, not at the model's build
+        from muonlab.model.attention import check_backend_runs_on  # noqa: PLC0415
+
+        check_backend_runs_on(cfg.model.attn_backend, device)
     cfg.train.accum_steps_per_rank(ctx.world_size)  # the global batch must split evenly over the ranks
     checkpoint = None
     if resume is not None:

@@ -17,6 +17,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
+from muonlab.errors import UsageError
 from muonlab.lab.report.protocol import is_overridden, recorded_settings
 from muonlab.record.protocol import protocol_hash, recorded_protocol
 
@@ -120,6 +121,9 @@ def group_protocols(records: list[dict], overrides: Mapping[str, set[str]], prot
     protocols += [Protocol(protocol_hash({"unread": pid}), False, lines, {}, unread=why)
                   for pid, (why, lines) in unread.items()]
     protocols += _derived(old, overrides) if old else []
+    if protocol_free and not orphans:
+        raise UsageError("--protocol-free joins the ledger lines that record no protocol (imported results); the "
+                         "selected lines all record theirs: drop --protocol-free")
     if protocol_free and orphans:
         protocols.append(Protocol(protocol_hash({"protocol_free": True}), True, orphans, {}, unknown=True))
     else:
