@@ -58,6 +58,19 @@ def _trained(tmp: Path, preset: str) -> Path:
     return next(d for d in (tmp / "in" / "runs").iterdir() if d.is_dir())
 
 
+def _damaged_weights(tmp: Path) -> Path:
+    run = _trained(tmp, "cpu-tiny")
+    (run / "model.safetensors").write_bytes((run / "model.safetensors").read_bytes()[:100])  # a truncated copy
+    return run
+
+
+def _without_checkpoints(tmp: Path) -> Path:
+    run = _trained(tmp, "cpu-tiny")
+    for path in (run / "checkpoints").iterdir():
+        path.unlink()
+    return run
+
+
 def _ledger_with_a_run(tmp: Path) -> Path:
     run = _trained(tmp, "cpu-tiny")
     return run.parent / "ledger.jsonl"
@@ -371,6 +384,20 @@ CASES = [
     ("eval-no-checkpoint", lambda t: ["eval", str(_run_dir(t, {"model": {"depth": 2}})), "--step", "3"], USAGE,
      "has no checkpoint after step 3 (it kept no checkpoint)"),
     # --- report
+    # --- damaged inputs: one class (CorruptInput), exit 1, the file named
+    ("eval-damaged-weights", lambda t: ["eval", str(_damaged_weights(t))], RUNTIME, "model.safetensors is damaged"),
+    ("images-not-an-npz", lambda t: ["train", "--preset", "imagegpt-cpu", "--source", "images", "--path",
+                                     str(_file(t, "x.npz", "hello"))], RUNTIME, "x.npz is not a .npz array file"),
+    ("images-truncated-npz", lambda t: ["train", "--preset", "imagegpt-cpu", "--source", "images", "--path",
+                                        str(_file(t, "y.npz", "PK\x03\x04junk"))], RUNTIME,
+     "y.npz is not a readable .npz array file (BadZipFile"),
+    ("ledger-recover-malformed-line", lambda t: ["ledger", "recover", str(_file(t, "runs/r1/ledger_line.json",
+                                                                                 '{"a": 1').parent.parent)],
+     RUNTIME, "ledger_line.json is not a ledger line"),
+    ("experiment-arm-setting-unknown", lambda t: ["sweep", "--dry-run", "--experiment", str(_study(
+        t, arms='[arms.a]\nmodel.depth = 0'))], USAGE, "study.toml: arms.a: model.depth must be >= 1"),
+    ("diagnose-without-a-checkpoint", lambda t: ["diagnose", "geometry", "--run", str(_without_checkpoints(t))],
+     USAGE, "holds no checkpoint: the diagnostics read the model and optimizer from one"),
     ("report-tsv-unwritable", lambda t: ["report", "--ledger", str(_ledger_line(t, {"arm": "baseline", "seed": 1,
      "status": "ok"})), "--tsv", "/proc/muonlab.tsv"], USAGE, "--tsv /proc/muonlab.tsv: cannot write"),
     ("report-protocol-free-without-such-lines", lambda t: ["report", "--ledger", str(_ledger_with_a_run(t)),
@@ -631,7 +658,7 @@ CHECKED_MODULES = ["settings.py", "config/__init__.py", "config/run.py", "data/c
                    "model/variants/memory.py", "model/variants/over_encoding.py", "model/variants/qk_scale.py",
                    "arms.py", "plugins.py", "lab/experiment.py", "lab/sweep.py", "train/rescore.py", "lab/executors.py", "device.py",
                    "lab/request.py", "cli/parser.py", "cli/prepare.py", "cli/train.py", "cli/eval.py", "cli/run_flags.py",
-                   "cli/sweep.py", "cli/paper.py", "cli/report.py", "cli/doctor.py", "cli/__init__.py",
+                   "cli/sweep.py", "cli/paper.py", "cli/report.py", "cli/doctor.py", "cli/__init__.py", "diagnostics/runs.py",
                    "lab/plugin_methods.py", "lab/report/grouping.py"]
 # Branches no case can reach on this machine, with the reason.
 UNREACHABLE = {

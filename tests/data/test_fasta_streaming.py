@@ -15,7 +15,7 @@ from muonlab.data.fasta import AMINO_ACIDS, read_fasta, residue_tokens
 from muonlab.data.memmap_format import TokenMemmap
 from muonlab.data.ranked_split import write_ranked_splits
 from muonlab.data.sources import split_documents
-from muonlab.errors import UsageError
+from muonlab.errors import CorruptInput, UsageError
 
 
 def _proteome(n, seed, max_len=300):
@@ -43,7 +43,7 @@ def test_gzip_and_plain_files_give_the_same_records(tmp_path):
 
     truncated = tmp_path / "c.fasta.gz"
     truncated.write_bytes((tmp_path / "b.fasta.gz").read_bytes()[:-40])
-    with pytest.raises(UsageError, match="c.fasta.gz: a truncated or corrupt gzip file"):
+    with pytest.raises(CorruptInput, match="c.fasta.gz: a truncated or corrupt gzip file"):
         list(read_fasta(truncated))
     (tmp_path / "d.fasta").write_bytes(b">x\nMKV\xff\n")
     with pytest.raises(UsageError, match="d.fasta:.*not UTF-8"):

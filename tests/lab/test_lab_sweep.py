@@ -98,9 +98,13 @@ def test_sweep_runs_and_resumes(tmp_path, capsys):
 def test_failed_runs_are_retried_only_when_asked(tmp_path, capsys):
     args = ["sweep", "--preset", "cpu-tiny", "--arms", "baseline", "--seeds", "1", "--max-loss", "0.5"]
     assert main(args) == 1  # diverges at step 0
-    capsys.readouterr()
+    err = capsys.readouterr().err.strip().splitlines()
+    # the reason is said, not left in the run's log: the ledger line's error, in one line
+    assert err[-1].startswith("error: 1 of 1 run(s) did not end ok; baseline seed 1: ") and "loss" in err[-1], err
     assert main(args + ["--json"]) == 1
-    (run,) = json.loads(capsys.readouterr().out)["runs"]
+    out, err = capsys.readouterr()
+    assert "(an earlier run; --retry-failed runs it again)" in err
+    (run,) = json.loads(out)["runs"]
     assert run["action"] == "skipped-failed" and run["status"] == "diverged"
     records = list(read_records(ledger_of(tmp_path)))
     assert [r["status"] for r in records] == ["diverged"]  # skipped, not repeated

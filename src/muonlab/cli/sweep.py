@@ -6,7 +6,7 @@ from __future__ import annotations
 from muonlab.cli.config_flags import collect_overrides
 from muonlab.cli.parser import _emit, _log_for
 from muonlab.cli.run_flags import add_run_flags, parse_slurm_options
-from muonlab.errors import UsageError
+from muonlab.errors import MuonlabError, UsageError
 
 HELP = "run arms x seeds under one preset, resumable from the ledger"
 
@@ -51,7 +51,14 @@ def run(args) -> int:
                     status=o.status, metrics=o.metrics) for o in outcomes]
     _emit(args, {"runs": payload}, format_outcomes(outcomes))
     # handed to SLURM and not yet back is not a failure: `sweep --status` follows it
-    return 0 if all(o.status in ("ok", "queued", "running") for o in outcomes) else 1
+    failed = [o for o in outcomes if o.status not in ("ok", "queued", "running")]
+    if failed:
+        first = failed[0]
+        reason = " ".join(str(first.error or first.status).split())
+        raise MuonlabError(f"{len(failed)} of {len(outcomes)} run(s) did not end ok; {first.job.arm} seed "
+                           f"{first.job.seed}: {reason}" + (" (muonlab sweep --status lists every run)"
+                                                            if len(failed) > 1 else ""))
+    return 0
 
 
 def _sweep_plan(args) -> tuple[list[str], list[int], str, dict]:

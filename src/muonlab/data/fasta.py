@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from muonlab.errors import UsageError
+from muonlab.errors import CorruptInput, UsageError
 
 AMINO_ACIDS = "ACDEFGHIKLMNPQRSTVWYBOUXZ"
 RESIDUE_IDS = {a: i for i, a in enumerate(AMINO_ACIDS)}
@@ -58,7 +58,7 @@ def _lines(file: Path) -> Iterator[str]:
     except UnicodeDecodeError:
         raise UsageError(f"{file}:{lineno + 1}: not UTF-8 text; not a FASTA file") from None
     except (EOFError, zlib.error, gzip.BadGzipFile) as e:
-        raise UsageError(f"{file}: a truncated or corrupt gzip file after line {lineno} ({e})") from None
+        raise CorruptInput(f"{file}: a truncated or corrupt gzip file after line {lineno} ({e})") from None
 
 
 def read_fasta(path: str | Path) -> Iterator[tuple[str, str]]:

@@ -43,6 +43,7 @@ import io
 import math
 import os
 import re
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -51,7 +52,7 @@ import numpy as np
 import torch
 
 from muonlab.data.memmap_format import TokenMemmap, TokenMemmapWriter, open_memmap
-from muonlab.errors import UsageError
+from muonlab.errors import CorruptInput, UsageError
 
 RGB554_VOCAB = 16384  # colour tokens 0 .. 16383
 SOS = 16384  # start-of-image token: an input-only row of the tied table
@@ -122,6 +123,12 @@ def load_image_arrays(path: str | os.PathLike) -> np.ndarray:
     path = Path(path)
     if not path.is_file():
         raise UsageError(f"missing image array file {path}")
+    magic = {".npy": b"\x93NUMPY", ".npz": b"PK"}.get(path.suffix)  # numpy's own formats (npz is a zip)
+    if magic is not None:
+        with open(path, "rb") as f:
+            if f.read(len(magic)) != magic:  # numpy would say "pickled data ... allow_pickle": never unpickle
+                raise CorruptInput(f"{path} is not a {path.suffix} array file (it does not begin as numpy writes "
+                                   f"one): write it with numpy.{'save' if path.suffix == '.npy' else 'savez'}")
     try:
         if path.suffix == ".npy":
             arr = np.load(path, mmap_mode="r", allow_pickle=False)
@@ -140,8 +147,9 @@ def load_image_arrays(path: str | os.PathLike) -> np.ndarray:
                                      f"'data' rows)")
         else:
             raise UsageError(f"{path}: image arrays must be .npy or .npz files")
-    except (ValueError, OSError, EOFError) as e:
-        raise UsageError(f"unreadable image array file {path}: {e}") from None
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:  # truncated, or not numpy's format at all
+        raise CorruptInput(f"{path} is not a readable {path.suffix} array file ({e.__class__.__name__}: "
+                           f"{' '.join(str(e).split())}): write it with numpy.save/savez") from None
     return _check_images(arr, str(path))
 
 

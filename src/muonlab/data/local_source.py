@@ -17,7 +17,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from muonlab.errors import MuonlabError, UsageError
+from muonlab.errors import CorruptInput, UsageError
 
 EXTENSIONS = (".txt", ".jsonl", ".parquet")
 _PARAGRAPH_BREAK = re.compile(r"\n[ \t\r\f\v]*\n\s*")
@@ -86,7 +86,7 @@ def _read_parquet(path: Path, rel: str) -> Iterator[tuple[str, str]]:
                     yield f"{rel}:{i}", t
             row += len(texts)
     except (pa.ArrowException, OSError) as e:
-        raise MuonlabError(f"corrupted parquet file {path}: {e}") from None
+        raise CorruptInput(f"corrupted parquet file {path}: {e}") from None
 
 
 class LocalSource:

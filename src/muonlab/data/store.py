@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from muonlab.atomic import atomic_open
-from muonlab.errors import MuonlabError, UsageError
+from muonlab.errors import CorruptInput, MuonlabError, UsageError
 
 DOC_BATCH = 128  # documents tokenized together (upstream's tokenizer batch)
 ROW_GROUP = 1024  # multiple of DOC_BATCH, so stored splits batch like one long list
@@ -45,7 +45,7 @@ def open_parquet(path: Path) -> pq.ParquetFile:
     except FileNotFoundError:
         raise UsageError(f"missing data file {path}; prepare the data again") from None
     except (pa.ArrowException, OSError) as e:
-        raise MuonlabError(f"corrupted parquet file {path}: {e}") from None
+        raise CorruptInput(f"corrupted parquet file {path}: {e}") from None
     if "text" not in pf.schema_arrow.names:
         raise MuonlabError(f"parquet file {path} has no 'text' column")
     return pf
@@ -64,7 +64,7 @@ def _read_group(pf: pq.ParquetFile, path: Path, index: int) -> list[str]:
     try:
         column = pf.read_row_group(index, columns=["text"]).column("text")
     except (pa.ArrowException, OSError) as e:
-        raise MuonlabError(f"corrupted parquet file {path} (row group {index}): {e}") from None
+        raise CorruptInput(f"corrupted parquet file {path} (row group {index}): {e}") from None
     return [t if t is not None else "" for t in column.to_pylist()]
 
 

@@ -21,7 +21,7 @@ import tiktoken
 import torch
 
 from muonlab.atomic import atomic_open
-from muonlab.errors import MuonlabError, UsageError
+from muonlab.errors import CorruptInput, MuonlabError, UsageError
 from muonlab.optional import require
 
 # GPT-4 style split, with numbers grouped by at most 2 digits (as upstream).
@@ -127,7 +127,7 @@ class Tokenizer:
             ranks = [base64.b64decode(tok) for tok in obj["ranks"]]
             tok = cls(obj["pattern"], ranks, obj.get("training"))
         except (ValueError, KeyError, TypeError) as e:
-            raise MuonlabError(f"corrupted tokenizer file {path}: {e}") from None
+            raise CorruptInput(f"corrupted tokenizer file {path}: {e}") from None
         if obj.get("special_tokens") != tok.special_tokens or obj.get("token_bytes") != tok._token_bytes.tolist():
             raise MuonlabError(f"corrupted tokenizer file {path}: special tokens or token_bytes disagree")
         tok._fingerprint = hashlib.sha256(raw).hexdigest()

@@ -19,7 +19,7 @@ from muonlab.config import RunConfig, apply_overrides, load_config_file
 from muonlab.device import Runtime, resolve_precision
 from muonlab.errors import UsageError
 from muonlab.train.build import build_model, build_optimizer
-from muonlab.train.checkpoint import latest_checkpoint
+from muonlab.train.checkpoint import latest_checkpoint, list_checkpoints
 
 
 @dataclass
@@ -62,6 +62,9 @@ def load_run(run_dir: str | Path, device: str = "cpu", precision: str = "fp32", 
     """The run's model and optimizer at its newest valid checkpoint (fp32 on CPU by default)."""
     run_dir = Path(run_dir)
     cfg = run_config(run_dir)
+    if not list_checkpoints(run_dir):  # the trainer's "nothing to resume" would point at training again
+        raise UsageError(f"{run_dir} holds no checkpoint: the diagnostics read the model and optimizer from one "
+                         "(a run writes one at its end; a failed or cleaned run has none): diagnose a finished run")
     path, ckpt = latest_checkpoint(run_dir, fallback=fallback)
     dev = torch.device(device)
     runtime = Runtime(dev, resolve_precision(precision, dev))

@@ -91,6 +91,11 @@ def _read(path: Path, values: dict[str, Any]) -> Experiment:
     if not isinstance(settings, dict):
         raise UsageError("`[settings]` must be a table of settings")
     settings = canonical_overrides(settings)  # nested tables are flattened there
+    for arm in arms:  # a setting an arm table names wrongly is refused here, naming the arm (and the file, above)
+        try:
+            resolve_config(arm, preset, settings)
+        except UsageError as exc:
+            raise UsageError(f"arms.{arm}: {exc}") from None
     if plugins:  # saved with every run, so sweep children and --resume import them again
         settings["record.plugins"] = ",".join(plugins)
         check_plugins_act((resolve_config(arm, preset, settings) for arm in arms), "no arm of the file selects any",

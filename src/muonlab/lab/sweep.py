@@ -53,6 +53,7 @@ class SweepOutcome:
     action: str  # "ran", "submitted", "skipped-ok", "skipped-failed", "skipped-queued", "skipped-running"
     status: str | None = None  # ledger status after the sweep
     metrics: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None  # why a run that ran did not end ok (its ledger line's error, else where its log is)
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -125,7 +126,8 @@ def select(jobs: list[SweepJob], latest: dict[tuple, dict], retry_failed: bool,
         elif retry_failed:
             to_run.append(job)
         else:
-            skipped.append(SweepOutcome(job, "skipped-failed", rec.get("status"), rec.get("metrics", {})))
+            skipped.append(SweepOutcome(job, "skipped-failed", rec.get("status"), rec.get("metrics", {}),
+                                        f"{rec.get('error') or 'failed'} (an earlier run; --retry-failed runs it again)"))
     return to_run, skipped
 
 
@@ -218,7 +220,9 @@ def run_sweep(arms: list[str], seeds: Seeds, preset_name: str, overrides: dict[s
             ran.append(SweepOutcome(job, "submitted", "queued"))
             continue
         rec = latest.get(job.key, {})
-        ran.append(SweepOutcome(job, "ran", rec.get("status", "missing"), rec.get("metrics", {})))
+        status = rec.get("status", "missing")
+        error = None if status == "ok" else (rec.get("error") or f"no ledger line: its log is {workdir / job.name}.log")
+        ran.append(SweepOutcome(job, "ran", status, rec.get("metrics", {}), error))
     order = {job.key: i for i, job in enumerate(jobs)}
     return sorted(skipped + ran, key=lambda o: order[o.job.key])
 

@@ -22,7 +22,7 @@ from typing import Any, Iterator
 from filelock import FileLock
 
 from muonlab.atomic import append_whole, nearest_existing, writable_error
-from muonlab.errors import MuonlabError, UsageError
+from muonlab.errors import CorruptInput, MuonlabError, UsageError
 
 STATUSES = ("ok", "failed", "diverged", "interrupted")
 STAMP_FORMAT = "%Y-%m-%dT%H:%M:%S%z"  # a line's finished_at: local time with its UTC offset, whole seconds
@@ -167,7 +167,8 @@ def recover(runs_dir: str | os.PathLike, ledger: str | os.PathLike | None = None
         try:
             record = json.loads(pending.read_text())
         except (OSError, ValueError) as exc:
-            raise MuonlabError(f"{pending} is not a ledger line: {exc}") from None
+            raise CorruptInput(f"{pending} is not a ledger line ({exc}): repair or remove it, then recover "
+                               "again") from None
         if record.get("run_id") not in have:
             append_record(ledger, record)
             appended.append(record.get("run_id"))

@@ -14,10 +14,11 @@ from pathlib import Path
 import torch
 # at import, with torch as it is: safetensors keys its dtype tables by torch's dtype objects (a test that
 # swaps torch's dtypes for float64 while the first weights are written would leave them keyed wrongly)
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save
 
 from muonlab.atomic import atomic_open
+from muonlab.errors import CorruptInput
 
 FORMAT = "muonlab-weights/1"
 ALIASES_KEY = "aliases"  # metadata: {name: the name whose tensor it shares}
@@ -42,9 +43,13 @@ def save_safetensors(state: dict[str, torch.Tensor], path: Path, metadata: dict[
 
 def load_safetensors(path: Path, device: str | torch.device = "cpu") -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """(the state dict with every alias restored, the file's metadata)."""
-    with safe_open(str(path), framework="pt", device=str(device)) as f:
-        metadata = f.metadata() or {}
-        state = {name: f.get_tensor(name) for name in f.keys()}
+    try:
+        with safe_open(str(path), framework="pt", device=str(device)) as f:
+            metadata = f.metadata() or {}
+            state = {name: f.get_tensor(name) for name in f.keys()}
+    except SafetensorError as exc:
+        raise CorruptInput(f"{path} is damaged ({' '.join(str(exc).split())}): restore it, or remove it to read "
+                           "the run's model.pt") from None
     for alias, name in json.loads(metadata.get(ALIASES_KEY, "{}")).items():
         state[alias] = state[name]
     return state, metadata
