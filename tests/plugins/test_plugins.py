@@ -256,3 +256,15 @@ def test_a_plugins_plain_field_is_a_setting_with_its_docstring_as_help(tmp_path,
     err = capsys.readouterr().err.strip()
     assert "PlainPower.floor: a setting is an int, float, bool, str" in err and "fixed(default, why)" in err
     assert len(err.splitlines()) == 1
+
+
+def test_a_plugin_that_registers_nothing_is_refused_unless_it_says_why(tmp_path, capsys, forget_plugins):
+    """`--plugin json` or a stray file registers nothing and would not act: refused in one line; a plug-in that
+    only patches muonlab declares REGISTERS_NOTHING and loads."""
+    stray, patch = tmp_path / "stray.py", tmp_path / "patch.py"
+    stray.write_text("X = 1\n")
+    patch.write_text('REGISTERS_NOTHING = "it patches a lookup"\n')
+    assert main(["config", "--preset", "cpu-tiny", "--plugin", str(stray)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "registers nothing" in err and "REGISTERS_NOTHING" in err and "\n" not in err
+    assert main(["config", "--preset", "cpu-tiny", "--plugin", str(patch)]) == 0

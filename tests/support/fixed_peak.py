@@ -7,6 +7,7 @@ import os
 import muonlab.train.loop as loop
 import muonlab.train.run as run
 
+REGISTERS_NOTHING = "it patches the peak FLOP/s lookup for tests"
 PEAK = float(os.environ["MUONLAB_TEST_PEAK_FLOPS"])
 
 

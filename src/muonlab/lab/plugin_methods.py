@@ -38,7 +38,8 @@ def everything_registered() -> set[tuple[str, str]]:
 def load_tracked(spec: str) -> None:
     """load_plugins(spec), noting what each plug-in registers at its first import (one imported
     before, untracked, registers nothing as far as the check knows: it is never refused). A plug-in
-    whose first import registers nothing at all (a wrong file, a standard module) is refused."""
+    whose first import registers nothing at all (a wrong file, a standard module) is refused, unless it
+    declares why (`REGISTERS_NOTHING = "..."`: a plug-in that patches muonlab, a test's fixed peak)."""
     from muonlab import plugins
 
     for item in _items(spec):
@@ -47,9 +48,11 @@ def load_tracked(spec: str) -> None:
             before, methods = everything_registered(), registered_methods()
             load_plugins(item)
             _METHODS[item] = registered_methods() - methods
-            if not imported_before and not everything_registered() - before:
+            says_why = getattr(plugins._LOADED.get(item), "REGISTERS_NOTHING", None)  # a patch, not a method
+            if not imported_before and not says_why and not everything_registered() - before:
                 raise UsageError(f"--plugin {item} registers nothing (no method, arm, add-on, family or preset): "
-                                 "a plug-in registers through muonlab's registries at import (docs/extending.md)")
+                                 "a plug-in registers through muonlab's registries at import (docs/extending.md); "
+                                 "one that only patches muonlab says so with REGISTERS_NOTHING = \"why\"")
 
 
 def _selected_by(cfg, kind: str, name: str) -> bool:
