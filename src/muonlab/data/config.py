@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from muonlab.errors import UsageError
-from muonlab.settings import Section, setting
+from muonlab.settings import AT_MOST_COUNT, AT_MOST_TOKENS, Section, setting
 
 TEXT_SOURCES = ("climbmix", "local", "stdlib", "synthetic")  # documents of text, split and tokenized here
 # seed 004's other data (muonlab.data.token_data): token files the user has, images, proteins
@@ -50,31 +50,35 @@ class DataConfig(Section):
                                     "holds out val_fraction of the training images")
     tokenizer_json: str | None = setting(None, "local / fasta: tokenize with this Hugging Face tokenizer.json "
                                          "(none: train a BPE on the text; one token per residue for FASTA)")
-    synthetic_images: int = setting(2048, "synthetic_images: how many images (the size is the model's)")
+    synthetic_images: int = setting(2048, "synthetic_images: how many images (the size is the model's)",
+                                    range=AT_MOST_COUNT)
     local_txt_docs: Literal[TXT_MODES] = setting("file", "local .txt: one document per file, or per blank-line paragraph")
     # Best-fit packing crops a document longer than a row and drops its tail, so with long
     # files and a short T most text would never be seen: cut them after the split.
     max_doc_chars: int | None = setting(None, "small corpora: cut longer documents into line-aligned pieces "
-                                        "after the split (none keeps whole documents)")
+                                        "after the split (none keeps whole documents)", range=AT_MOST_TOKENS)
     num_shards: int = setting(10, "climbmix training shards; -1 means all of them")
     base_url: str = setting(CLIMBMIX_URL, "climbmix: where the shards are downloaded from")
-    download_workers: int = setting(8, "climbmix: parallel downloads", hashed=False)
-    download_retries: int = setting(5, "climbmix: attempts per shard", hashed=False)
+    download_workers: int = setting(8, "climbmix: parallel downloads", hashed=False, range=AT_MOST_COUNT)
+    download_retries: int = setting(5, "climbmix: attempts per shard", hashed=False, range=AT_MOST_COUNT)
     download_backoff_s: float = setting(2.0, "climbmix: sleep backoff_s * 2**(attempt-1) between attempts", hashed=False)
     download_timeout_s: float = setting(30.0, "climbmix: seconds before a stalled download is retried", hashed=False)
     prefetch_batches: int = setting(4, "training batches a worker thread makes ahead of the step, so tokenizing and "
                                     "packing overlap it (0: made between steps in the training thread, as upstream); "
-                                    "the same batches either way", hashed=False)
-    vocab_size: int = setting(8192, "BPE vocabulary size (tokens)")
-    tokenizer_max_chars: int = setting(1_000_000_000, "characters of the train split fed to BPE training")
-    tokenizer_doc_cap: int = setting(10_000, "characters taken from each document for BPE training")
+                                    "the same batches either way", hashed=False, range=AT_MOST_COUNT)
+    vocab_size: int = setting(8192, "BPE vocabulary size (tokens)", range=AT_MOST_COUNT)
+    tokenizer_max_chars: int = setting(1_000_000_000, "characters of the train split fed to BPE training",
+                                       range=AT_MOST_TOKENS)
+    tokenizer_doc_cap: int = setting(10_000, "characters taken from each document for BPE training",
+                                     range=AT_MOST_TOKENS)
     val_fraction: float = setting(0.05, "small corpora: share of documents in the val split")
     holdout_fraction: float = setting(0.05, "small corpora: share of documents in the holdout split")
-    synthetic_bytes: int = setting(4_000_000, "synthetic: corpus size in bytes")
+    synthetic_bytes: int = setting(4_000_000, "synthetic: corpus size in bytes", range=AT_MOST_TOKENS)
     synthetic_seed: int = setting(0, "synthetic: seed of the Markov chain and its text")
-    synthetic_words: int = setting(512, "synthetic: distinct words in the vocabulary")
-    synthetic_branching: int = setting(8, "synthetic: random successors per word (plus one fixed edge)")
-    synthetic_doc_words: int = setting(256, "synthetic: words per document")
+    synthetic_words: int = setting(512, "synthetic: distinct words in the vocabulary", range=AT_MOST_COUNT)
+    synthetic_branching: int = setting(8, "synthetic: random successors per word (plus one fixed edge)",
+                                       range=AT_MOST_COUNT)
+    synthetic_doc_words: int = setting(256, "synthetic: words per document", range=AT_MOST_COUNT)
     cache_dir: str | None = setting(None, "data, tokenizer and runs cache (default: $MUONLAB_CACHE or "
                                     "~/.cache/muonlab)", hashed=False)
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from muonlab.errors import UsageError
-from muonlab.settings import Section, comma_items, setting
+from muonlab.settings import AT_MOST_COUNT, Section, comma_items, setting
 
 
 @dataclass
@@ -20,12 +20,14 @@ class RecordConfig(Section):
     run_name: str | None = setting(None, "run directory name (default: arm-seed-time-hash)")
     runs_dir: str | None = setting(None, "where run directories go (default: <cache>/runs)")
     ledger: str | None = setting(None, "the ledger file (default: <runs_dir>/ledger.jsonl)")
-    log_every: int = setting(1, "print a progress line every N steps")
+    log_every: int = setting(1, "print a progress line every N steps", range=AT_MOST_COUNT)
     quiet: bool = setting(False, "print nothing while training")
-    checkpoint_every: int = setting(0, "full checkpoint every N steps (0: only at the end and on SIGINT/SIGTERM)")
+    checkpoint_every: int = setting(0, "full checkpoint every N steps (0: only at the end and on SIGINT/SIGTERM)",
+                                    range=AT_MOST_COUNT)
     checkpoint_minutes: float = setting(0.0, "also a full checkpoint after the first step ending N minutes of wall "
                                         "time after the last (0: off); a preempted run loses at most that much")
-    checkpoint_keep: int = setting(2, "newest checkpoints kept (the previous one survives a failed write)")
+    checkpoint_keep: int = setting(2, "newest checkpoints kept (the previous one survives a failed write)",
+                                   range=AT_MOST_COUNT)
     sinks: str = setting("", "optional metric sinks, comma-separated: wandb, tensorboard")
     sink_project: str = setting("muonlab", "project name for the metric sinks")
     trajectory_steps: str = setting("0,10,20,40,80", "steps whose metrics also hold the residual scalars "
