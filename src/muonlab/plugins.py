@@ -66,10 +66,10 @@ def _import(item: str):
 
 
 def _said(exc: BaseException) -> str:
-    """An import failure in one line: its class and its message's words (a SystemExit: its code)."""
+    """An import failure: its class and message (a SystemExit: its code); the CLI prints it on one line."""
     if isinstance(exc, SystemExit):
         return f"it called sys.exit({exc.code!r}) while importing"
-    return f"{exc.__class__.__name__}: {' '.join(str(exc).split())}"
+    return f"{exc.__class__.__name__}: {exc}"
 
 
 def source_digests(spec: str) -> dict[str, str]:

@@ -8,7 +8,7 @@ import json
 import sys
 
 from muonlab.cli.config_flags import add_config_flags, collect_overrides
-from muonlab.cli.parser import _emit, _log_for
+from muonlab.cli.parser import _emit, _log_for, refuse_a_ledger_folder
 from muonlab.cli.run_flags import RUN_FLAGS, add_run_flags, parse_slurm_options
 from muonlab.errors import UsageError
 from muonlab.settings import finite_number, integer_at_least
@@ -125,8 +125,7 @@ def run(args) -> int:
                 print(format_outcomes(outcomes), file=sys.stderr)
     first = plans[0]
     ledger = ledger_path(resolve_config(first.arms[0].arm, first.preset, first.arms[0].overrides))
-    if ledger.is_dir():
-        raise UsageError(f"--ledger {ledger} is a directory; give the ledger file (e.g. {ledger / 'ledger.jsonl'})")
+    refuse_a_ledger_folder(ledger)
     records = read_records_tolerant(ledger)[0] if ledger.is_file() else []
     card = scorecard(plans, records, rule=args.rule, threshold=args.threshold)
     card["ledger"] = str(ledger)

@@ -53,6 +53,12 @@ def _unknown_flag(flag: str, known: list[str]) -> str:
     return f"unknown option {flag}" + (f"; did you mean {', '.join(close)}?" if close else "")
 
 
+def refuse_a_ledger_folder(ledger) -> None:
+    """A --ledger naming a folder is a usage error (report, sweep --status, paper), said before anything is read."""
+    if ledger.is_dir():
+        raise UsageError(f"--ledger {ledger} is a directory; give the ledger file (e.g. {ledger / 'ledger.jsonl'})")
+
+
 def _emit(args, payload: dict, text: str) -> None:
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun only rank 0 reports
         return

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from muonlab.cli.parser import _emit
+from muonlab.cli.parser import _emit, refuse_a_ledger_folder
 from muonlab.errors import MuonlabError, UsageError
 from muonlab.settings import finite_number, integer_at_least, token_count
 
@@ -100,8 +100,7 @@ def run(args) -> int:
         ledger = ledger_path(jobs[0].config)
     else:
         ledger = cache_root() / "runs" / "ledger.jsonl"
-    if ledger.is_dir():
-        raise UsageError(f"--ledger {ledger} is a directory; give the ledger file (e.g. {ledger / 'ledger.jsonl'})")
+    refuse_a_ledger_folder(ledger)
     if args.tsv and Path(args.tsv).is_dir():  # before the report writes anything
         raise UsageError(f"--tsv {args.tsv} is a directory; give a file name (e.g. {Path(args.tsv) / 'results.tsv'})")
     if args.tsv:

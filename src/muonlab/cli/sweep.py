@@ -4,7 +4,7 @@ ledger, locally or on SLURM; --dry-run lists what it would do, --status where ea
 from __future__ import annotations
 
 from muonlab.cli.config_flags import collect_overrides
-from muonlab.cli.parser import _emit, _log_for
+from muonlab.cli.parser import _emit, _log_for, refuse_a_ledger_folder
 from muonlab.cli.run_flags import add_run_flags, parse_slurm_options
 from muonlab.errors import MuonlabError, UsageError
 
@@ -54,10 +54,9 @@ def run(args) -> int:
     failed = [o for o in outcomes if o.status not in ("ok", "queued", "running")]
     if failed:
         first = failed[0]
-        reason = " ".join(str(first.error or first.status).split())
+        every = " (muonlab sweep --status lists every run)" if len(failed) > 1 else ""
         raise MuonlabError(f"{len(failed)} of {len(outcomes)} run(s) did not end ok; {first.job.arm} seed "
-                           f"{first.job.seed}: {reason}" + (" (muonlab sweep --status lists every run)"
-                                                            if len(failed) > 1 else ""))
+                           f"{first.job.seed}: {first.error or first.status}{every}")
     return 0
 
 
@@ -90,8 +89,7 @@ def _sweep_status(args) -> int:
         from muonlab.lab.report.build import still_out
 
         ledger, planned = Path(overrides["ledger"]).expanduser(), None
-        if ledger.is_dir():
-            raise UsageError(f"--ledger {ledger} is a directory; give the ledger file (e.g. {ledger / 'ledger.jsonl'})")
+        refuse_a_ledger_folder(ledger)
         if not ledger.is_file() and not still_out(ledger):
             raise UsageError(f"ledger not found: {ledger} (no run finished and no sweep submitted there)")
     else:

@@ -148,8 +148,8 @@ def load_image_arrays(path: str | os.PathLike) -> np.ndarray:
         else:
             raise UsageError(f"{path}: image arrays must be .npy or .npz files")
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:  # truncated, or not numpy's format at all
-        raise CorruptInput(f"{path} is not a readable {path.suffix} array file ({e.__class__.__name__}: "
-                           f"{' '.join(str(e).split())}): write it with numpy.save/savez") from None
+        raise CorruptInput(f"{path} is not a readable {path.suffix} array file ({e.__class__.__name__}: {e}): "
+                           "write it with numpy.save/savez") from None
     return _check_images(arr, str(path))
 
 

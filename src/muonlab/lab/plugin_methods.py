@@ -15,6 +15,9 @@ from muonlab.settings import get_dotted
 _METHODS: dict[str, set[tuple[str, str]]] = {}  # plug-in -> (kind, name) of the methods it registered
 
 
+SELECTABLE = ("prepolar", "variant", "arm")  # the kinds of registered_methods(): what a run selects by name
+
+
 def registered_methods() -> set[tuple[str, str]]:
     """The methods a run can select by name: pre-polar conditioners, model variants, arms."""
     from muonlab.arms import ARMS
@@ -45,11 +48,12 @@ def load_tracked(spec: str) -> None:
     for item in _items(spec):
         if item not in _METHODS:
             imported_before = item in plugins._LOADED
-            before, methods = everything_registered(), registered_methods()
+            before = everything_registered()
             load_plugins(item)
-            _METHODS[item] = registered_methods() - methods
+            added = everything_registered() - before
+            _METHODS[item] = {(kind, name) for kind, name in added if kind in SELECTABLE}
             says_why = getattr(plugins._LOADED.get(item), "REGISTERS_NOTHING", None)  # a patch, not a method
-            if not imported_before and not says_why and not everything_registered() - before:
+            if not imported_before and not says_why and not added:
                 raise UsageError(f"--plugin {item} registers nothing (no method, arm, add-on, family or preset): "
                                  "a plug-in registers through muonlab's registries at import (docs/extending.md); "
                                  "one that only patches muonlab says so with REGISTERS_NOTHING = \"why\"")

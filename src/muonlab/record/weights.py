@@ -48,8 +48,7 @@ def load_safetensors(path: Path, device: str | torch.device = "cpu") -> tuple[di
             metadata = f.metadata() or {}
             state = {name: f.get_tensor(name) for name in f.keys()}
     except SafetensorError as exc:
-        raise CorruptInput(f"{path} is damaged ({' '.join(str(exc).split())}): restore it, or remove it to read "
-                           "the run's model.pt") from None
+        raise CorruptInput(f"{path} is damaged ({exc}): restore it, or remove it to read the run's model.pt") from None
     for alias, name in json.loads(metadata.get(ALIASES_KEY, "{}")).items():
         state[alias] = state[name]
     return state, metadata
