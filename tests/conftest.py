@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 import torch
 from support.bundles import PRECISIONS, reference_bundles  # tests/ is on sys.path
-from support.budget import TierBudget
+from support.budget import TierBudget, heaviest_files_first
 from support.ranks import one_thread as single_thread
 
 pytest_plugins = ["pytester"]  # tests/suite/test_suite_layout.py runs small suites of its own
@@ -93,9 +93,12 @@ def pytest_runtest_call(item):
 
 def pytest_configure(config):
     config.pluginmanager.register(TierBudget(), "muonlab-tier-budget")  # the suite's own time budget
+    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist: files start in the order given below
+        config.option.loadscopereorder = False
 
 
 def pytest_collection_modifyitems(config, items):
+    heaviest_files_first(items)
     if not torch.cuda.is_available():
         skip = pytest.mark.skip(reason="needs a CUDA device")
         for item in items:

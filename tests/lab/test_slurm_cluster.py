@@ -4,12 +4,15 @@
 Each scenario goes through the command line as a user would: a detached sweep and its --status; a
 task requeued mid-run, one cancelled, and one warned of its time limit (SIGUSR2), each continuing
 from its checkpoint to the weights of the same run uninterrupted; a 2-task gloo run started from
-SLURM's environment, against the same run launched by torchrun."""
+SLURM's environment, against the same run launched by torchrun. The three interruptions play at once
+(they wait on SLURM far more than they compute), and share one uninterrupted reference run."""
 
 import json
 import os
 import subprocess
 import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -36,49 +39,75 @@ def slurm():
         os.environ["SLURM_CONF"] = saved
 
 
+class References:
+    """The uninterrupted runs the scenarios compare against, each trained once for the module (the three
+    interruption scenarios resume the same baseline-s1 config): keyed by the config's protocol id, seed and
+    launcher, made by the first scenario that asks while the others wait for it."""
+
+    def __init__(self):
+        self.weights: dict[tuple, dict] = {}
+        self.lock = threading.Lock()
+
+    def get(self, config: Path, where: Path, env: dict, launcher: tuple) -> dict:
+        job = json.loads(config.read_text())["config"]
+        key = (job["protocol"], job["seed"], job["arm"], launcher)
+        with self.lock:
+            if key not in self.weights:
+                cmd = [*(launcher or (sys.executable, "-m", "muonlab")), "train", "--config", str(config),
+                       "--runs-dir", str(where), "--ledger", str(where / "ledger.jsonl"), "--run-name", "ref",
+                       "--quiet"]
+                out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+                assert out.returncode == 0, out.stderr[-3000:]
+                self.weights[key] = torch.load(where / "ref" / "model.pt", weights_only=True)
+            return self.weights[key]
+
+
+@pytest.fixture(scope="module")
+def references():
+    return References()
+
+
+class Lab:
+    """`lab.sweep(*flags)`: `muonlab sweep` on the local SLURM, runs under `root`/runs."""
+
+    def __init__(self, root: Path, references: References):
+        self.root, self.references = root, references
+        self.runs = root / "runs"
+        self.ledger = self.runs / "ledger.jsonl"
+        self.submitted = self.runs / "ledger.submitted.jsonl"
+        self.env = dict(os.environ, OMP_NUM_THREADS="1")  # what the tasks inherit (sbatch exports it)
+
+    def muonlab(self, *args, check=True, timeout=600) -> subprocess.CompletedProcess:
+        out = subprocess.run([sys.executable, "-m", "muonlab", *args], env=self.env, capture_output=True,
+                             text=True, timeout=timeout)
+        assert not check or out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+        return out
+
+    def sweep(self, *flags, arms="baseline", seeds="1", steps=STEPS, check=True) -> subprocess.CompletedProcess:
+        return self.muonlab("sweep", "--arms", arms, "--seeds", seeds, "--preset", "cpu-tiny", "--num-steps",
+                            str(steps), "--runs-dir", str(self.runs), "--executor", "slurm", "--slurm",
+                            "cpus_per_task=1", *flags, check=check)
+
+    def status(self, *flags) -> dict:
+        return {(r["arm"], r["seed"]): r for r in
+                json.loads(self.muonlab("sweep", "--status", "--ledger", str(self.ledger), "--json", *flags)
+                           .stdout)["runs"]}
+
+    def records(self) -> list[dict]:
+        return list(read_records(self.ledger)) if self.ledger.is_file() else []
+
+    def submissions(self) -> list[dict]:
+        return list(read_records(self.submitted)) if self.submitted.is_file() else []
+
+    def reference_weights(self, name: str, *launcher) -> dict:
+        """The weights of the sweep's own job file run here, uninterrupted (into a ledger of its own)."""
+        config = sorted((self.runs / "sweeps").glob(f"*/{name}.json"))[0]  # the first sweep's (a re-run's is the same)
+        return self.references.get(config, self.root / "reference", self.env, tuple(launcher))
+
+
 @pytest.fixture
-def lab(tmp_path, slurm):
-    """`lab.sweep(*flags)`: `muonlab sweep` on the local SLURM, runs under tmp_path/runs."""
-
-    class Lab:
-        runs = tmp_path / "runs"
-        ledger = runs / "ledger.jsonl"
-        submitted = runs / "ledger.submitted.jsonl"
-        env = dict(os.environ, OMP_NUM_THREADS="1")  # what the tasks inherit (sbatch exports it)
-
-        def muonlab(self, *args, check=True, timeout=600) -> subprocess.CompletedProcess:
-            out = subprocess.run([sys.executable, "-m", "muonlab", *args], env=self.env, capture_output=True,
-                                 text=True, timeout=timeout)
-            assert not check or out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
-            return out
-
-        def sweep(self, *flags, arms="baseline", seeds="1", steps=STEPS, check=True) -> subprocess.CompletedProcess:
-            return self.muonlab("sweep", "--arms", arms, "--seeds", seeds, "--preset", "cpu-tiny", "--num-steps",
-                                str(steps), "--runs-dir", str(self.runs), "--executor", "slurm", "--slurm",
-                                "cpus_per_task=1", *flags, check=check)
-
-        def status(self, *flags) -> dict:
-            return {(r["arm"], r["seed"]): r for r in
-                    json.loads(self.muonlab("sweep", "--status", "--ledger", str(self.ledger), "--json", *flags)
-                               .stdout)["runs"]}
-
-        def records(self) -> list[dict]:
-            return list(read_records(self.ledger)) if self.ledger.is_file() else []
-
-        def submissions(self) -> list[dict]:
-            return list(read_records(self.submitted)) if self.submitted.is_file() else []
-
-        def reference_weights(self, name: str, *launcher) -> dict:
-            """The weights of the sweep's own job file run here, uninterrupted (into a ledger of its own)."""
-            config = sorted((self.runs / "sweeps").glob(f"*/{name}.json"))[0]  # the first sweep's (a re-run's is the same)
-            ref = tmp_path / "reference"
-            cmd = [*(launcher or (sys.executable, "-m", "muonlab")), "train", "--config", str(config),
-                   "--runs-dir", str(ref), "--ledger", str(ref / "ledger.jsonl"), "--run-name", "ref", "--quiet"]
-            out = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=600)
-            assert out.returncode == 0, out.stderr[-3000:]
-            return torch.load(ref / "ref" / "model.pt", weights_only=True)
-
-    return Lab()
+def lab(tmp_path, slurm, references):
+    return Lab(tmp_path, references)
 
 
 def same_weights(run_dir, reference: dict) -> bool:
@@ -119,7 +148,7 @@ def test_a_detached_sweep_returns_at_once_and_its_runs_land_in_the_ledger(lab, s
     print(f"SLURM: {slurm}")
 
 
-def test_a_task_requeued_mid_run_resumes_to_the_uninterrupted_weights(lab):
+def requeued_mid_run(lab):
     lab.sweep("--detach", "--checkpoint-every", "1000")  # no periodic checkpoint: the requeue's SIGTERM makes it
     job, run_dir = job_of(lab)
     wait_for("the run to pass step 8", lambda: steps_done(run_dir) >= 8)
@@ -135,7 +164,7 @@ def test_a_task_requeued_mid_run_resumes_to_the_uninterrupted_weights(lab):
     assert same_weights(run_dir, lab.reference_weights("baseline-s1"))
 
 
-def test_a_cancelled_task_is_recorded_interrupted_and_the_next_sweep_resumes_it(lab):
+def cancelled(lab):
     lab.sweep("--detach", "--checkpoint-every", "1000")
     job, run_dir = job_of(lab)
     wait_for("the run to pass step 8", lambda: steps_done(run_dir) >= 8)
@@ -151,7 +180,7 @@ def test_a_cancelled_task_is_recorded_interrupted_and_the_next_sweep_resumes_it(
     assert same_weights(run_dir, lab.reference_weights("baseline-s1"))
 
 
-def test_the_signal_before_the_time_limit_checkpoints_and_requeues_the_task(lab):
+def warned_of_its_time_limit(lab):
     """SIGUSR2 is what sbatch --signal (submitit's signal_delay_s) sends ahead of a time limit or a
     preemption: the run checkpoints after its step, records itself interrupted, and requeues."""
     lab.sweep("--detach", "--checkpoint-every", "1000")
@@ -165,6 +194,43 @@ def test_the_signal_before_the_time_limit_checkpoints_and_requeues_the_task(lab)
     _, resumed = lab.records()
     assert resumed["status"] == "ok" and resumed["resumed_from_step"] == int(stopped["checkpoint"][-9:-3])
     assert same_weights(run_dir, lab.reference_weights("baseline-s1"))
+
+
+SCENARIOS = {"requeued": requeued_mid_run, "cancelled": cancelled, "usr2": warned_of_its_time_limit}
+
+
+@pytest.fixture(scope="module")
+def interruptions(slurm, references, tmp_path_factory) -> dict[str, BaseException | None]:
+    """The three interruption scenarios, each in a sweep folder of its own, played at once (each waits on its
+    own job's states, so together they take about as long as the longest, not the sum): what each raised."""
+    labs = {name: Lab(tmp_path_factory.mktemp(name), references) for name in SCENARIOS}
+
+    def play(name):
+        try:
+            SCENARIOS[name](labs[name])
+        except BaseException as exc:  # noqa: BLE001 - handed to the scenario's own test below
+            return exc
+        return None
+
+    with ThreadPoolExecutor(len(SCENARIOS)) as pool:
+        return dict(zip(SCENARIOS, pool.map(play, SCENARIOS)))
+
+
+def played(outcome: BaseException | None) -> None:
+    if outcome is not None:
+        raise outcome
+
+
+def test_a_task_requeued_mid_run_resumes_to_the_uninterrupted_weights(interruptions):
+    played(interruptions["requeued"])
+
+
+def test_a_cancelled_task_is_recorded_interrupted_and_the_next_sweep_resumes_it(interruptions):
+    played(interruptions["cancelled"])
+
+
+def test_the_signal_before_the_time_limit_checkpoints_and_requeues_the_task(interruptions):
+    played(interruptions["usr2"])
 
 
 def test_a_two_task_gloo_run_starts_from_slurms_environment(lab):

@@ -8,14 +8,17 @@ fails the session, so the fast tier cannot grow slow tests unnoticed: mark the t
 cheaper. The terminal summary lists the slowest tests by wall time with their CPU time.
 
 MUONLAB_TEST_BUDGET_SCALE multiplies the budget (a slower machine class than the 2-core machines it was
-set on); MUONLAB_TEST_BUDGET=off reports without failing.
+set on); MUONLAB_TEST_BUDGET=off reports without failing; MUONLAB_TEST_TIMES=FILE writes every test's
+phases (setup, call, teardown: wall s; call: CPU s) as tab-separated lines, to see where a suite's time goes.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import time
+from pathlib import Path
 
 import pytest
 
@@ -50,6 +53,31 @@ def _warm_runs_cpu_seconds() -> float:
     return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")  # cutime, cstime (fields 16, 17)
 
 
+# Each test file's measured wall time in a whole-suite run on 2 cores (as pytest-split's .test_durations):
+# the order files start in, never a limit. MUONLAB_TEST_COSTS=write rewrites it from the run it ends.
+FILE_COSTS = Path(__file__).resolve().parents[1] / "suite" / "file_costs.json"
+# A file the costs do not name yet: what a test of each tier costs, roughly (s).
+TIER_COST_S = {"slurm": 30.0, "slow": 8.0, "multiprocess": 10.0, "gpu": 0.0, "fast": 0.05}
+
+
+def _file(nodeid: str) -> str:
+    return nodeid.split("::")[0]
+
+
+def heaviest_files_first(items: list) -> None:
+    """Reorder the collected tests, in place, so that the files that cost most come first, each file's own
+    order kept: pytest-xdist's --dist loadfile hands whole files to workers in collection order, and a long
+    file handed out last is a tail with one core idle (xdist's own reorder, by test count, put the heaviest
+    files, one slow test each, at the end). conftest.py turns xdist's reorder off."""
+    measured = json.loads(FILE_COSTS.read_text()) if FILE_COSTS.is_file() else {}
+    estimate: dict[str, float] = {}
+    for item in items:
+        estimate[_file(item.nodeid)] = estimate.get(_file(item.nodeid), 0.0) + TIER_COST_S[tier(item)]
+    cost = {path: measured.get(path, guess) for path, guess in estimate.items()}
+    rank = {path: i for i, path in enumerate(sorted(cost, key=lambda p: -cost[p]))}
+    items.sort(key=lambda item: rank[_file(item.nodeid)])  # stable: a file's tests keep their order
+
+
 def budget_s() -> float:
     return FAST_BUDGET_CPU_S * float(os.environ.get("MUONLAB_TEST_BUDGET_SCALE", "1"))
 
@@ -59,6 +87,7 @@ class TierBudget:
 
     def __init__(self) -> None:
         self.seen: list[tuple[str, str, float, float]] = []  # (nodeid, tier, wall s, cpu s)
+        self.phases: list[tuple[str, str, float, float | None]] = []  # (nodeid, phase, wall s, cpu s or None)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item):
@@ -70,9 +99,11 @@ class TierBudget:
             item.user_properties.append(("tier", tier(item)))
 
     def pytest_runtest_logreport(self, report) -> None:
+        props = dict(report.user_properties)
+        self.phases.append((report.nodeid, report.when, report.duration,
+                            props.get("cpu_s") if report.when == "call" else None))
         if report.when != "call":
             return
-        props = dict(report.user_properties)
         if "cpu_s" in props:
             self.seen.append((report.nodeid, props["tier"], report.duration, props["cpu_s"]))
 
@@ -83,6 +114,15 @@ class TierBudget:
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if not self.seen or hasattr(terminalreporter.config, "workerinput"):
             return
+        if os.environ.get("MUONLAB_TEST_TIMES"):
+            with open(os.environ["MUONLAB_TEST_TIMES"], "w") as f:
+                f.writelines(f"{nodeid}\t{phase}\t{wall:.3f}\t{'' if cpu is None else f'{cpu:.3f}'}\n"
+                             for nodeid, phase, wall, cpu in self.phases)
+        if os.environ.get("MUONLAB_TEST_COSTS") == "write":
+            costs: dict[str, float] = {}
+            for nodeid, _phase, wall, _cpu in self.phases:
+                costs[_file(nodeid)] = costs.get(_file(nodeid), 0.0) + wall
+            FILE_COSTS.write_text(json.dumps({k: round(v, 1) for k, v in sorted(costs.items())}, indent=0) + "\n")
         write = terminalreporter.write_line
         write(f"slowest {SHOWN} tests (wall s, CPU s, tier):")
         for nodeid, name, wall, cpu in sorted(self.seen, key=lambda r: -r[2])[:SHOWN]:
