@@ -124,7 +124,6 @@ def tensor_figures(state: dict[str, torch.Tensor]) -> dict[str, list[float]]:
 def arm_figures(arm_name: str, runs_dir: Path, data_cache: dict) -> dict:
     """Train `arm_name` for STEPS steps under its CPU preset in float64; its losses and tensor figures."""
     from muonlab.arms import get_arm, resolve_config
-    from muonlab.families import get_family
     from muonlab.train import run_training
 
     preset_name = harness.preset_for(get_arm(arm_name))
@@ -133,7 +132,7 @@ def arm_figures(arm_name: str, runs_dir: Path, data_cache: dict) -> dict:
                                                      "runs_dir": str(runs_dir),
                                                      **harness.preset_batch(preset_name, arm_name)})
         if preset_name not in data_cache:
-            data_cache[preset_name] = get_family(cfg.family).prepare_data(cfg, log=lambda _: None)
+            data_cache[preset_name] = harness.prepared(cfg, log=lambda _: None)
         result = run_training(cfg, log=lambda _: None, data=data_cache[preset_name])
         state = torch.load(result.run_dir / "model.pt", weights_only=True)
     lines = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
