@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # the exact tested set (requirements/lock.txt) and the tested torch (requirements/torch.txt)
 LOCK := -c requirements/lock.txt -c requirements/torch.txt
 
-.PHONY: demo test test-fast gpu-check bench lock clean
+.PHONY: demo test test-fast test-busy gpu-check bench lock clean
 
 $(STAMP): pyproject.toml requirements/lock.txt requirements/torch.txt
 	@test -n "$(PYTHON)" || { echo "error: no Python 3.11-3.13 found (make PYTHON=/path/to/python3.X)"; exit 2; }
@@ -26,6 +26,10 @@ test: $(STAMP)
 # the suite less the slow and multi-process tests (about a minute on 2 cores)
 test-fast: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -n auto --dist loadfile -m "not slow and not multiprocess"
+
+# the whole suite beside four CPU-bound processes (a laptop busy with other work): it must pass so, only slower
+test-busy: $(STAMP)
+	$(VENV)/bin/python tests/support/cpu_hogs.py 4 -- $(VENV)/bin/python -m pytest -q -n auto --dist loadfile
 
 # every CUDA path on this machine's GPU in about 8 minutes: writes gpu_check.json (nothing without CUDA)
 gpu-check: $(STAMP)

@@ -636,7 +636,7 @@ def _would_train_here(case_id: str) -> bool:
 
 
 @pytest.mark.parametrize("case_id,argv,code,needle", CASES, ids=[c[0] for c in CASES])
-def test_error_contract(case_id, argv, code, needle, tmp_path, monkeypatch, capsys):
+def test_error_contract(case_id, argv, code, needle, tmp_path, monkeypatch, capsys, forget_plugins):
     if case_id == "device-unavailable" and torch.backends.mps.is_available():
         pytest.skip("MPS exists here")
     if _would_train_here(case_id):
@@ -694,7 +694,7 @@ def _sites() -> dict[tuple[str, int], tuple[str, str]]:
     return out
 
 
-def test_every_validation_branch_is_driven(tmp_path_factory, monkeypatch, capsys):
+def test_every_validation_branch_is_driven(tmp_path_factory, monkeypatch, capsys, forget_plugins):
     for case_id, argv, _, _ in CASES:  # cases not run in this session (e.g. under -k) run now
         if case_id not in RAISED and not _would_train_here(case_id):
             with monkeypatch.context() as mp:

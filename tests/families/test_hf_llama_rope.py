@@ -10,11 +10,7 @@ import math
 import pytest
 import torch
 
-pytest.importorskip("transformers", reason="the Hugging Face families need transformers")
-
-from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding  # noqa: E402
-
-from muonlab.families.tied.hf.model import hf_config  # noqa: E402
+from muonlab.families.tied.hf.model import hf_config
 
 
 def llama3_inv_freq(head_dim: int = 64, theta: float = 500000.0, factor: float = 32.0, low: float = 1.0,
@@ -36,6 +32,9 @@ def llama3_inv_freq(head_dim: int = 64, theta: float = 500000.0, factor: float =
 
 
 def test_the_llama_3_2_rotary_frequencies_are_the_scaled_ones():
+    pytest.importorskip("transformers", reason="the Hugging Face families need transformers")
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding  # imported here: collecting stays cheap
+
     scaled = LlamaRotaryEmbedding(hf_config("llama-3.2-1b", max_positions=1024)).inv_freq.double()
     plain = LlamaRotaryEmbedding(hf_config("llama-3.2-1b", max_positions=1024, rope_scaling=None)).inv_freq.double()
     expected = llama3_inv_freq()

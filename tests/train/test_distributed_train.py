@@ -69,7 +69,8 @@ def test_a_two_rank_run_ends_cleanly_every_time(tmp_path):
     for i in range(TEARDOWN_REPEATS):
         done = _run(tmp_path, ["train", "--preset", "cpu-tiny", "--num-steps", "2", "--eval-tokens", "256",
                                "--run-name", f"teardown{i}", "--json"], nproc=2)
-        assert done.returncode == 0 and "terminate called" not in done.stderr, (i, done.stderr[-2000:])
+        # the ranks' own lines come before torchrun's summary of the failure: they say which rank aborted and where
+        assert done.returncode == 0 and "terminate called" not in done.stderr, (i, done.stderr[:4000])
         assert json.loads(done.stdout)["status"] == "ok"
 
 
