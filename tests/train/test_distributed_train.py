@@ -100,3 +100,27 @@ def test_a_torchrun_world_of_one_takes_the_group_path(tmp_path, preset):
     wo = torch.load(runs / "one" / "model.pt", weights_only=True)
     assert ws.keys() == wo.keys() and all(torch.equal(ws[k], wo[k]) for k in ws)
     assert json.loads(one.stdout)["summary"]["val_bpb"] == json.loads(single.stdout)["summary"]["val_bpb"]
+
+
+# An atexit handler says whether the interpreter was finalized; `muonlab arms` is a command that returns 0.
+FINALIZED = ("import atexit, runpy\n"
+             "atexit.register(lambda: print('finalized', flush=True))\n"
+             "runpy.run_module('muonlab', run_name='__main__', alter_sys=True)\n")
+
+
+@pytest.mark.slow
+def test_a_rank_ends_with_its_commands_status_and_output_without_finalization(tmp_path):
+    """A rank (RANK and WORLD_SIZE set, as torchrun sets them) leaves through exit_rank: its output flushed, its
+    exit status the command's, no finalization (where threads torn down inside C++ code abort); any other
+    process exits as Python does."""
+    def run(rank_env: dict, *argv) -> subprocess.CompletedProcess:
+        env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")} | rank_env
+        return subprocess.run([sys.executable, "-c", FINALIZED, *argv], env=env, capture_output=True, text=True,
+                              timeout=300, cwd=tmp_path)
+
+    rank = run({"RANK": "0", "WORLD_SIZE": "1"}, "arms")
+    assert rank.returncode == 0 and "baseline" in rank.stdout and "finalized" not in rank.stdout, rank.stderr
+    refused = run({"RANK": "0", "WORLD_SIZE": "1"}, "arms", "--no-such-option")
+    assert refused.returncode == 2 and refused.stderr.startswith("error:") and "finalized" not in refused.stdout
+    plain = run({}, "arms")
+    assert plain.returncode == 0 and "baseline" in plain.stdout and plain.stdout.rstrip().endswith("finalized")
