@@ -67,18 +67,21 @@ def test_gradient_source_intervention_splits_the_merged_gradient():
 
 # ---------------------------------------------------------------- Hugging Face families
 
-transformers = pytest.importorskip("transformers")
+@pytest.fixture
+def transformers():
+    """The Hugging Face tests skip without transformers (imported when one runs: collecting stays cheap)."""
+    return pytest.importorskip("transformers")
 
 
 @pytest.mark.parametrize("name,total", [("smollm2-135m", 134_515_008), ("llama-3.2-1b", 1_235_814_400)])
-def test_hf_family_parameter_counts(name, total):
+def test_hf_family_parameter_counts(name, total, transformers):
     from muonlab.families.tied.hf.model import build_hf_model, unique_parameter_count
     model = build_hf_model(name, device="meta")
     assert unique_parameter_count(model) == total  # seed 004 §3 (the public configs)
     assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
 
 
-def test_afmuon_trains_a_tiny_random_init_llama_with_tied_embeddings():
+def test_afmuon_trains_a_tiny_random_init_llama_with_tied_embeddings(transformers):
     from muonlab.optim import build_optimizer
     from muonlab.families.tied.hf.model import build_hf_model
     torch.manual_seed(0)
