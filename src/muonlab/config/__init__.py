@@ -285,11 +285,13 @@ def build_config(layers: list[tuple[str, dict[str, Any]]]) -> RunConfig:
                                  f"{', '.join(sorted(owners[flag]))}")
             try:
                 set_dotted(cfg, key, value)
-            except UsageError:
+            except UsageError as exc:
                 others = families_with(key)
                 if others and family not in others:
                     raise UsageError(f"--{flag_of(key, others[0])} ({key}) does not act on model family {family}: it is a "
                                      f"setting of {', '.join(others)}") from None
+                if origin == "command line" and str(exc).startswith(f"{key} "):  # say it as the user typed it
+                    raise UsageError(f"--{flag_of(key, family)} ({key}){str(exc)[len(key):]}") from None
                 raise
             if origin in CHECKED_ORIGINS:
                 explicit[key] = origin
