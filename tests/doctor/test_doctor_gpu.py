@@ -543,3 +543,38 @@ def _zombie(pid: int) -> bool:
         return open(f"/proc/{pid}/stat").read().split()[2] == "Z"
     except OSError:
         return True
+
+
+def test_a_sigterm_while_the_child_starts_is_held_and_stops_it(monkeypatch):
+    """The race the loaded suite found: the SIGTERM comes after the child exists and before run_process could
+    know it (here: inside Popen). It is held until the child is known, then stops the child's group."""
+    import os
+    import signal
+    import subprocess
+
+    from muonlab.doctor import runs
+
+    class Terminated(Exception):
+        """What the process's own SIGTERM handling does here (the default action would end the test)."""
+
+    def terminated(_signum, _frame):
+        raise Terminated
+
+    started = []
+    real_popen = subprocess.Popen
+
+    def popen_then_sigterm(*args, **kwargs):
+        started.append(real_popen(*args, **kwargs))
+        os.kill(os.getpid(), signal.SIGTERM)  # delivered before Popen returns
+        return started[-1]
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        monkeypatch.setattr(runs.subprocess, "Popen", popen_then_sigterm)
+        with pytest.raises(runs.Stopped):
+            runs.run_process([sys.executable, "-c", "import time; time.sleep(600)"], 600)
+        assert signal.getsignal(signal.SIGTERM) is terminated  # the process's own handler is back
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    (child,) = started
+    assert child.poll() is not None and child.returncode < 0  # stopped by a signal, not left running

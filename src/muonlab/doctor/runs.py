@@ -10,7 +10,6 @@ once, and torch's compile cache, so a later run reuses what an earlier one compi
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -51,11 +50,20 @@ def run_process(argv: list[str], timeout_s: float, env: dict[str, str] | None = 
     """Run argv in its own process group; at `timeout_s` the group gets SIGTERM, then SIGKILL
     (a compile's worker processes included). Ctrl-C here stops the group too."""
     start = time.monotonic()
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
-                            start_new_session=True)
+    signals = _SignalsStopChildren()
+    signals.install()  # before the child exists: a SIGTERM while it starts is held, not lost with an orphan
     try:
-        with _signals_stop_children():
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
+                                start_new_session=True)
+    except BaseException:
+        signals.restore()
+        raise
+    try:
+        try:
+            signals.arm()  # a signal held while the child started stops it now
             out, err = proc.communicate(timeout=max(timeout_s, 0.1))
+        finally:
+            signals.restore()
         return Finished(proc.returncode, out, err, time.monotonic() - start)
     except subprocess.TimeoutExpired:
         out, err = _stop_group(proc)
@@ -69,23 +77,38 @@ class Stopped(SystemExit):
     """The check itself was sent SIGTERM or SIGHUP (`timeout`'s default signal): its child's group goes too."""
 
 
-@contextlib.contextmanager
-def _signals_stop_children():
+class _SignalsStopChildren:
     """SIGTERM and SIGHUP raise Stopped while a child runs, so `run_process` stops the child's process group
-    (a new session: the signal to this process alone would leave it running) before this process exits."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+    (a new session: the signal to this process alone would leave it running) before this process exits. Installed
+    before the child is started and armed once it exists: a signal in between is held and raised at `arm` (under
+    load a child could start, and the signal come, before handlers installed after it: the child was orphaned)."""
 
-    def stop(signum, _frame):
+    SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self) -> None:
+        self.previous: dict = {}
+        self.armed = False
+        self.held: int | None = None
+
+    def install(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            self.previous = {sig: signal.signal(sig, self._stop) for sig in self.SIGNALS}
+
+    def _stop(self, signum, _frame) -> None:
+        if not self.armed:
+            self.held = signum
+            return
         raise Stopped(128 + signum)
 
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
+    def arm(self) -> None:
+        self.armed = True
+        if self.held is not None:
+            raise Stopped(128 + self.held)
+
+    def restore(self) -> None:
+        for sig, handler in self.previous.items():
             signal.signal(sig, handler)
+        self.previous = {}
 
 
 def _stop_group(proc: subprocess.Popen) -> tuple[str, str]:
