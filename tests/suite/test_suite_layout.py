@@ -71,7 +71,7 @@ def test_a_fast_test_over_the_budget_fails_the_session_and_a_slow_one_does_not(p
 
     shutil.copytree(TESTS / "support", pytester.path / "support")
     pytester.makeconftest(BUDGETED)
-    pytester.makeini("[pytest]\nmarkers =\n    slow: slow\n")
+    pytester.makeini("[pytest]\nmarkers =\n    slow: slow\n    multiprocess: multiprocess\n")
     from support.budget import FAST_BUDGET_CPU_S
 
     monkeypatch.setenv("MUONLAB_TEST_BUDGET_SCALE", str(0.2 / FAST_BUDGET_CPU_S))  # a budget of 0.2 CPU s
@@ -86,3 +86,12 @@ def test_a_fast_test_over_the_budget_fails_the_session_and_a_slow_one_does_not(p
     run = pytester.runpytest("-p", "no:cacheprovider")
     assert run.ret == 0, run.stdout.str()
     run.stdout.fnmatch_lines(["*slowest 10 tests*", "*slow*test_fast.py::test_burns*"])
+    # the multi-process tier has its own budget (scaled to 0.2 CPU s here): a test over it fails the run too
+    from support.budget import TIER_BUDGET_CPU_S
+
+    monkeypatch.setenv("MUONLAB_TEST_BUDGET_SCALE", str(0.2 / TIER_BUDGET_CPU_S["multiprocess"]))
+    pytester.makepyfile(test_fast="import pytest\n" + BURN + "\n@pytest.mark.multiprocess\ndef test_burns():\n"
+                                  "    burn(0.6)\n")
+    run = pytester.runpytest("-p", "no:cacheprovider")
+    assert run.ret == 1, run.stdout.str()
+    run.stdout.fnmatch_lines(["*1 multiprocess test(s) over the multiprocess tier's budget of 0.2 CPU s*"])

@@ -3,9 +3,9 @@
 Each test's call is measured in CPU seconds (this process's user + system time, plus its waited-for
 children's and the sweep runs its warm server forked): on a machine busy with other work a test's wall time grows with the load, its CPU time
 hardly does, so the check holds on a loaded laptop and still catches a test that got expensive. A test's
-tier is what its markers say (gpu, slurm, multiprocess, slow; else fast); a fast test over FAST_BUDGET_CPU_S
-fails the session, so the fast tier cannot grow slow tests unnoticed: mark the test slow, or make it
-cheaper. The terminal summary lists the slowest tests by wall time with their CPU time.
+tier is what its markers say (gpu, slurm, multiprocess, slow; else fast); a test over its tier's budget
+(TIER_BUDGET_CPU_S: fast, multiprocess and slurm) fails the session, so no tier but slow can grow costlier tests
+unnoticed: mark the test slow, or make it cheaper. The terminal summary lists the slowest tests by wall time with their CPU time.
 
 MUONLAB_TEST_BUDGET_SCALE multiplies the budget (a slower machine class than the 2-core machines it was
 set on); MUONLAB_TEST_BUDGET=off reports without failing; MUONLAB_TEST_TIMES=FILE writes every test's
@@ -22,7 +22,10 @@ from pathlib import Path
 
 import pytest
 
-FAST_BUDGET_CPU_S = 2.0  # the fast tier's limit per test: `make test-fast` runs that tier in under a minute on 2 cores
+FAST_BUDGET_CPU_S = 2.0  # the fast tier's limit per test: `make test-fast` runs that tier in about a minute on 2 cores
+# Every tier but slow (whose tests are the suite's long end-to-end checks) and gpu (not run on these machines) has
+# a limit per test, about twice the costliest such test on the 2-core machines: none can creep up unnoticed.
+TIER_BUDGET_CPU_S = {"fast": FAST_BUDGET_CPU_S, "multiprocess": 60.0, "slurm": 40.0}
 TIERS = ("gpu", "slurm", "multiprocess", "slow")  # the first marker a test carries names its tier
 SHOWN = 10
 
@@ -78,8 +81,8 @@ def heaviest_files_first(items: list) -> None:
     items.sort(key=lambda item: rank[_file(item.nodeid)])  # stable: a file's tests keep their order
 
 
-def budget_s() -> float:
-    return FAST_BUDGET_CPU_S * float(os.environ.get("MUONLAB_TEST_BUDGET_SCALE", "1"))
+def budget_s(tier_name: str = "fast") -> float:
+    return TIER_BUDGET_CPU_S[tier_name] * float(os.environ.get("MUONLAB_TEST_BUDGET_SCALE", "1"))
 
 
 class TierBudget:
@@ -108,8 +111,7 @@ class TierBudget:
             self.seen.append((report.nodeid, props["tier"], report.duration, props["cpu_s"]))
 
     def over_budget(self) -> list[tuple[str, str, float, float]]:
-        limit = budget_s()
-        return [row for row in self.seen if row[1] == "fast" and row[3] > limit]
+        return [row for row in self.seen if row[1] in TIER_BUDGET_CPU_S and row[3] > budget_s(row[1])]
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if not self.seen or hasattr(terminalreporter.config, "workerinput"):
@@ -128,11 +130,13 @@ class TierBudget:
         for nodeid, name, wall, cpu in sorted(self.seen, key=lambda r: -r[2])[:SHOWN]:
             write(f"  {wall:7.1f} {cpu:7.1f}  {name:<12} {nodeid}")
         over = self.over_budget()
-        if over:
-            write(f"{len(over)} fast test(s) over the fast tier's budget of {budget_s():.1f} CPU s (mark them slow, "
-                  "or make them cheaper):")
-            for nodeid, _, wall, cpu in sorted(over, key=lambda r: -r[3]):
-                write(f"  {cpu:7.1f} CPU s  {nodeid}")
+        for name in TIER_BUDGET_CPU_S:
+            rows = [row for row in over if row[1] == name]
+            if rows:
+                write(f"{len(rows)} {name} test(s) over the {name} tier's budget of {budget_s(name):.1f} CPU s "
+                      f"(mark them slow, or make them cheaper):")
+                for nodeid, _, wall, cpu in sorted(rows, key=lambda r: -r[3]):
+                    write(f"  {cpu:7.1f} CPU s  {nodeid}")
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session, exitstatus) -> None:
