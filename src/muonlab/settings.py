@@ -358,10 +358,11 @@ def get_dotted(obj: Section, key: str) -> Any:
     return obj
 
 
-def set_dotted(obj: Section, key: str, value: Any, where: str = "") -> None:
-    """Set a leaf by dotted key, type-checked; UsageError when no such setting exists here. A frozen
-    section (a method's own config, which its implementation reads) is replaced by a copy with the
-    new value in the section that holds it; the root is never frozen."""
+def set_dotted(obj: Section, key: str, value: Any, where: str = "", named: str | None = None) -> None:
+    """Set a leaf by dotted key, type-checked; UsageError when no such setting exists here. A refused value is
+    said under `named` (the flag the user typed, say), else the key. A frozen section (a method's own config,
+    which its implementation reads) is replaced by a copy with the new value in the section that holds it; the
+    root is never frozen."""
     parts = key.split(".")
     chain = [obj]  # the sections from the root down to the leaf's
     for i, part in enumerate(parts):
@@ -373,8 +374,8 @@ def set_dotted(obj: Section, key: str, value: Any, where: str = "") -> None:
             if _is_section_type(tp):
                 raise UsageError(f"{key} is a group of settings, not a setting")
             meta = next(f.metadata for f in dataclasses.fields(target) if f.name == part)
-            value = coerce(value, tp, key, bool(meta.get("allow_inf")))
-            check_range(value, meta.get("range"), key)
+            value = coerce(value, tp, named or key, bool(meta.get("allow_inf")))
+            check_range(value, meta.get("range"), named or key)
             _assign(chain, parts, value)
             return
         below = getattr(target, part)

@@ -283,15 +283,14 @@ def build_config(layers: list[tuple[str, dict[str, Any]]]) -> RunConfig:
             if flag is not None and family not in owners.get(flag, ()):
                 raise UsageError(f"--{flag} ({key}) does not act on model family {family}: it is a setting of "
                                  f"{', '.join(sorted(owners[flag]))}")
+            typed = f"--{flag_of(key, family)} ({key})" if origin == "command line" else None  # as the user typed it
             try:
-                set_dotted(cfg, key, value)
-            except UsageError as exc:
+                set_dotted(cfg, key, value, named=typed)
+            except UsageError:
                 others = families_with(key)
                 if others and family not in others:
                     raise UsageError(f"--{flag_of(key, others[0])} ({key}) does not act on model family {family}: it is a "
                                      f"setting of {', '.join(others)}") from None
-                if origin == "command line" and str(exc).startswith(f"{key} "):  # say it as the user typed it
-                    raise UsageError(f"--{flag_of(key, family)} ({key}){str(exc)[len(key):]}") from None
                 raise
             if origin in CHECKED_ORIGINS:
                 explicit[key] = origin
