@@ -95,3 +95,25 @@ def test_a_fast_test_over_the_budget_fails_the_session_and_a_slow_one_does_not(p
     run = pytester.runpytest("-p", "no:cacheprovider")
     assert run.ret == 1, run.stdout.str()
     run.stdout.fnmatch_lines(["*1 multiprocess test(s) over the multiprocess tier's budget of 0.2 CPU s*"])
+
+
+def test_files_start_costliest_first_each_files_tests_in_their_order(monkeypatch, tmp_path):
+    """heaviest_files_first: files ordered by their measured cost (a file the costs do not name, by its tests'
+    tiers), a file's own tests kept in order."""
+    import json
+
+    from support import budget
+
+    class Item:
+        def __init__(self, nodeid, mark=None):
+            self.nodeid, self.mark = nodeid, mark
+
+        def get_closest_marker(self, name):
+            return name if name == self.mark else None
+
+    costs = tmp_path / "file_costs.json"
+    costs.write_text(json.dumps({"a.py": 1.0, "b.py": 50.0}))
+    monkeypatch.setattr(budget, "FILE_COSTS", costs)
+    items = [Item("a.py::t1"), Item("a.py::t2"), Item("c.py::t1", "slurm"), Item("b.py::t1"), Item("b.py::t2")]
+    budget.heaviest_files_first(items)
+    assert [i.nodeid for i in items] == ["b.py::t1", "b.py::t2", "c.py::t1", "a.py::t1", "a.py::t2"]
