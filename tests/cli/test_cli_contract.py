@@ -569,6 +569,7 @@ CASES = [
         _file(t, "paper_conditioner.py", CONDITIONER.replace("plugin_sign", "contract_paper_sign")))], USAGE,
      "no arm of table 000-t1 selects any of them"),
     ("prefetch-batches-negative", TINY + ["--prefetch-batches", "-1"], USAGE, "prefetch_batches must be >= 0"),
+    ("encode-processes-negative", TINY + ["--encode-processes", "-1"], USAGE, "encode_processes must be >= 0"),
     ("collectives-always-without-torchrun", TINY + ["--collectives", "always", "--num-steps", "1"], USAGE,
      "--collectives always runs the N-rank optimizer step in a torchrun world"),
     ("tied-vocab-rows-zero", TIED + ["--tied-vocab-rows", "0"], USAGE, "tied_vocab_rows must be >= 1"),

@@ -152,20 +152,24 @@ def test_a_training_step_reads_the_device_once(monkeypatch):
 
 @pytest.mark.slow
 def test_a_run_with_its_batches_made_ahead_is_the_run_without(tmp_path, capsys):
+    """In the training thread, on a prefetching thread, and with the documents tokenized in worker processes."""
     import json
 
     from muonlab.cli import main
 
     out = {}
-    for depth in ("0", "4"):
-        assert main(["train", "--preset", "cpu-tiny", "--num-steps", "4", "--prefetch-batches", depth,
-                     "--runs-dir", str(tmp_path / depth), "--json"]) == 0
-        out[depth] = json.loads(capsys.readouterr().out)
-    assert out["0"]["metrics"]["val_bpb"] == out["4"]["metrics"]["val_bpb"]
-    hashes = {json.loads((Path(out[d]["run_dir"]) / "config.json").read_text())["config_hash"] for d in out}
+    ways = {"in-thread": ["--prefetch-batches", "0", "--encode-processes", "0"],
+            "ahead": ["--prefetch-batches", "4", "--encode-processes", "0"],
+            "processes": ["--prefetch-batches", "4", "--encode-processes", "2"]}
+    for way, flags in ways.items():
+        assert main(["train", "--preset", "cpu-tiny", "--num-steps", "4", *flags,
+                     "--runs-dir", str(tmp_path / way), "--json"]) == 0
+        out[way] = json.loads(capsys.readouterr().out)
+    assert len({out[w]["metrics"]["val_bpb"] for w in ways}) == 1
+    hashes = {json.loads((Path(out[w]["run_dir"]) / "config.json").read_text())["config_hash"] for w in ways}
     assert len(hashes) == 1  # not part of what a run is
-    w0, w4 = (torch.load(f"{out[d]['run_dir']}/model.pt", weights_only=True) for d in ("0", "4"))
-    assert all(torch.equal(w0[k], w4[k]) for k in w0)
+    w0, *others = (torch.load(f"{out[w]['run_dir']}/model.pt", weights_only=True) for w in ways)
+    assert all(torch.equal(w0[k], w[k]) for w in others for k in w0)
 
 
 def test_document_batches_encoded_ahead_on_threads_pack_the_same_rows():

@@ -502,6 +502,25 @@ def test_the_distributed_section_is_not_a_pass_with_a_case_not_run(monkeypatch, 
     assert resume.CASES[1][0] in section["reason"]
 
 
+def test_the_first_distributed_case_gets_all_but_what_the_next_one_needs(monkeypatch, tmp_path):
+    """A cold GPU's first torchrun needs more than an even share (26.9 s of an even 25 s on an H100): the first
+    case may run until the last case's reserve, and the last one until the section's end."""
+    from muonlab.doctor import resume
+
+    clock, deadlines = [0.0], []
+    monkeypatch.setattr(resume.time, "monotonic", lambda: clock[0])
+
+    def case(optimizer, preset, deadline, cache_dir):
+        deadlines.append(deadline)
+        clock[0] += 27.0
+        return {"optimizer": optimizer, "preset": preset, "status": "ok", "error": None}
+
+    monkeypatch.setattr(resume, "resume_case", case)
+    section = resume.distributed_check(95.0, tmp_path, log=lambda _: None)
+    assert section["status"] == "ok" and len(resume.CASES) == 2
+    assert deadlines == [95.0 - resume.CASE_RESERVE_S, 95.0] and deadlines[0] > 95.0 / 2
+
+
 @pytest.mark.slow
 def test_a_sigterm_to_the_check_stops_its_children(tmp_path):
     """The children run in sessions of their own (so that a stop reaches a compile's workers); `timeout`'s

@@ -66,6 +66,11 @@ class DataConfig(Section):
     prefetch_batches: int = setting(4, "training batches a worker thread makes ahead of the step, so tokenizing and "
                                     "packing overlap it (0: made between steps in the training thread, as upstream); "
                                     "the same batches either way", hashed=False, range=AT_MOST_COUNT)
+    encode_processes: int | None = setting(None, "worker processes that tokenize the training documents ahead of "
+                                           "the packer (0: threads of the training process, whose GIL the step "
+                                           "shares); none: this rank's share of the cores less 2, at most 8, "
+                                           "when the share is 4 or more, else 0; the same batches either way",
+                                           hashed=False, range=AT_MOST_COUNT)
     vocab_size: int = setting(8192, "BPE vocabulary size (tokens)", range=AT_MOST_COUNT)
     tokenizer_max_chars: int = setting(1_000_000_000, "characters of the train split fed to BPE training",
                                        range=AT_MOST_TOKENS)
@@ -143,6 +148,8 @@ class DataConfig(Section):
             raise UsageError("download_backoff_s must be >= 0 and download_timeout_s > 0")
         if self.prefetch_batches < 0:
             raise UsageError(f"prefetch_batches must be >= 0, got {self.prefetch_batches}")
+        if self.encode_processes is not None and self.encode_processes < 0:
+            raise UsageError(f"encode_processes must be >= 0 or none, got {self.encode_processes}")
         if not 256 + 4 <= self.vocab_size <= 1_000_000:
             raise UsageError(f"vocab_size must be between 260 and 1000000, got {self.vocab_size}")
         if self.tokenizer_max_chars < 1 or self.tokenizer_doc_cap < 1:

@@ -14,6 +14,7 @@ arrival, as a first-match list scan does) in O(log n) plus a small memmove.
 from __future__ import annotations
 
 import bisect
+import functools
 import inspect
 import itertools
 from collections import deque
@@ -23,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
+from muonlab.data.encoding_processes import encode_with_bos, encoding_pool
 from muonlab.data.store import DocBatch
 from muonlab.errors import UsageError
 
@@ -43,37 +45,65 @@ def _open(factory: DocumentsFactory, start: int) -> Iterator:
     return itertools.islice(iter(factory()), start, None)
 
 
-def _encoded(source: Iterator, tokenizer, workers: int) -> Iterator[tuple[object, list]]:
-    """(document batch, its token ids) in the source's order, the next `workers` batches encoded at once on
-    threads of their own (tiktoken releases the GIL): one batch of 128 documents keeps at most two threads
-    busy, several keep a GPU node's cores busy. The same ids as encoding each batch in turn."""
-    def encode(item):
-        docs = item.docs if isinstance(item, DocBatch) else item
-        return item, tokenizer.encode_batch(list(docs), prepend_bos=True)
+def _encoded(source: Iterator, tokenizer, workers: int, processes: int = 0) -> Iterator[tuple[object, list]]:
+    """(document batch, its token ids, BOS first) in the source's order: the same ids however they are made.
 
-    if workers <= 1:
-        yield from map(encode, source)
-        return
-    pool = ThreadPoolExecutor(workers, thread_name_prefix="muonlab-encode")
+    With `processes`, the next 2 x `processes` batches are encoded at once in worker processes
+    (muonlab.data.encoding_processes: no GIL shared with the training thread), for a tokenizer that can
+    be rebuilt there (`encoding_spec`); else the next `workers` batches on threads of their own (tiktoken
+    releases the GIL while it merges: one batch of 128 documents keeps at most two threads busy)."""
+    spec = getattr(tokenizer, "encoding_spec", None) if processes > 0 else None
+    if spec is not None:
+        pool = encoding_pool(spec(), processes)
+        ahead = 2 * processes
+
+        def submit(item):
+            return item, pool.submit(encode_with_bos, list(item.docs if isinstance(item, DocBatch) else item))
+
+        def result(pair):
+            return pair[0], pair[1].result()
+    else:
+        def encode(item):
+            docs = item.docs if isinstance(item, DocBatch) else item
+            return item, tokenizer.encode_batch(list(docs), prepend_bos=True)
+
+        if workers <= 1:
+            yield from map(encode, source)
+            return
+        pool = ThreadPoolExecutor(workers, thread_name_prefix="muonlab-encode")
+        ahead = workers
+
+        def submit(item):
+            return pool.submit(encode, item)
+
+        def result(future):
+            return future.result()
+    pending: deque = deque()
     try:
-        pending: deque = deque()
         for item in source:
-            pending.append(pool.submit(encode, item))
-            if len(pending) >= workers:
-                yield pending.popleft().result()
+            pending.append(submit(item))
+            if len(pending) >= ahead:
+                yield result(pending.popleft())
         while pending:
-            yield pending.popleft().result()
+            yield result(pending.popleft())
     finally:
-        for future in pending:
-            future.cancel()
-        pool.shutdown(wait=False)
+        pool.shutdown(wait=True, cancel_futures=True)  # what is running ends in a moment; no worker outlives it
+
+
+def _packer_state(scalars: dict, docs: list[np.ndarray]) -> dict:
+    flat = np.concatenate(docs) if docs else np.zeros(0, dtype=np.int32)
+    return {
+        **scalars,
+        "buffer_tokens": torch.from_numpy(flat.astype(np.int32, copy=True)),
+        "buffer_lengths": torch.tensor([len(d) for d in docs], dtype=torch.int64),
+    }
 
 
 class RowPacker:
     """Produces packed rows (numpy int64 [T+1]) one at a time; resumable."""
 
     def __init__(self, documents_factory: DocumentsFactory, tokenizer, T: int, buffer_size: int = 1000,
-                 encode_workers: int = 1):
+                 encode_workers: int = 1, encode_processes: int = 0):
         if T < 1 or buffer_size < 1:
             raise UsageError(f"T and buffer_size must be >= 1, got T={T}, buffer_size={buffer_size}")
         self.factory = documents_factory
@@ -81,6 +111,7 @@ class RowPacker:
         self.capacity = T + 1
         self.buffer_size = buffer_size
         self.encode_workers = encode_workers  # document batches encoded at once, ahead of the packing (same ids)
+        self.encode_processes = encode_processes  # > 0: encoded in that many worker processes instead (same ids)
         self.batches_consumed = 0  # document batches taken from the factory so far
         self.rows_produced = 0
         self.epoch = 1  # the epoch of the documents read into the buffer last (it reads ahead)
@@ -97,7 +128,8 @@ class RowPacker:
     # --- buffer ---------------------------------------------------------------------
     def _refill(self) -> None:
         if self._source is None:
-            self._source = _encoded(_open(self.factory, self.batches_consumed), self.tokenizer, self.encode_workers)
+            self._source = _encoded(_open(self.factory, self.batches_consumed), self.tokenizer, self.encode_workers,
+                                    self.encode_processes)
         while len(self._keys) < self.buffer_size and not self.exhausted:
             item, encoded = next(self._source, (None, None))
             if item is None:
@@ -129,6 +161,13 @@ class RowPacker:
             return self._docs.pop(arrival), False
         _, arrival = keys.pop(0)  # nothing fits: crop the shortest (earliest arrival)
         return self._docs.pop(arrival), True
+
+    def close(self) -> None:
+        """Stop encoding ahead (its threads or worker processes end); the next row reads on from the
+        document batch the buffer reached, as after `load_state_dict`."""
+        if self._source is not None:
+            self._source.close()
+            self._source = None
 
     # --- rows -----------------------------------------------------------------------
     def next_row(self) -> np.ndarray | None:
@@ -169,11 +208,13 @@ class RowPacker:
         return n
 
     # --- resume ---------------------------------------------------------------------
-    def state_dict(self) -> dict:
-        arrivals = sorted(self._docs)
-        docs = [self._docs[a] for a in arrivals]
-        flat = np.concatenate(docs) if docs else np.zeros(0, dtype=np.int32)
-        return {
+    def snapshot(self) -> Callable[[], dict]:
+        """The state now, made into `state_dict()`'s dict only when called: the buffered documents are
+        referenced, not copied (a document's array is never changed once buffered), so a prefetching worker
+        can take one after every batch without copying the buffer (tens of MB of a corpus of long files)
+        under the GIL that the training thread needs."""
+        docs = [self._docs[a] for a in sorted(self._docs)]
+        scalars = {
             "version": 1,
             "T": self.capacity - 1,
             "buffer_size": self.buffer_size,
@@ -183,9 +224,11 @@ class RowPacker:
             "first_epoch_tokens": self.first_epoch_tokens,
             "tokens_per_epoch": self.tokens_per_epoch,
             "exhausted": self.exhausted,
-            "buffer_tokens": torch.from_numpy(flat.astype(np.int32, copy=True)),
-            "buffer_lengths": torch.tensor([len(d) for d in docs], dtype=torch.int64),
         }
+        return functools.partial(_packer_state, scalars, docs)
+
+    def state_dict(self) -> dict:
+        return self.snapshot()()
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("version") != 1:
@@ -233,6 +276,7 @@ class BestFitLoader:
         rank: int = 0,
         world_size: int = 1,
         encode_workers: int = 1,
+        encode_processes: int = 0,
     ):
         if B < 1:
             raise UsageError(f"batch size B must be >= 1, got {B}")
@@ -241,7 +285,7 @@ class BestFitLoader:
         self.B, self.T = B, T
         self.device = torch.device(device)
         self.rank, self.world_size = rank, world_size
-        self.packer = RowPacker(documents_factory, tokenizer, T, buffer_size, encode_workers)
+        self.packer = RowPacker(documents_factory, tokenizer, T, buffer_size, encode_workers, encode_processes)
 
     def __iter__(self) -> "BestFitLoader":
         return self
@@ -273,10 +317,17 @@ class BestFitLoader:
             x, y = x.to(self.device), y.to(self.device)
         return x, y, self.packer.trained_epoch
 
+    def close(self) -> None:
+        """Stop the packer's encoding ahead (RowPacker.close); iterating again goes on where it was."""
+        self.packer.close()
+
+    def snapshot(self) -> Callable[[], dict]:
+        """`state_dict()` now, made when called (RowPacker.snapshot)."""
+        packer_state, rank, world_size = self.packer.snapshot(), self.rank, self.world_size
+        return lambda: {**packer_state(), "rank": rank, "world_size": world_size}
+
     def state_dict(self) -> dict:
-        state = self.packer.state_dict()
-        state.update(rank=self.rank, world_size=self.world_size)
-        return state
+        return self.snapshot()()
 
     def load_state_dict(self, state: dict) -> None:
         if (int(state.get("rank", 0)), int(state.get("world_size", 1))) != (self.rank, self.world_size):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 _END = object()
 
@@ -30,7 +30,8 @@ class PrefetchLoader:
         self.loader, self.depth = loader, depth
         self.waited = 0  # items the consumer had to wait for
         self.handed = 0  # items handed out
-        self._state: dict | None = None  # the loader's state after the last item handed out
+        # the loader's state after the last item handed out: a dict, or a snapshot that makes one when called
+        self._state: dict | Callable[[], dict] | None = None
         self._queue: queue.Queue | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -44,8 +45,10 @@ class PrefetchLoader:
     def _work(self) -> None:
         q = self._queue
         try:
+            # a loader's snapshot is made into its state dict only when asked (a checkpoint), not per batch
+            take = getattr(self.loader, "snapshot", None) or getattr(self.loader, "state_dict", None)
             for item in self.loader:
-                snapshot = self.loader.state_dict() if hasattr(self.loader, "state_dict") else None
+                snapshot = take() if take is not None else None
                 while not self._stop.is_set():
                     try:
                         q.put((item, snapshot), timeout=0.1)
@@ -86,7 +89,10 @@ class PrefetchLoader:
 
     def state_dict(self) -> dict:
         """The wrapped loader's state after the last item handed out (before any: its state now)."""
-        return self._state if self._state is not None else self.loader.state_dict()
+        state = self._state
+        if state is None:
+            return self.loader.state_dict()
+        return state() if callable(state) else state
 
     def load_state_dict(self, state: dict) -> None:
         self.close()
@@ -95,14 +101,16 @@ class PrefetchLoader:
 
     def close(self) -> None:
         """Stop the worker (it ends within one put's timeout) and drop what it made ahead: the wrapped loader
-        goes back to the last item handed out, so iterating again goes on from there."""
+        goes back to the last item handed out and is closed, so iterating again goes on from there."""
         if self._thread is not None:
             self._stop.set()
             self._thread.join()
             self._thread = None
             self._queue = None
             if self._state is not None:
-                self.loader.load_state_dict(self._state)
+                self.loader.load_state_dict(self.state_dict())
+        if hasattr(self.loader, "close"):  # its encoding ahead too (a packer's worker processes)
+            self.loader.close()
 
     def __getattr__(self, name: str):  # the wrapped loader's own attributes (packer, B, T, ...)
         if name in ("loader",):

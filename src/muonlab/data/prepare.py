@@ -121,10 +121,13 @@ class PreparedData:
         _check_split(split)
         self.documents(split)  # validates the split
         # the next document batches encoded at once, a share of the machine's cores per rank (same ids)
-        workers = max(1, min(8, usable_cpus() // world_size))
+        share = usable_cpus() // world_size
+        processes = self.config.encode_processes
+        if processes is None:
+            processes = encode_processes_for(share)
         return BestFitLoader(
             lambda start: self.documents(split, start), self.tokenizer, B, T, buffer_size, device, rank, world_size,
-            encode_workers=workers,
+            encode_workers=max(1, min(8, share)), encode_processes=processes,
         )
 
     def eval_stream(self, split: str, T: int, max_tokens: int) -> tuple[Callable[[int], Iterator[DocBatch]], int]:
@@ -187,6 +190,13 @@ class PreparedData:
         for row in self._eval_row_iter(split, T, max_tokens, buffer_size):
             out += self.tokenizer.decode_bytes(int(t) for t in row[1:] if t != bos)
         return bytes(out)
+
+
+def encode_processes_for(cores: int) -> int:
+    """`data.encode_processes` left to none: the tokenizing processes a rank with `cores` cores gets. Two
+    cores stay with the training process (the step's thread and the packing thread); a small machine
+    encodes on threads instead, where starting processes would cost more than it saves."""
+    return min(8, cores - 2) if cores >= 4 else 0
 
 
 def _to_xy(rows: list[torch.Tensor], device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -21,6 +21,7 @@ import tiktoken
 import torch
 
 from muonlab.atomic import atomic_open
+from muonlab.data.encoding_processes import EncodingSpec
 from muonlab.errors import CorruptInput, MuonlabError, UsageError
 from muonlab.optional import require
 
@@ -168,6 +169,10 @@ class Tokenizer:
             bos = self.bos_token_id
             rows = [[bos, *row] for row in rows]
         return rows
+
+    def encoding_spec(self) -> EncodingSpec:
+        """What a tokenizing worker process rebuilds this encoding from (muonlab.data.encoding_processes)."""
+        return EncodingSpec(self.pattern, list(self.ranks), dict(self.special_tokens), self.bos_token_id)
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.enc.decode(list(ids))

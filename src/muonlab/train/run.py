@@ -452,8 +452,8 @@ def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx: 
                 exc.signal = stop.signal
                 exc.args = (f"{exc} ({stop.signal})",)
             raise
-        finally:
-            if isinstance(loader, PrefetchLoader):
+        finally:  # the prefetching thread and the tokenizing processes end with the training
+            if hasattr(loader, "close"):
                 loader.close()
     record["phase"] = "evaluate"
     evals = evaluate(train_model, data, cfg, runtime, ctx)  # compiled, as upstream scores it
