@@ -97,6 +97,24 @@ def test_eval_rows_one_pass_independent_of_B(synth):
     assert all(row[0] == synth.tokenizer.bos_token_id for row in everything)
 
 
+def test_eval_rows_tokenized_in_worker_processes_are_the_same_and_leave_none_running(synth, monkeypatch):
+    """gpu-d8 scores 2 x 20,971,520 tokens: they are tokenized as the training rows are (data.encode_processes)."""
+    import multiprocessing
+
+    from muonlab.data import packing
+    from muonlab.data.encoding_processes import encoding_pool
+
+    pools = []  # the processes each pool was started with
+    monkeypatch.setattr(packing, "encoding_pool", lambda spec, n: pools.append(n) or encoding_pool(spec, n))
+
+    T = 64
+    own = stacked_rows(synth.eval_rows("val", B=4, T=T, max_tokens=10**9))
+    synth.config.encode_processes = 2
+    workers = stacked_rows(synth.eval_rows("val", B=4, T=T, max_tokens=10**9))
+    assert pools == [2] and workers == own and len(own) > 4
+    assert multiprocessing.active_children() == []  # the pass over, its workers ended
+
+
 def test_eval_rows_small_split_gives_a_smaller_batch_or_a_clear_error(synth):
     n_rows = len(stacked_rows(synth.eval_rows("val", B=1000, T=256, max_tokens=10**9)))
     batches = list(synth.eval_rows("val", B=1000, T=256, max_tokens=10**9))

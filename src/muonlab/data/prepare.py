@@ -120,15 +120,18 @@ class PreparedData:
         interface (muonlab.data.token_data), which shuffle per seed."""
         _check_split(split)
         self.documents(split)  # validates the split
-        # the next document batches encoded at once, a share of the machine's cores per rank (same ids)
-        share = usable_cpus() // world_size
-        processes = self.config.encode_processes
-        if processes is None:
-            processes = encode_processes_for(share)
         return BestFitLoader(
             lambda start: self.documents(split, start), self.tokenizer, B, T, buffer_size, device, rank, world_size,
-            encode_workers=max(1, min(8, share)), encode_processes=processes,
+            **self._encoding(world_size),
         )
+
+    def _encoding(self, world_size: int) -> dict[str, int]:
+        """How a rank's packer encodes the next document batches at once: on threads or in worker processes
+        (`data.encode_processes`), with a share of the machine's cores per rank (the same ids either way)."""
+        share = max(1, usable_cpus() // world_size)
+        processes = self.config.encode_processes
+        return {"encode_workers": min(8, share),
+                "encode_processes": encode_processes_for(share) if processes is None else processes}
 
     def eval_stream(self, split: str, T: int, max_tokens: int) -> tuple[Callable[[int], Iterator[DocBatch]], int]:
         """(documents factory, row offset) of the packed stream that `split` is evaluated on.
@@ -144,30 +147,36 @@ class PreparedData:
         files = self.corpus.files[split]
         return (lambda start: iter_doc_batches(files, start=start)), self.corpus.eval_window[split] * n_rows
 
-    def _eval_row_iter(self, split: str, T: int, max_tokens: int, buffer_size: int) -> Iterator:
+    def _eval_row_iter(self, split: str, T: int, max_tokens: int, buffer_size: int, world_size: int = 1) -> Iterator:
         factory, offset = self.eval_stream(split, T, max_tokens)
-        packer = RowPacker(factory, self.tokenizer, T, buffer_size)
-        if packer.skip_rows(offset) < offset:
-            raise UsageError(f"the {split} stream ends before its evaluation window starts (row {offset})")
-        for _ in range(max_tokens // T):
-            row = packer.next_row()
-            if row is None:
-                return
-            yield row
+        # gpu-d8 scores 2 x 20,971,520 tokens (and skips as many to holdout's window): encoded as training is
+        packer = RowPacker(factory, self.tokenizer, T, buffer_size, **self._encoding(world_size))
+        try:
+            if packer.skip_rows(offset) < offset:
+                raise UsageError(f"the {split} stream ends before its evaluation window starts (row {offset})")
+            for _ in range(max_tokens // T):
+                row = packer.next_row()
+                if row is None:
+                    return
+                yield row
+        finally:
+            packer.close()
 
     def eval_rows(
-        self, split: str, B: int, T: int, max_tokens: int, device: str | torch.device = "cpu", buffer_size: int = 1000
+        self, split: str, B: int, T: int, max_tokens: int, device: str | torch.device = "cpu", buffer_size: int = 1000,
+        world_size: int = 1,
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Packed evaluation batches (x, y) of `split`: at most max_tokens // T rows, one pass.
 
         The last batch may hold fewer than B rows; a split too small for one full row
-        raises UsageError rather than yielding nothing.
+        raises UsageError rather than yielding nothing. `world_size`: the processes on this machine that
+        each pack the whole stream (and score their share), to share its cores for encoding.
         """
         if B < 1:
             raise UsageError(f"batch size B must be >= 1, got {B}")
         rows: list[torch.Tensor] = []
         produced = 0
-        for row in self._eval_row_iter(split, T, max_tokens, buffer_size):
+        for row in self._eval_row_iter(split, T, max_tokens, buffer_size, world_size):
             rows.append(torch.from_numpy(row))
             produced += 1
             if len(rows) == B:

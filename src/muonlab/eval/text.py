@@ -22,7 +22,8 @@ def evaluate_text_splits(model, data, cfg, runtime, ctx, splits: tuple[str, ...]
     model.eval()
     results = {}
     for split in splits:
-        rows = data.eval_rows(split, batch, cfg.train.sequence_len, tokens, device=runtime.device)
+        rows = data.eval_rows(split, batch, cfg.train.sequence_len, tokens, device=runtime.device,
+                              world_size=ctx.world_size)
         shard = itertools.islice(rows, ctx.rank, None, ctx.world_size) if ctx.active else rows
         results[split] = evaluate_bpb(model, shard, token_bytes, runtime.autocast, runtime.device,
                                       reduce=ctx.all_reduce_ if ctx.active else None)
