@@ -215,19 +215,9 @@ def test_registration_errors():
         register_prepolar("hbieq", SignConditioner, paper="x")
     with pytest.raises(TypeError, match="PrePolar"):
         register_prepolar("test_not_a_class", lambda G: G, paper="x")
-    class NoOpKind(extensions.GroupKind):
-        def update(self, optimizer, group, p, grad):
-            pass
-
-    with pytest.raises(ValueError, match="MuonAdamW's own"):
-        extensions.register_group_kind("adamw", NoOpKind(), paper="x")
-    with pytest.raises(TypeError, match="abstract"):  # a kind must say how it updates
-        extensions.GroupKind()
 
 
-BUILT_IN = {("prepolar", "hbieq"), ("prepolar", "zeta"), ("prepolar", "turbo_aol"), ("prepolar", "muon2f"),
-            ("muon_stage", "polar_precision"), ("adamw_grad", "neumann"), ("adamw_state", "master32"),
-            ("group_kind", "oe_mfree")}
+BUILT_IN = {("prepolar", "hbieq"), ("prepolar", "zeta"), ("prepolar", "turbo_aol"), ("prepolar", "muon2f")}
 
 
 def test_every_built_in_add_on_has_its_metadata():
@@ -241,7 +231,6 @@ def test_every_built_in_add_on_has_its_metadata():
         importlib.import_module(info.module)
         assert info.tests and all((ROOT / t).is_file() for t in info.tests), info
     assert infos[("prepolar", "hbieq")].config_keys[:3] == ("prepolar", "prepolar_scope", "prepolar_tau")
-    assert "table_whiten" in infos[("group_kind", "oe_mfree")].config_keys
 
 
 def test_the_baseline_file_names_no_method():

@@ -131,6 +131,15 @@ def test_an_addon_refuses_a_bad_group_value_naming_its_key():
                         weight_decay=0.0, post_polar_dtype="fp8")])
 
 
-def test_the_muon_stage_registry_takes_group_sections_only():
-    with pytest.raises(TypeError, match="GroupSection with configure"):
-        extensions.register_muon_stage("bad", dict, paper="none")
+def test_a_method_wired_in_place_has_one_record():
+    """The polar precision, the AdamW whitening and master state and the moment-free kind are plain calls
+    (muon_variant, method_points): `muonlab methods` lists each from its section's METHOD, and no second
+    record of it is kept beside the extension point (two records had drifted: master32's paper section)."""
+    from muonlab.lab.methods import method_catalog
+
+    listed = {e["name"]: e for e in method_catalog()}
+    for name, module in (("polar_precision", "polar_precision"), ("neumann_whitening", "neumann_whitening"),
+                         ("master32", "master32"), ("table_neumann", "moment_free")):
+        assert listed[name]["module"] == f"muonlab.optim.addons.{module}"
+        assert listed[name]["paper"].startswith("seed 00") and listed[name]["tests"]
+    assert {info.point for info in extensions.addons()} == {"prepolar"} == set(extensions.POINTS)

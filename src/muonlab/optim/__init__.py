@@ -5,7 +5,7 @@ from muonlab.optim.polar import POLAR_EXPRESS_COEFFS, polar_express
 
 __all__ = ["MuonAdamW", "POLAR_EXPRESS_COEFFS", "polar_express"]
 
-# the built-in add-ons register themselves at the extension points (extensions.py)
+# the built-in add-ons: the conditioners register at the extension point, the rest record their metadata
 from muonlab.optim import extensions  # noqa: E402
 from muonlab.optim.addons.hbieq import hbieq  # noqa: E402
 from muonlab.optim.addons.master32 import MASTER32  # noqa: E402

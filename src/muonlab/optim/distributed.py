@@ -25,10 +25,10 @@ Step with world size W > 1 (each rank holds its own mean gradient, not yet avera
          reduce-scatter along dim 0 (rank r owns rows [r*R/W, (r+1)*R/W)); else all_reduce
          (small tensors: one message beats three, and their replicated state is tiny).
          Exception: a param of an adamw group whose gradient transform needs the whole tensor
-         (extensions.AdamWTransform.whole_tensor, e.g. the Neumann-Gram whitening) is always
+         (`whole_tensor`, method_points.adamw_transform) is always
          all_reduced; every rank transforms the full tensor (identical bits on every rank) and
          then updates only its rows, so its state stays row-sharded exactly as without it.
-       - a registered group kind (extensions.GroupKind): replicated; its gradient and the
+       - a third group kind (method_points.GROUP_KINDS): replicated; its gradient and the
          kind's `reduced_alongside` tensors (e.g. visit counts) are all_reduced.
   2. Per group, in order: wait for its reductions, run MuonAdamW's own step function for the
      group (upstream `muon_step` / `adamw_step`, or the variant composed from its add-ons; the
@@ -68,6 +68,7 @@ import torch
 import torch.distributed as dist
 
 from muonlab.optim import collectives, extensions
+from muonlab.optim.method_points import GROUP_KINDS, adamw_transform
 from muonlab.optim.muon_adamw import MuonAdamW
 
 # nanochat's cut-off: below it one all_reduce beats reduce-scatter + all-gather, and the
@@ -176,7 +177,7 @@ class DistMuonAdamW(MuonAdamW):
         if group["kind"] not in ("muon", "adamw"):
             # replicated: all-reduce the gradient and the kind's own tensors (their sums are the
             # global batch's), then every rank applies the same update (no sharding)
-            handler = extensions.group_kinds()[group["kind"]]
+            handler = GROUP_KINDS[group["kind"]]
             pending = []
             for p in group["params"]:
                 extra = handler.reduced_alongside(self, p)
@@ -185,7 +186,7 @@ class DistMuonAdamW(MuonAdamW):
                 pending.append(dict(p=p, works=works, grad=grad, keep=extra))
             return pending
         if group["kind"] == "adamw":
-            transform = extensions.adamw_transform(group)
+            transform = adamw_transform(group)
             whole = transform is not None and transform.whole_tensor
             pending = []
             for p in group["params"]:
@@ -214,7 +215,7 @@ class DistMuonAdamW(MuonAdamW):
         return dict(work=work, out=out, stack=stack)
 
     def _update_adamw(self, group, pending, rank, world, gathers):
-        transform = extensions.adamw_transform(group)
+        transform = adamw_transform(group)
         for item in pending:
             item["work"].wait()
             p, grad = item["p"], item["out"].div_(world)
@@ -239,7 +240,7 @@ class DistMuonAdamW(MuonAdamW):
                 gathers.append(dict(work=work, keep=send))
 
     def _update_kind(self, group, pending, world):
-        handler = extensions.group_kinds()[group["kind"]]
+        handler = GROUP_KINDS[group["kind"]]
         for item in pending:
             for work in item["works"]:
                 work.wait()

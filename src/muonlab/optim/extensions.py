@@ -1,17 +1,15 @@
-"""The extension points of MuonAdamW and their registry (public API: plug-ins use it too).
+"""MuonAdamW's extension point, the pre-polar conditioner, and the metadata of every method (public API).
 
-MuonAdamW's step is upstream's; methods attach at named points instead of being written into
-it (DESIGN, "The baseline and its extension points"). Each add-on registers itself here by
-name, with the metadata `muonlab methods` lists (AddonInfo):
+MuonAdamW's step is upstream's; a pre-polar conditioner attaches to it instead of being written into
+it (DESIGN, "The baseline and its extension points"): a conditioner of a muon group's fp32 Nesterov
+tensor, picked by the group key `prepolar` (subclass PrePolar; register_prepolar). Its `stages` hook
+may also set the polar normalisation or turn the post-polar NorMuon off. Five conditioners ship with
+muonlab and plug-ins add their own.
 
-  prepolar     a conditioner of a muon group's fp32 Nesterov tensor, picked by the group key
-               `prepolar` (subclass PrePolar; register_prepolar). Its `stages` hook may also set
-               the polar normalisation or turn the post-polar NorMuon off.
-  muon_stage   options that set a muon group's polar / post-polar stages (register_muon_stage)
-  adamw_grad   a transform of an adamw group's gradient before the AdamW step, picked by
-               `group[key] == name` (register_adamw_transform)
-  adamw_state  the precision of an adamw param's state, e.g. an fp32 master (register_adamw_state)
-  group_kind   a param-group kind besides "muon" and "adamw" (register_group_kind)
+The other built-in methods of the optimizer have one implementation each at their point, so they are
+plain calls, not registries: the polar precision (muon_variant.py), the AdamW gradient transform, the
+AdamW state precision and the third group kind (method_points.py). Each is listed by `muonlab methods`
+from its one record, the `METHOD` of its section.
 
 A plug-in conditioner, in its own file (tests/model/test_extensions.py does exactly this):
 
@@ -31,7 +29,6 @@ static function and nothing is looked up per element.
 
 from __future__ import annotations
 
-import abc
 import dataclasses
 import functools
 import sys
@@ -45,7 +42,7 @@ from muonlab.errors import UsageError
 from muonlab.plugins import is_builtin_module
 from muonlab.settings import MethodSection, Section, coerce, fixed, option, option_fields, option_settings  # a conditioner's fields: --prepolar-<name>
 
-POINTS = ("prepolar", "muon_stage", "adamw_grad", "adamw_state", "group_kind")
+POINTS = ("prepolar",)  # where a plug-in extends the optimizer
 
 
 @dataclass(frozen=True)
@@ -257,147 +254,11 @@ def prepolars() -> dict[str, type[PrePolar]]:
     return dict(_REGISTRY["prepolar"])
 
 
-# ---------------------------------------------------------------- muon stages
-
-def register_muon_stage(name: str, cls: type[GroupSection], *, paper: str, tests=(), summary: str = "",
-                        replace: bool = False) -> type[GroupSection]:
-    """`cls`: a frozen GroupSection whose `configure(stages)` sets a muon group's polar / post-polar
-    stages from the group's values (`cls.from_group(group)`)."""
-    if not (isinstance(cls, type) and issubclass(cls, GroupSection) and callable(getattr(cls, "configure", None))):
-        raise TypeError(f"a muon stage add-on is a GroupSection with configure(stages), got {cls!r}")
-    _register("muon_stage", name, cls, paper=paper, config_keys=tuple(cls.group_defaults()), tests=tests,
-              summary=summary, replace=replace)
-    return cls
-
-
-def muon_stage_addons() -> list[type[GroupSection]]:
-    return list(_REGISTRY["muon_stage"].values())
-
-
-# ---------------------------------------------------------------- adamw add-ons
-
-@dataclass(frozen=True)
-class AdamWTransform:
-    """A gradient transform of an adamw group, on when `group[key] == name`.
-
-    `apply(grad, step, group)` returns the gradient the AdamW step uses (never modifies grad), in
-    any float dtype: the step casts it once, to its state's precision (fp32 under master32, so an
-    fp32 transform reaches fp32 moments unrounded) or else to the param's dtype;
-    `step` is the param's AdamW step counter after its increment (1 at the first update).
-    `whole_tensor`: it needs the whole averaged gradient (DistMuonAdamW all-reduces it instead
-    of reduce-scattering, applies it on every rank, then keeps this rank's rows).
-    """
-
-    key: str
-    options: dict
-    apply: Callable[[torch.Tensor, int, dict], torch.Tensor]
-    validate: Callable[[dict], None] = lambda group: None
-    whole_tensor: bool = False
-
-
-def register_adamw_transform(name: str, transform: AdamWTransform, *, paper: str, tests=(), summary: str = "",
-                             replace: bool = False) -> AdamWTransform:
-    _register("adamw_grad", name, transform, paper=paper, config_keys=(transform.key, *transform.options),
-              tests=tests, summary=summary, replace=replace)
-    return transform
-
-
-def adamw_transform(group: dict) -> AdamWTransform | None:
-    """The transform a group turns on (None: the plain AdamW gradient)."""
-    for name, t in _REGISTRY["adamw_grad"].items():
-        if group.get(t.key) == name:
-            return t
-    return None
-
-
-@dataclass(frozen=True)
-class AdamWPrecision:
-    """The precision of an adamw param's state: where the update runs and how the param is written.
-
-    `applies(group, p)`: whether a new state of p uses it; `create(state, share)` adds its state
-    and returns the tensor the AdamW step updates (its moments are made like it); `owns(state)`
-    tells an existing state (e.g. loaded) apart; `grad(g)`, `target(state)` and
-    `write_back(share, state)` wrap the update.
-    """
-
-    key: str
-    applies: Callable[[dict, torch.Tensor], bool]
-    create: Callable[[dict, torch.Tensor], torch.Tensor]
-    owns: Callable[[dict], bool]
-    target: Callable[[dict], torch.Tensor]
-    grad: Callable[[torch.Tensor], torch.Tensor]
-    write_back: Callable[[torch.Tensor, dict], None]
-
-
-def register_adamw_state(name: str, precision: AdamWPrecision, *, paper: str, tests=(), summary: str = "",
-                         replace: bool = False) -> AdamWPrecision:
-    _register("adamw_state", name, precision, paper=paper, config_keys=(precision.key,), tests=tests,
-              summary=summary, replace=replace)
-    return precision
-
-
-def adamw_precision_for(group: dict, p: torch.Tensor) -> AdamWPrecision | None:
-    return next((x for x in _REGISTRY["adamw_state"].values() if x.applies(group, p)), None)
-
-
-def adamw_precision_of(state: dict) -> AdamWPrecision | None:
-    return next((x for x in _REGISTRY["adamw_state"].values() if x.owns(state)), None)
-
-
-def validate_adamw_group(group: dict) -> None:
-    """Every registered adamw add-on's check of an adamw group."""
-    keys: dict[str, list[str]] = {}
-    for name, t in _REGISTRY["adamw_grad"].items():
-        keys.setdefault(t.key, []).append(name)
-    for key, names in keys.items():
-        if group.get(key) is not None and group[key] not in names:
-            raise ValueError(f"{key} must be None or one of {tuple(names)}, got {group[key]!r}")
-    transform = adamw_transform(group)
-    if transform is not None:
-        transform.validate(group)
-
-
-# ---------------------------------------------------------------- group kinds
-
-class GroupKind(abc.ABC):
-    """A param-group kind besides muon/adamw. Its params are replicated under DistMuonAdamW:
-    every rank sums each gradient (zeros where it has none) and the tensors of
-    `reduced_alongside`, divides the gradient by the world size, and applies `update`."""
-
-    defaults: ClassVar[dict] = {}
-
-    def validate(self, group: dict) -> None:
-        """Raise ValueError naming the first bad option (defaults already filled in)."""
-
-    def reduced_alongside(self, optimizer, p) -> list[torch.Tensor]:
-        """Tensors summed across ranks in place with p's gradient (e.g. per-row counts)."""
-        return []
-
-    @abc.abstractmethod
-    def update(self, optimizer, group: dict, p, grad: torch.Tensor | None) -> None:
-        """One step of p (grad None where it has none)."""
-
-
-def register_group_kind(kind: str, handler: GroupKind, *, paper: str, tests=(), summary: str = "",
-                        replace: bool = False) -> GroupKind:
-    if kind in ("muon", "adamw"):
-        raise ValueError(f"kind {kind!r} is MuonAdamW's own")
-    _register("group_kind", kind, handler, paper=paper, config_keys=("kind", *handler.defaults),
-              tests=tests, summary=summary, replace=replace)
-    return handler
-
-
-def group_kinds() -> dict[str, GroupKind]:
-    return dict(_REGISTRY["group_kind"])
-
-
 def stacked_state_keys() -> tuple[str, ...]:
     """State keys of a muon group holding one slice per matrix (sharded with the matrices)."""
     extra = [k for cls in _REGISTRY["prepolar"].values() for k in cls.STACKED_STATE]
     return ("momentum_buffer", "second_momentum_buffer", *dict.fromkeys(extra))
 
 
-__all__ = ["POINTS", "AddonInfo", "AdamWPrecision", "AdamWTransform", "GroupKind", "MuonContext",
-           "GroupSection", "PrePolar", "addons", "info", "option", "register_adamw_state",
-           "register_adamw_transform", "register_group_kind", "register_muon_stage", "register_prepolar",
-           "unregister"]
+__all__ = ["POINTS", "AddonInfo", "MuonContext", "GroupSection", "PrePolar", "addons", "info", "option",
+           "register_prepolar", "unregister"]

@@ -13,16 +13,17 @@ Muon step per same-shape stack of matrices (one group per shape):
   4. cautious weight decay (only where update and parameter agree in sign), lr scaled by
      sqrt(max(1, rows/cols)).
 
-Methods attach at the named points of extensions.py (pre-polar, polar, post-polar, AdamW
-gradient transforms and state precision, extra group kinds); a group with none set is stepped
-by upstream's step functions (steps.py) exactly as upstream steps it.
+Methods attach at named points: the pre-polar, polar and post-polar stages (muon_variant.py; the
+pre-polar conditioner is the extension point plug-ins extend, extensions.py) and the AdamW gradient
+transform, the AdamW state precision and extra group kinds (method_points.py, one method each); a
+group with none set is stepped by upstream's step functions (steps.py) exactly as upstream steps it.
 """
 
 from __future__ import annotations
 
 import torch
 
-from muonlab.optim import extensions, muon_variant
+from muonlab.optim import method_points, muon_variant
 from muonlab.optim.steps import adamw_step, muon_step
 
 ADAMW_DEFAULTS = dict(betas=(0.8, 0.95), eps=1e-10, weight_decay=0.0)
@@ -60,7 +61,7 @@ class MuonAdamW(torch.optim.Optimizer):
     """
 
     def __init__(self, param_groups, compile: bool | None = None):
-        kinds = extensions.group_kinds()
+        kinds = method_points.GROUP_KINDS
         groups = []
         for group in param_groups:
             group = dict(group)
@@ -77,7 +78,7 @@ class MuonAdamW(torch.optim.Optimizer):
                     raise ValueError(f"a muon group needs 2-D params of one shape, got {sorted(shapes)}")
                 muon_variant.validate_group(group)
             elif kind == "adamw":
-                extensions.validate_adamw_group(group)
+                method_points.validate_adamw_group(group)
             else:
                 kinds[kind].validate(group)
             groups.append(group)
@@ -131,7 +132,7 @@ class MuonAdamW(torch.optim.Optimizer):
         return self._fn(stages, device), (muon_variant.step_inputs(group, stages, state, start, stop, device),)
 
     def _step_adamw(self, group):
-        transform = extensions.adamw_transform(group)
+        transform = method_points.adamw_transform(group)
         for p in group["params"]:
             if p.grad is None:
                 continue
@@ -145,7 +146,7 @@ class MuonAdamW(torch.optim.Optimizer):
         the moments are made like the tensor the update runs on (a state precision's, or share)."""
         state = self.state[p]
         if not state:
-            precision = extensions.adamw_precision_for(group, p)
+            precision = method_points.adamw_precision_for(group, p)
             state["step"] = 0
             target = share if precision is None else precision.create(state, share)
             state["exp_avg"] = torch.zeros_like(target)
@@ -157,7 +158,7 @@ class MuonAdamW(torch.optim.Optimizer):
         already advanced; through the state precision's tensor when the state has one. `grad` is
         cast once, here: to the state precision's dtype (an fp32 state gets a transform's fp32
         output unrounded, seed 002 §2.1 (Tier 1), §3 item 3) or else to share's dtype."""
-        precision = extensions.adamw_precision_of(state)
+        precision = method_points.adamw_precision_of(state)
         self._fill_adamw(group, state["step"])
         target = share if precision is None else precision.target(state)
         self._fn("adamw", share.device)(
@@ -209,8 +210,8 @@ class MuonAdamW(torch.optim.Optimizer):
         torch._foreach_copy_(params, list(stacked_params.unbind(0)))
 
     def _step_kind(self, group):
-        """A registered group kind's own update (eager: e.g. the number of visited rows changes)."""
-        handler = extensions.group_kinds()[group["kind"]]
+        """A third group kind's own update (eager: e.g. the number of visited rows changes)."""
+        handler = method_points.GROUP_KINDS[group["kind"]]
         for p in group["params"]:
             handler.update(self, group, p, p.grad)
 

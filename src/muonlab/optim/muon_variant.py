@@ -18,6 +18,7 @@ import torch
 
 from muonlab.optim import extensions, steps
 from muonlab.optim import prepolar as _prepolar
+from muonlab.optim.addons.polar_precision import PolarPrecision
 from muonlab.optim.polar import polar_express
 
 
@@ -47,10 +48,9 @@ class MuonStages:
 
 
 def validate_group(group: dict) -> None:
-    """Every muon add-on's check of a muon group's options."""
+    """The conditioner's and the polar precision's checks of a muon group's options."""
     _prepolar.validate_group(group)
-    for addon in extensions.muon_stage_addons():
-        addon.from_group(group)
+    PolarPrecision.from_group(group)
 
 
 def resolve(group: dict) -> MuonStages | None:
@@ -59,8 +59,7 @@ def resolve(group: dict) -> MuonStages | None:
     stages = MuonStages(prepolar=cond, subset=subset)
     if cond is not None:
         stages = cond.stages(stages)
-    for addon in extensions.muon_stage_addons():
-        stages = addon.from_group(group).configure(stages)
+    stages = PolarPrecision.from_group(group).configure(stages)
     return None if stages == MuonStages() else stages
 
 

@@ -12,7 +12,28 @@ from __future__ import annotations
 
 import torch
 
-from muonlab.optim.extensions import AdamWPrecision, register_adamw_state
+from dataclasses import dataclass
+from typing import Callable
+
+
+
+@dataclass(frozen=True)
+class AdamWPrecision:
+    """The precision of an adamw param's state: where the update runs and how the param is written.
+
+    `applies(group, p)`: whether a new state of p uses it; `create(state, share)` adds its state
+    and returns the tensor the AdamW step updates (its moments are made like it); `owns(state)`
+    tells an existing state (e.g. loaded) apart; `grad(g)`, `target(state)` and
+    `write_back(share, state)` wrap the update.
+    """
+
+    key: str
+    applies: Callable[[dict, torch.Tensor], bool]
+    create: Callable[[dict, torch.Tensor], torch.Tensor]
+    owns: Callable[[dict], bool]
+    target: Callable[[dict], torch.Tensor]
+    grad: Callable[[torch.Tensor], torch.Tensor]
+    write_back: Callable[[torch.Tensor, dict], None]
 
 
 def _create(state: dict, share: torch.Tensor) -> torch.Tensor:
@@ -20,7 +41,7 @@ def _create(state: dict, share: torch.Tensor) -> torch.Tensor:
     return state["master"]
 
 
-MASTER32 = register_adamw_state("master32", AdamWPrecision(
+MASTER32 = AdamWPrecision(
     key="master32",
     applies=lambda group, p: bool(group.get("master32", False)) and p.dtype != torch.float32,
     create=_create,
@@ -28,5 +49,14 @@ MASTER32 = register_adamw_state("master32", AdamWPrecision(
     target=lambda state: state["master"],
     grad=lambda grad: grad.float(),
     write_back=lambda share, state: share.copy_(state["master"]),
-), paper="seed 002 §2.1 (Tier 1), §3 item 3", tests=("tests/optim/test_embedding_state.py", "tests/optim/test_step0.py"),
-    summary="fp32 master copy and moments of the bf16 embedding tables")
+)
+
+
+def precision_for(group: dict, p: torch.Tensor) -> AdamWPrecision | None:
+    """The precision a new AdamW state of p takes in `group` (None: the param's own dtype)."""
+    return MASTER32 if MASTER32.applies(group, p) else None
+
+
+def precision_of(state: dict) -> AdamWPrecision | None:
+    """The precision an existing (or loaded) AdamW state was made with."""
+    return MASTER32 if MASTER32.owns(state) else None

@@ -49,7 +49,7 @@ import torch
 
 from muonlab.errors import UsageError
 from muonlab.optim.addons.neumann_whitening import neumann_whiten
-from muonlab.optim.extensions import GroupKind, GroupSection, register_group_kind
+from muonlab.optim.extensions import GroupSection
 from muonlab.optim.homotopy import HOMOTOPY_FIRST_T, homotopy_alpha, homotopy_t
 from muonlab.settings import METHOD_OFF, MethodInfo, setting
 
@@ -137,8 +137,11 @@ def table_neumann_beta(group: dict, optimizer_state, p) -> float | None:
     return homotopy_alpha(homotopy_t(completed, int(group["table_whiten_first_t"])), group["table_whiten_tau"])
 
 
-class MomentFreeKind(GroupKind):
-    """The `oe_mfree` group kind (eager: the number of visited rows changes every step)."""
+class MomentFreeKind:
+    """The `oe_mfree` group kind, MuonAdamW's third beside muon and adamw (eager: the number of visited rows
+    changes every step). Its params are replicated under DistMuonAdamW: every rank sums each gradient (zeros
+    where it has none) and the tensors of `reduced_alongside`, divides the gradient by the world size, and
+    applies `update`."""
 
     defaults = OE_MFREE_DEFAULTS
 
@@ -158,8 +161,3 @@ class MomentFreeKind(GroupKind):
     def update(self, optimizer, group: dict, p, grad) -> None:
         moment_free_step(p, grad, self.counts(optimizer, p), group["lr"],
                          neumann_beta=table_neumann_beta(group, optimizer.state, p))
-
-
-register_group_kind("oe_mfree", MomentFreeKind(), paper="seed 002 §2.1 (Family A) (table-Neumann §4.3 item 1)",
-                    tests=("tests/papers/test_table_update.py", "tests/model/test_over_encoding_model.py"),
-                    summary="moment-free, count-normalised update of the Over-Encoding tables")

@@ -37,12 +37,12 @@ Choices where the paper is silent (seed 002 §2.1 gives only the U_w formula), a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Callable, ClassVar, Literal
 
 import torch
 
 from muonlab.errors import UsageError
-from muonlab.optim.extensions import AdamWTransform, GroupSection, register_adamw_transform
+from muonlab.optim.extensions import GroupSection
 from muonlab.optim.homotopy import HOMOTOPY_FIRST_T, homotopy_alpha, homotopy_t
 from muonlab.settings import METHOD_OFF, MethodInfo, setting
 
@@ -151,10 +151,40 @@ def _whitened(grad: torch.Tensor, step: int, opt: dict) -> torch.Tensor:
     return out  # fp32: the AdamW step casts it to its state's precision
 
 
+@dataclass(frozen=True)
+class AdamWTransform:
+    """A gradient transform of an adamw group, on when `group[key] == "neumann"`.
+
+    `apply(grad, step, group)` returns the gradient the AdamW step uses (never modifies grad), in
+    any float dtype: the step casts it once, to its state's precision (fp32 under master32, so an
+    fp32 transform reaches fp32 moments unrounded) or else to the param's dtype;
+    `step` is the param's AdamW step counter after its increment (1 at the first update).
+    `whole_tensor`: it needs the whole averaged gradient (DistMuonAdamW all-reduces it instead
+    of reduce-scattering, applies it on every rank, then keeps this rank's rows).
+    """
+
+    key: str
+    options: dict
+    apply: Callable[[torch.Tensor, int, dict], torch.Tensor]
+    validate: Callable[[dict], None]
+    whole_tensor: bool
+
+
 # the whole averaged table: the Gram and the mean row are over every row
-register_adamw_transform("neumann", AdamWTransform(
+NEUMANN = AdamWTransform(
     key="whiten", options={k: v for k, v in WHITEN_DEFAULTS.items() if k != "whiten"},
     apply=lambda grad, step, group: _whitened(grad, step, options(group)),
-    validate=validate_group, whole_tensor=True),
-    paper="seed 002 §2.1 (Tier 1)", tests=("tests/optim/test_whitening.py", "tests/optim/test_prepolar_arms.py"),
-    summary="right-projected Neumann-Gram whitening of the vocabulary tables' AdamW gradients")
+    validate=validate_group, whole_tensor=True)
+
+
+def adamw_transform(group: dict) -> AdamWTransform | None:
+    """The transform an adamw group turns on (None: the plain AdamW gradient)."""
+    return NEUMANN if group.get(NEUMANN.key) == "neumann" else None
+
+
+def validate_adamw_group(group: dict) -> None:
+    """An adamw group's whitening keys; ValueError naming the first bad one."""
+    if group.get(NEUMANN.key) is not None and group[NEUMANN.key] != "neumann":
+        raise ValueError(f"{NEUMANN.key} must be None or one of ('neumann',), got {group[NEUMANN.key]!r}")
+    if adamw_transform(group) is not None:
+        NEUMANN.validate(group)

@@ -13,7 +13,7 @@ from typing import ClassVar, Literal
 
 import torch
 
-from muonlab.optim.extensions import GroupSection, register_muon_stage
+from muonlab.optim.extensions import GroupSection
 from muonlab.settings import MethodInfo, setting
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -40,9 +40,3 @@ class PolarPrecision(GroupSection):
         """The muon_variant.MuonStages with this precision."""
         return replace(stages, polar=replace(stages.polar, dtype=DTYPES[self.dtype]),
                        post_polar_dtype=None if self.post_dtype is None else DTYPES[self.post_dtype])
-
-
-register_muon_stage("polar_precision", PolarPrecision,
-                    paper="seed 002 §2.1 (Tier 1) (NS5 in FP32); seed 000 exp40 (post-polar fp32)",
-                    tests=("tests/optim/test_prepolar.py", "tests/optim/test_prepolar_arms.py"),
-                    summary="Polar Express and the post-polar update in bf16 or fp32")
