@@ -30,7 +30,9 @@ def _run(tmp_path, argv, nproc=None, threads="1"):
 def test_two_ranks_match_one_process(tmp_path):
     single = _run(tmp_path, ARGS + FIXED_PEAK + ["--run-name", "single"])
     assert single.returncode == 0, single.stderr
-    double = _run(tmp_path, ARGS + FIXED_PEAK + ["--run-name", "double"], nproc=2)
+    # each rank tokenizing in a worker process of its own, as on a GPU node (data.encode_processes left to none
+    # gives every rank of a 16-core node processes): spawned from a rank, the same batches
+    double = _run(tmp_path, ARGS + FIXED_PEAK + ["--run-name", "double", "--encode-processes", "1"], nproc=2)
     assert double.returncode == 0, double.stderr[-3000:]
     s, d = json.loads(single.stdout), json.loads(double.stdout)  # only rank 0 prints
     # same global batch, same micro-batches (rank r takes batches r, r+W, ...): the same numbers.
