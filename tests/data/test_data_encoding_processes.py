@@ -87,6 +87,52 @@ def test_a_snapshot_is_the_state_when_it_was_taken(bpe):
 @pytest.mark.parametrize(("cores", "processes"), [(1, 0), (2, 0), (3, 0), (4, 2), (6, 4), (16, 8), (128, 8)])
 def test_left_to_none_a_rank_keeps_two_cores_and_encodes_on_the_rest(cores, processes):
     assert encode_processes_for(cores) == processes
+    assert encode_processes_for(cores, spawn_safe=False) == 0  # a script a worker would run again: threads
+
+
+def test_a_script_that_trains_at_its_top_level_would_run_again_in_each_worker(tmp_path):
+    """Why `none` starts no worker under a researcher's unguarded script: a spawned worker imports the main
+    module first. The script below counts its own starts; the detector says it is not safe, and a pool
+    started anyway (an explicit `encode_processes`) runs the script's top level once more per worker."""
+    marker, script = tmp_path / "starts.txt", tmp_path / "train_at_top_level.py"
+    script.write_text(
+        "import sys\n"
+        f"open({str(marker)!r}, 'a').write('start\\n')\n"
+        "from muonlab.data.encoding_processes import EncodingSpec, encode_with_bos, encoding_pool, main_is_spawn_safe\n"
+        "if __name__ != '__mp_main__':\n"
+        "    print(main_is_spawn_safe())\n"
+        "    spec = EncodingSpec(r'\\S+|\\s+', [bytes([b]) for b in range(256)], {'<|bos|>': 256}, 256)\n"
+        "    with encoding_pool(spec, 1) as pool:\n"
+        "        print(pool.submit(encode_with_bos, ['ab']).result()[0].tolist())\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "[256,", "97,", "98]"]
+    assert marker.read_text().splitlines() == ["start", "start"]  # the parent's, and the worker's again
+
+
+@pytest.mark.parametrize(("main", "safe"), [
+    ({"__spec__": "muonlab.__main__", "__file__": "/x/muonlab/__main__.py"}, True),  # python -m muonlab, torchrun -m
+    ({"__file__": "/venv/bin/muonlab", "main": "muonlab.cli"}, True),  # the console script, its call guarded
+    ({}, True),  # an interactive session or a notebook
+    ({"__file__": "/home/me/train.py"}, False),  # a script: it may train at its top level
+    ({"__spec__": "mylab.train", "__file__": "/home/me/mylab/train.py"}, False),  # python -m mylab.train
+])
+def test_the_main_modules_a_spawned_worker_can_import_harmlessly(monkeypatch, main, safe):
+    import types
+    from importlib.machinery import ModuleSpec
+
+    from muonlab.data.encoding_processes import main_is_spawn_safe
+
+    module = types.ModuleType("__main__")
+    if "__spec__" in main:
+        module.__spec__ = ModuleSpec(main["__spec__"], None)
+    if "__file__" in main:
+        module.__file__ = main["__file__"]
+    if "main" in main:
+        module.main = types.FunctionType((lambda: 0).__code__, {})
+        module.main.__module__ = main["main"]
+    monkeypatch.setitem(sys.modules, "__main__", module)
+    assert main_is_spawn_safe() is safe
 
 
 def test_the_setting_reaches_the_loader_and_a_negative_count_is_refused(bpe, tmp_path):

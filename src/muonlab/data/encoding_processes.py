@@ -15,6 +15,7 @@ ids are the ones the loader's own process would make.
 from __future__ import annotations
 
 import multiprocessing
+import sys
 from concurrent.futures import ProcessPoolExecutor
 from typing import NamedTuple
 
@@ -56,6 +57,24 @@ def encode_with_bos(texts: list[str]) -> list[np.ndarray]:
         ids[1:] = tokens
         out.append(ids)
     return out
+
+
+def main_is_spawn_safe() -> bool:
+    """Whether a spawned worker can start here without running the program's own code again.
+
+    A spawned process imports the parent's main module (as `__mp_main__`) before it runs anything:
+    harmless for `python -m muonlab` and torchrun's `-m muonlab` (a package's `__main__` is skipped), the
+    `muonlab` console script (its call is under `if __name__ == "__main__"`), an interactive session or a
+    notebook (no file); a researcher's script that trains at its top level would train again in every
+    worker. So `data.encode_processes` left to none starts workers only where this is true."""
+    main = sys.modules.get("__main__")
+    name = getattr(getattr(main, "__spec__", None), "name", None)
+    if name is not None:
+        return name == "__main__" or name.endswith(".__main__")
+    if getattr(main, "__file__", None) is None:
+        return True
+    entry = getattr(main, "main", None)  # the console script: `from muonlab.cli import main` under the guard
+    return getattr(entry, "__module__", "").startswith("muonlab.cli")
 
 
 def encoding_pool(spec: EncodingSpec, processes: int) -> ProcessPoolExecutor:

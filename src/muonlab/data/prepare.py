@@ -13,6 +13,7 @@ import torch
 
 from muonlab.data.config import DataConfig
 from muonlab.data.corpus import Corpus, prepare_corpus
+from muonlab.data.encoding_processes import main_is_spawn_safe
 from muonlab.data.packing import BestFitLoader, RowPacker
 from muonlab.data.sources import SPLITS
 from muonlab.data.store import DocBatch, iter_doc_batches, iter_docs
@@ -131,7 +132,8 @@ class PreparedData:
         share = max(1, usable_cpus() // world_size)
         processes = self.config.encode_processes
         return {"encode_workers": min(8, share),
-                "encode_processes": encode_processes_for(share) if processes is None else processes}
+                "encode_processes": encode_processes_for(share, main_is_spawn_safe()) if processes is None
+                else processes}
 
     def eval_stream(self, split: str, T: int, max_tokens: int) -> tuple[Callable[[int], Iterator[DocBatch]], int]:
         """(documents factory, row offset) of the packed stream that `split` is evaluated on.
@@ -201,11 +203,12 @@ class PreparedData:
         return bytes(out)
 
 
-def encode_processes_for(cores: int) -> int:
+def encode_processes_for(cores: int, spawn_safe: bool = True) -> int:
     """`data.encode_processes` left to none: the tokenizing processes a rank with `cores` cores gets. Two
     cores stay with the training process (the step's thread and the packing thread); a small machine
-    encodes on threads instead, where starting processes would cost more than it saves."""
-    return min(8, cores - 2) if cores >= 4 else 0
+    encodes on threads instead, where starting processes would cost more than it saves, and so does a
+    program whose main module a spawned worker would run again (encoding_processes.main_is_spawn_safe)."""
+    return min(8, cores - 2) if cores >= 4 and spawn_safe else 0
 
 
 def _to_xy(rows: list[torch.Tensor], device) -> tuple[torch.Tensor, torch.Tensor]:
