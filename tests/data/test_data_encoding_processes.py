@@ -145,6 +145,19 @@ def test_the_setting_reaches_the_loader_and_a_negative_count_is_refused(bpe, tmp
         DataConfig(encode_processes=-1).validate()
 
 
+def test_left_to_none_processes_feed_a_gpu_and_a_cpu_run_keeps_its_cores(bpe, tmp_path, monkeypatch):
+    from muonlab.data import prepare
+    from muonlab.data.prepare import PreparedData
+
+    monkeypatch.setattr(prepare, "usable_cpus", lambda: 16)
+    monkeypatch.setattr(prepare, "main_is_spawn_safe", lambda: True)
+    data = PreparedData(DataConfig(), bpe, tmp_path, {}, "", "", None, corpus=None)
+    data.documents = lambda split, start=0, one_pass=False: _documents(start)
+    assert data.loader(4, 48, "train", device="cuda").packer.encode_processes == 8  # not started until iterated
+    assert data.loader(4, 48, "train", device="cuda", world_size=4).packer.encode_processes == 2
+    assert data.loader(4, 48, "train", device="cpu").packer.encode_processes == 0
+
+
 def test_a_tokenizer_with_no_encoding_to_rebuild_encodes_in_the_training_process():
     """A Hugging Face tokenizer.json (local data) has no tiktoken encoding: its loader encodes in process."""
 

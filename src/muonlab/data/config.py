@@ -68,10 +68,10 @@ class DataConfig(Section):
                                     "the same batches either way", hashed=False, range=AT_MOST_COUNT)
     encode_processes: int | None = setting(None, "worker processes that tokenize the training documents ahead of "
                                            "the packer (0: threads of the training process, whose GIL the step "
-                                           "shares); none: this rank's share of the cores less 2, at most 8, "
-                                           "when the share is 4 or more and the program is the muonlab command, "
-                                           "python -m muonlab or a notebook (a script a spawned worker would run "
-                                           "again gets 0), else 0; the same batches either way",
+                                           "shares); none: on a GPU run, this rank's share of the cores less 2, "
+                                           "at most 8, when the share is 4 or more and the program is the muonlab "
+                                           "command, python -m muonlab or a notebook (a script a spawned worker "
+                                           "would run again gets 0); else 0; the same batches either way",
                                            hashed=False, range=AT_MOST_COUNT)
     vocab_size: int = setting(8192, "BPE vocabulary size (tokens)", range=AT_MOST_COUNT)
     tokenizer_max_chars: int = setting(1_000_000_000, "characters of the train split fed to BPE training",

@@ -123,17 +123,19 @@ class PreparedData:
         self.documents(split)  # validates the split
         return BestFitLoader(
             lambda start: self.documents(split, start), self.tokenizer, B, T, buffer_size, device, rank, world_size,
-            **self._encoding(world_size),
+            **self._encoding(world_size, device),
         )
 
-    def _encoding(self, world_size: int) -> dict[str, int]:
+    def _encoding(self, world_size: int, device: str | torch.device) -> dict[str, int]:
         """How a rank's packer encodes the next document batches at once: on threads or in worker processes
-        (`data.encode_processes`), with a share of the machine's cores per rank (the same ids either way)."""
+        (`data.encode_processes`), with a share of the machine's cores per rank (the same ids either way).
+        Left to none, processes only feed a GPU: a CPU run's step uses the cores they would take."""
         share = max(1, usable_cpus() // world_size)
         processes = self.config.encode_processes
-        return {"encode_workers": min(8, share),
-                "encode_processes": encode_processes_for(share, main_is_spawn_safe()) if processes is None
-                else processes}
+        if processes is None:
+            feeds_gpu = torch.device(device).type == "cuda"
+            processes = encode_processes_for(share, main_is_spawn_safe()) if feeds_gpu else 0
+        return {"encode_workers": min(8, share), "encode_processes": processes}
 
     def eval_stream(self, split: str, T: int, max_tokens: int) -> tuple[Callable[[int], Iterator[DocBatch]], int]:
         """(documents factory, row offset) of the packed stream that `split` is evaluated on.
@@ -149,10 +151,11 @@ class PreparedData:
         files = self.corpus.files[split]
         return (lambda start: iter_doc_batches(files, start=start)), self.corpus.eval_window[split] * n_rows
 
-    def _eval_row_iter(self, split: str, T: int, max_tokens: int, buffer_size: int, world_size: int = 1) -> Iterator:
+    def _eval_row_iter(self, split: str, T: int, max_tokens: int, buffer_size: int, world_size: int = 1,
+                       device: str | torch.device = "cpu") -> Iterator:
         factory, offset = self.eval_stream(split, T, max_tokens)
         # gpu-d8 scores 2 x 20,971,520 tokens (and skips as many to holdout's window): encoded as training is
-        packer = RowPacker(factory, self.tokenizer, T, buffer_size, **self._encoding(world_size))
+        packer = RowPacker(factory, self.tokenizer, T, buffer_size, **self._encoding(world_size, device))
         try:
             if packer.skip_rows(offset) < offset:
                 raise UsageError(f"the {split} stream ends before its evaluation window starts (row {offset})")
@@ -178,7 +181,7 @@ class PreparedData:
             raise UsageError(f"batch size B must be >= 1, got {B}")
         rows: list[torch.Tensor] = []
         produced = 0
-        for row in self._eval_row_iter(split, T, max_tokens, buffer_size, world_size):
+        for row in self._eval_row_iter(split, T, max_tokens, buffer_size, world_size, device):
             rows.append(torch.from_numpy(row))
             produced += 1
             if len(rows) == B:
