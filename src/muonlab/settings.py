@@ -446,7 +446,18 @@ def inactive_keys(obj: Section) -> dict[str, str]:
     return out
 
 
+def check_ranges(section: Section, name=lambda f: f.name) -> None:
+    """Every ranged field of `section` (not its sub-sections) inside its range, named by `name(field)`: a
+    section made in code or read back from an optimizer group is held to what `set_dotted` checks."""
+    for f in dataclasses.fields(section):
+        check_range(getattr(section, f.name), f.metadata.get("range"), name(f))
+
+
 def validate_tree(obj: Section) -> None:
+    """Every range of the tree first (a section's `validate` may read a sub-section's numbers), then each
+    section's own checks."""
+    for prefix, section in sections(obj):
+        check_ranges(section, lambda f, prefix=prefix: f"{prefix}{f.name}")
     for _, section in sections(obj):
         section.validate()
 

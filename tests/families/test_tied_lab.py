@@ -43,7 +43,7 @@ def test_tied_settings_are_validated():
         resolve_config("baseline", "cpu-tiny", {"optimizer": "afmuon"})
     with pytest.raises(UsageError, match=r"\(optim.kind\) must be one of"):
         resolve_config("baseline", "tied-cpu", {"optimizer": "muon_adamw"})
-    with pytest.raises(UsageError, match="af_cap"):
+    with pytest.raises(UsageError, match=r"\(optim\.cap\) must be >= 1, got 0\.5"):
         resolve_config("t1_afmuon", "tied-cpu", {"af_cap": 0.5})
     with pytest.raises(UsageError, match=r"grad_source\) must be one of"):
         resolve_config("t1_afmuon", "tied-cpu", {"tied_grad_source": "x"})

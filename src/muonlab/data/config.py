@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from muonlab.errors import UsageError
-from muonlab.settings import AT_MOST_COUNT, AT_MOST_TOKENS, Section, setting
+from muonlab.settings import AT_MOST_COUNT, AT_MOST_TOKENS, Range, Section, setting
 
 TEXT_SOURCES = ("climbmix", "local", "stdlib", "synthetic")  # documents of text, split and tokenized here
 # seed 004's other data (muonlab.data.token_data): token files the user has, images, proteins
@@ -28,6 +28,7 @@ def hub_location(base_url: str) -> tuple[str, str, str] | None:
 CLIMBMIX_MAX_SHARD = 6542  # the last shard, pinned as the validation shard
 
 TXT_MODES = ("file", "paragraph")
+OPEN_FRACTION = Range(0, 1, low_open=True, high_open=True)  # a split of none or all of the documents is no split
 
 
 @dataclass
@@ -78,8 +79,9 @@ class DataConfig(Section):
                                        range=AT_MOST_TOKENS)
     tokenizer_doc_cap: int = setting(10_000, "characters taken from each document for BPE training",
                                      range=AT_MOST_TOKENS)
-    val_fraction: float = setting(0.05, "small corpora: share of documents in the val split")
-    holdout_fraction: float = setting(0.05, "small corpora: share of documents in the holdout split")
+    val_fraction: float = setting(0.05, "small corpora: share of documents in the val split", range=OPEN_FRACTION)
+    holdout_fraction: float = setting(0.05, "small corpora: share of documents in the holdout split",
+                                      range=OPEN_FRACTION)
     synthetic_bytes: int = setting(4_000_000, "synthetic: corpus size in bytes", range=AT_MOST_TOKENS)
     synthetic_seed: int = setting(0, "synthetic: seed of the Markov chain and its text")
     synthetic_words: int = setting(512, "synthetic: distinct words in the vocabulary", range=AT_MOST_COUNT)
@@ -156,10 +158,6 @@ class DataConfig(Section):
             raise UsageError(f"vocab_size must be between 260 and 1000000, got {self.vocab_size}")
         if self.tokenizer_max_chars < 1 or self.tokenizer_doc_cap < 1:
             raise UsageError("tokenizer_max_chars and tokenizer_doc_cap must be >= 1")
-        for name in ("val_fraction", "holdout_fraction"):
-            value = getattr(self, name)
-            if not 0.0 < value < 1.0:
-                raise UsageError(f"{name} must be strictly between 0 and 1, got {value}")
         if self.val_fraction + self.holdout_fraction >= 1.0:
             raise UsageError("val_fraction + holdout_fraction must be < 1 to leave a train split")
         if self.synthetic_bytes < 1000:

@@ -36,7 +36,8 @@ import torch
 
 from muonlab.errors import UsageError
 from muonlab.plugins import is_builtin_module
-from muonlab.settings import METHOD_OFF, MethodInfo, MethodSection, Section, coerce, option_settings, setting, type_hints
+from muonlab.settings import (METHOD_OFF, MethodInfo, MethodSection, Section, check_ranges, coerce, option_settings,
+                              setting, type_hints)
 
 HOOKS = ("embed", "stream", "block_input", "head_input", "attn_input", "mlp_input", "rotary", "qk",
          "branch", "residual_add", "loss", "run_block")
@@ -156,6 +157,7 @@ class VariantConfig(MethodSection):
         try:  # a config built in code, not resolved from settings: its values' types and the section's checks
             for f in dataclasses.fields(self):
                 coerce(getattr(self, f.name), hints[f.name], f.name)
+            check_ranges(self, lambda f: (f.metadata.get("flag") or f.name).replace("-", "_"))
             self.validate()
         except UsageError as e:
             raise ValueError(str(e)) from None

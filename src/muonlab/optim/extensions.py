@@ -40,7 +40,8 @@ import torch
 
 from muonlab.errors import UsageError
 from muonlab.plugins import is_builtin_module
-from muonlab.settings import MethodSection, Section, coerce, fixed, option, option_fields, option_settings  # a conditioner's fields: --prepolar-<name>
+from muonlab.settings import (MethodSection, Section, check_ranges, coerce, fixed, option, option_fields,
+                              option_settings)  # a conditioner's fields: --prepolar-<name>
 
 POINTS = ("prepolar",)  # where a plug-in extends the optimizer
 
@@ -124,6 +125,7 @@ class GroupSection(MethodSection):
                 raise ValueError(str(e)) from None
         made = cls(**values)
         try:
+            check_ranges(made, lambda f: keys[f.name])
             made.validate()
         except UsageError as e:
             raise ValueError(str(e)) from None

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from muonlab.errors import UsageError
-from muonlab.settings import (COUNT, MOMENTUM, POSITIVE_COUNT, MethodInfo, MethodSection, Section, comma_items,
-                              setting)
+from muonlab.settings import (COUNT, MOMENTUM, NON_NEGATIVE, POSITIVE, POSITIVE_COUNT, MethodInfo, MethodSection,
+                              Section, comma_items, setting)
 from muonlab.model.variants.presub_gains import PresubGainsConfig
 from muonlab.model.variants.qk_scale import QKScaleConfig
 from muonlab.model.variants.lerope import LeRoPEConfig
@@ -123,23 +123,25 @@ STEP0_HELP = "seed 002 §4.5 item 2 step-0 controls on the routing scalars (none
 class MuonAdamWConfig(MethodSection):
     """MuonAdamW as upstream sets it up, its schedules, and the seed papers' add-ons."""
 
-    embedding_lr: float = setting(0.6, "AdamW lr of wte and value embeddings (x (d/768)^-1/2)")
-    unembedding_lr: float = setting(0.004, "AdamW lr of lm_head (x (d/768)^-1/2)")
-    matrix_lr: float = setting(0.04, "Muon lr of the block matrices")
-    scalar_lr: float = setting(0.5, "AdamW lr of the residual scalars (and base of the variants' lrs)")
-    weight_decay: float = setting(0.2, "Muon (cautious) weight decay, decayed linearly to 0")
-    adam_beta1: float = setting(0.8, "AdamW beta1")
-    adam_beta2: float = setting(0.95, "AdamW beta2")
+    embedding_lr: float = setting(0.6, "AdamW lr of wte and value embeddings (x (d/768)^-1/2)", range=NON_NEGATIVE)
+    unembedding_lr: float = setting(0.004, "AdamW lr of lm_head (x (d/768)^-1/2)", range=NON_NEGATIVE)
+    matrix_lr: float = setting(0.04, "Muon lr of the block matrices", range=NON_NEGATIVE)
+    scalar_lr: float = setting(0.5, "AdamW lr of the residual scalars (and base of the variants' lrs)",
+                               range=NON_NEGATIVE)
+    weight_decay: float = setting(0.2, "Muon (cautious) weight decay, decayed linearly to 0", range=NON_NEGATIVE)
+    adam_beta1: float = setting(0.8, "AdamW beta1", range=MOMENTUM)
+    adam_beta2: float = setting(0.95, "AdamW beta2", range=MOMENTUM)
     muon_momentum_start: float = setting(0.85, "Muon momentum at step 0", range=MOMENTUM)
     muon_momentum_end: float = setting(0.95, "Muon momentum after the warm-up", range=MOMENTUM)
     muon_momentum_warmup_steps: int = setting(300, "steps of the Muon momentum warm-up", range=COUNT)
     muon_momentum_cooldown: bool = setting(False, "seed 002 §2.1 (Tier 1): momentum 0.95 -> 0.85 over the warmdown")
     muon_wd_schedule: Literal["linear", "cosine"] = setting("linear", "Muon weight-decay decay (cosine: seed 002 §2.1 (Tier 1))")
-    lr_scale: float = setting(1.0, "seed 002 lr141: every LR x k, Muon weight decay x 1/k")
+    lr_scale: float = setting(1.0, "seed 002 lr141: every LR x k, Muon weight decay x 1/k", range=POSITIVE)
     matrix_optimizer: Literal["muon", "adamw"] = setting("muon", "adamw: the adamw_only control (every block "
                                                          "matrix on AdamW)")
-    adamw_matrix_lr: float = setting(0.003, "adamw_only: the block matrices' AdamW lr")
-    adamw_matrix_weight_decay: float = setting(0.0, "adamw_only: the block matrices' decoupled weight decay")
+    adamw_matrix_lr: float = setting(0.003, "adamw_only: the block matrices' AdamW lr", range=NON_NEGATIVE)
+    adamw_matrix_weight_decay: float = setting(0.0, "adamw_only: the block matrices' decoupled weight decay",
+                                               range=NON_NEGATIVE)
     embedding_state: Literal["native", "master32"] = setting(
         "native", "wte/value-embedding state: native (upstream bf16) or master32 (fp32 master + moments, seed 002 §2.1 (Tier 1), §3 item 3)")
     step0_mode: str = setting("none", STEP0_HELP)
@@ -194,19 +196,9 @@ class MuonAdamWConfig(MethodSection):
                                  "prepolar", "polar")}}
 
     def validate(self) -> None:
-        for name in ("embedding_lr", "unembedding_lr", "matrix_lr", "scalar_lr", "weight_decay"):
-            if getattr(self, name) < 0:
-                raise UsageError(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("adam_beta1", "adam_beta2"):
-            if not 0 <= getattr(self, name) < 1:
-                raise UsageError(f"{name} must be in [0, 1), got {getattr(self, name)}")
-        if self.lr_scale <= 0:
-            raise UsageError(f"lr_scale must be > 0, got {self.lr_scale}")
         from muonlab.optim.step0 import STEP0_MODES  # noqa: PLC0415
 
         if self.step0_mode not in STEP0_MODES:
             raise UsageError(f"step0_mode must be one of {', '.join(STEP0_MODES)}, got {self.step0_mode!r}")
         if self.homotopy_first_t not in (0, 1):
             raise UsageError(f"homotopy_first_t must be 0 or 1, got {self.homotopy_first_t}")
-        if min(self.adamw_matrix_lr, self.adamw_matrix_weight_decay) < 0:
-            raise UsageError("adamw_matrix_lr and adamw_matrix_weight_decay must be >= 0")

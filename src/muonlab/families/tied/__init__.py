@@ -11,7 +11,7 @@ import torch
 from muonlab.errors import UsageError
 from muonlab.families import Family, register_family
 from muonlab.families.tied.afmuon import AFMuonConfig, LRSchedule, build_optimizer, cpu_matrix_lr, table_stats
-from muonlab.settings import MethodInfo, Section, setting
+from muonlab.settings import POSITIVE_COUNT, MethodInfo, Section, setting
 from muonlab.families.tied.model import TIED_SHAPES
 
 TIED_SHAPE_NAMES = tuple(TIED_SHAPES)
@@ -30,16 +30,14 @@ class TiedModelConfig(Section):
         flag="tied-grad-source")
     n_embd: int | None = setting(None, "the width d (none: the preset's); heads keep the preset's head dim and "
                                  "the MLP its 4d (seed 004 K.4: d 768, 1024, 1536 at head dim 128)",
-                                 flag="tied-n-embd")
+                                 flag="tied-n-embd", range=POSITIVE_COUNT)
     vocab_rows: int | None = setting(None, "the tied table's rows where the data's vocabulary has fewer (none: the "
                                      "data's): NanoGPT pads its tokenizer to 50,304 rows (seed 004 App. J.1)",
-                                     flag="tied-vocab-rows")
+                                     flag="tied-vocab-rows", range=POSITIVE_COUNT)
 
     def validate(self) -> None:
-        if self.vocab_rows is not None and self.vocab_rows < 1:
-            raise UsageError(f"tied_vocab_rows must be >= 1, got {self.vocab_rows}")
         head_dim = TIED_SHAPES[self.preset].n_embd // TIED_SHAPES[self.preset].n_head
-        if self.n_embd is not None and (self.n_embd < 1 or self.n_embd % head_dim):
+        if self.n_embd is not None and self.n_embd % head_dim:
             raise UsageError(f"tied_n_embd must be a positive multiple of {self.preset}'s head dim {head_dim}, "
                              f"got {self.n_embd}")
 

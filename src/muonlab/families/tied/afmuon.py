@@ -20,8 +20,7 @@ import torch
 from torch import nn
 
 from muonlab.errors import UsageError
-from muonlab.optim.af_muon import DEFAULT_CAP, DEFAULT_SCALE
-from muonlab.settings import MethodInfo, Section, setting
+from muonlab.settings import POSITIVE, MethodInfo, Range, Section, setting
 
 AF_OPTIMIZERS = ("afmuon", "hybrid", "sign", "factorial_lmo_rms", "factorial_lmo_adamw", "factorial_adamw_rms",
                  "factorial_adamw_adamw", "adamw")
@@ -58,13 +57,14 @@ class AFMuonConfig(Section):
     kind: Literal[AF_OPTIMIZERS] = setting("afmuon", "AF-Muon, Hybrid Muon, Sign (c = 1), the K.1 factorial "
                                            "(tied rule x vector rule), or plain AdamW", flag="optimizer")
     cap: float | None = setting(None, "the clipped-row LMO's cap c (none: the optimizer's own, AF-Muon 3; "
-                                "Sign fixes 1; inf allowed)", flag="af-cap", allow_inf=True)
+                                "Sign fixes 1; inf allowed)", flag="af-cap", allow_inf=True, range=Range(1, None))
     scale: float | None = setting(None, "the tied table's scale s (none: the optimizer's own, AF-Muon 0.5, "
-                                  "Sign 1)", flag="af-scale")
-    rho: float = setting(60.0, "the tied table's rho", flag="af-rho")
-    matrix_lr: float = setting(0.02, "Muon / tied-table base lr", flag="af-matrix-lr")
-    vector_lr: float = setting(3e-4, "vector (and auxiliary AdamW) lr", flag="af-vector-lr")
-    adamw_lr: float = setting(6e-4, "the AdamW baseline's lr (seed 004's tuned pilot value)", flag="af-adamw-lr")
+                                  "Sign 1)", flag="af-scale", range=POSITIVE)
+    rho: float = setting(60.0, "the tied table's rho", flag="af-rho", range=POSITIVE)
+    matrix_lr: float = setting(0.02, "Muon / tied-table base lr", flag="af-matrix-lr", range=POSITIVE)
+    vector_lr: float = setting(3e-4, "vector (and auxiliary AdamW) lr", flag="af-vector-lr", range=POSITIVE)
+    adamw_lr: float = setting(6e-4, "the AdamW baseline's lr (seed 004's tuned pilot value)", flag="af-adamw-lr",
+                              range=POSITIVE)
 
     def tied_rule(self) -> str:
         return "lmo" if self.kind in ("afmuon", "sign", "factorial_lmo_rms", "factorial_lmo_adamw") else "adamw"
@@ -82,10 +82,6 @@ class AFMuonConfig(Section):
     def validate(self) -> None:
         if self.kind == "sign" and self.cap not in (None, 1.0):
             raise UsageError(f"optimizer sign fixes af_cap = 1, got {self.cap}")
-        cap = DEFAULT_CAP if self.cap is None else self.cap
-        scale = DEFAULT_SCALE if self.scale is None else self.scale
-        if math.isnan(cap) or cap < 1 or min(scale, self.rho, self.matrix_lr, self.vector_lr, self.adamw_lr) <= 0:
-            raise UsageError("need af_cap >= 1 and af_scale, af_rho, af_matrix_lr, af_vector_lr, af_adamw_lr > 0")
 
 
 def build_optimizer(model, cfg, compile_step: bool, distributed: bool = False):

@@ -38,9 +38,8 @@ import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from muonlab.errors import UsageError
 from muonlab.model.extensions import ModelVariant, VariantConfig, register_variant
-from muonlab.settings import MethodInfo, setting
+from muonlab.settings import NON_NEGATIVE, MethodInfo, setting
 
 
 def inv_frequencies(head_dim: int, base: float = 10000.0,
@@ -177,11 +176,8 @@ class LeRoPEConfig(VariantConfig):
 
     kind: Literal["standard", "lerope_shared", "lerope_adapted"] = setting(
         "standard", "standard RoPE, LeRoPE shared (64, fp32 trig) or adapted (per layer and head, bf16 trig)", flag="rope")
-    lr_mult: float = setting(0.04, "LeRoPE's AdamW lr as a multiple of scalar_lr", flag="rope-lr-mult")
-
-    def validate(self) -> None:
-        if self.lr_mult < 0:
-            raise UsageError(f"rope_lr_mult must be >= 0, got {self.lr_mult}")
+    lr_mult: float = setting(0.04, "LeRoPE's AdamW lr as a multiple of scalar_lr", flag="rope-lr-mult",
+                             range=NON_NEGATIVE)
 
 
 @register_variant("lerope", LeRoPEConfig)  # its record: LeRoPEConfig.METHOD

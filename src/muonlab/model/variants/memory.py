@@ -13,9 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from muonlab.errors import UsageError
 from muonlab.model.extensions import ModelVariant, register_variant
-from muonlab.settings import MethodInfo, MethodSection, Section, setting
+from muonlab.settings import COUNT, MethodInfo, MethodSection, Section, setting
 
 
 @dataclass(frozen=True)
@@ -74,11 +73,8 @@ class MemorySettings(MethodSection):
     METHOD: ClassVar[MethodInfo] = MethodInfo('memory_safe_path', 'seed 003 (block checkpointing, 4096-token loss chunks)', __name__, ('tests/model/test_model_variants.py',), None, None)
 
     checkpoint_blocks: bool = setting(False, "non-reentrant activation checkpointing per block")
-    loss_chunk_tokens: int = setting(0, "> 0: the loss in recomputed chunks of this many tokens (seed 003: 4096)")
-
-    def validate(self) -> None:
-        if self.loss_chunk_tokens < 0:
-            raise UsageError(f"loss_chunk_tokens must be >= 0, got {self.loss_chunk_tokens}")
+    loss_chunk_tokens: int = setting(0, "> 0: the loss in recomputed chunks of this many tokens (seed 003: 4096)",
+                                     range=COUNT)
 
     def variant_configs(self, cfg) -> tuple:
         """The model's variant config(s) for this section of the run config `cfg` (none when off)."""

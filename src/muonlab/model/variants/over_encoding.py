@@ -41,9 +41,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from muonlab.errors import UsageError
 from muonlab.model.extensions import ModelVariant, VariantConfig, register_variant
-from muonlab.settings import MethodInfo, setting
+from muonlab.settings import COUNT, POSITIVE_COUNT, MethodInfo, Range, setting
 
 DEFAULT_M = 150_855  # seed 002 §2.1's table size m (the tables have m + 2j rows)
 
@@ -157,17 +156,13 @@ class OverEncodingConfig(VariantConfig):
     METHOD: ClassVar[MethodInfo] = MethodInfo('over_encoding', 'seed 002 §2.1 (Family A Over-Encoding; table-Neumann §4.3)', __name__,
                                               ('tests/model/test_over_encoding.py', 'tests/model/test_over_encoding_model.py', 'tests/papers/test_table_update.py', 'tests/diagnostics/test_diagnostics_accounting.py'), 'm', 0)
 
-    m: int = setting(0, f"table size (0: off; the paper {DEFAULT_M})", flag="oe-m")
-    n: int = setting(3, "largest n-gram order", flag="oe-n")
-    k: int = setting(2, "tables per order", flag="oe-k")
+    m: int = setting(0, f"table size (0: off; the paper {DEFAULT_M})", flag="oe-m", range=COUNT)
+    n: int = setting(3, "largest n-gram order", flag="oe-n", range=Range(2, 64, why="an n-gram order no table holds"))
+    k: int = setting(2, "tables per order", flag="oe-k", range=POSITIVE_COUNT)
 
     def step_hooks(self, model) -> list:
         """Each micro-step's table visits, counted outside the (compiled) forward."""
         return [CountVisits(model.oe)] if self.is_on() else []
-
-    def validate(self) -> None:
-        if self.m < 0:
-            raise UsageError(f"oe_m must be >= 0 (0: no Over-Encoding), got {self.m}")
 
     def check_model(self, config) -> None:
         super().check_model(config)

@@ -26,10 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from muonlab.errors import UsageError
 from muonlab.model.extensions import ModelVariant, VariantConfig, register_variant
 from muonlab.model.variants.qk_scale import stop_exp
-from muonlab.settings import MethodInfo, setting
+from muonlab.settings import NON_NEGATIVE, MethodInfo, setting
 
 PRESUB_GAINS = ("none", "unfused_slice", "unfused_contig", "weight_fused", "gate_scaled")
 PRESUB_PARAMS = ("linear", "stopexp")
@@ -55,11 +54,8 @@ class PresubGainsConfig(VariantConfig):
     impl: Literal["none", "unfused_slice", "unfused_contig", "weight_fused", "gate_scaled"] = setting(
         "none", "implementation (gate_scaled: the non-equivalent control)", flag="presub-gains")
     param: Literal["linear", "stopexp"] = setting("linear", "gain parametrisation", flag="presub-param")
-    lr_mult: float = setting(0.04, "gains' AdamW lr as a multiple of scalar_lr (seed 000's 0.04)", flag="presub-lr-mult")
-
-    def validate(self) -> None:
-        if self.lr_mult < 0:
-            raise UsageError(f"presub_lr_mult must be >= 0, got {self.lr_mult}")
+    lr_mult: float = setting(0.04, "gains' AdamW lr as a multiple of scalar_lr (seed 000's 0.04)", flag="presub-lr-mult",
+                             range=NON_NEGATIVE)
 
 
 @register_variant("presub_gains", PresubGainsConfig)  # its record: PresubGainsConfig.METHOD

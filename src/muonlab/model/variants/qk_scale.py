@@ -27,9 +27,8 @@ from typing import ClassVar, Literal
 import torch
 from torch import nn
 
-from muonlab.errors import UsageError
 from muonlab.model.extensions import ModelVariant, VariantConfig, register_variant
-from muonlab.settings import MethodInfo, comma_items, setting
+from muonlab.settings import COUNT, NON_NEGATIVE, MethodInfo, comma_items, setting
 
 QK_SCALES = ("none", "pair_tied_linear", "pair_tied_stopexp", "pair_tied_exp", "untied_stopexp", "head_temp")
 
@@ -114,16 +113,16 @@ class QKScaleConfig(VariantConfig):
         setting("none", "scaling rule", flag="qk-scale")
     freeze_layers: str = setting("", "comma-separated layers whose scales stay 1 (seed 002 QMASK: 0)",
                                  flag="qk-freeze-layers")
-    freeze_planes: int = setting(0, "RoPE planes c < this stay 1 in every layer (QMASK: 16)", flag="qk-freeze-planes")
-    lr_mult: float = setting(0.04, "scales' AdamW lr as a multiple of scalar_lr", flag="qk-lr-mult")
+    freeze_planes: int = setting(0, "RoPE planes c < this stay 1 in every layer (QMASK: 16)", flag="qk-freeze-planes",
+                                 range=COUNT)
+    lr_mult: float = setting(0.04, "scales' AdamW lr as a multiple of scalar_lr", flag="qk-lr-mult",
+                             range=NON_NEGATIVE)
 
     def layers(self) -> tuple[int, ...]:
         return tuple(comma_items(self.freeze_layers, "qk_freeze_layers", int))
 
     def validate(self) -> None:
         self.layers()
-        if self.lr_mult < 0:
-            raise UsageError(f"qk_lr_mult must be >= 0, got {self.lr_mult}")
 
     def shape(self, config) -> tuple[int, ...]:
         return qk_param_shape(self.kind, config.n_layer, config.n_head, config.head_dim)

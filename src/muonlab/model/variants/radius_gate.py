@@ -29,9 +29,8 @@ from typing import ClassVar, Literal
 import torch
 from torch import nn
 
-from muonlab.errors import UsageError
 from muonlab.model.extensions import ModelVariant, VariantConfig, register_variant
-from muonlab.settings import MethodInfo, setting
+from muonlab.settings import NON_NEGATIVE, MethodInfo, setting
 
 RADIUS_GATES = ("none", "state", "branch", "neutral")
 
@@ -70,7 +69,7 @@ class RadiusGateConfig(VariantConfig):
     kind: Literal["none", "state", "branch", "neutral"] = setting("none", "what the gate reads (neutral: frozen at 0)",
                                                                  flag="radius-gate")
     lr_mult: float = setting(0.04, "gates' AdamW lr as a multiple of scalar_lr (unstated in seed 003)",
-                             flag="gate-lr-mult")
+                             flag="gate-lr-mult", range=NON_NEGATIVE)
     detach_stats: bool = setting(False, "detach the prefix statistics z_t from v (seed 003 uses ordinary autograd "
                                         "through them: off)", flag="gate-detach-stats")
 
@@ -78,10 +77,6 @@ class RadiusGateConfig(VariantConfig):
         # a frozen neutral gate has a = b = 0, so no gradient reaches z either way
         return {"lr_mult": "the neutral gate is frozen", "detach_stats": "the neutral gate is frozen"} \
             if self.kind == "neutral" else super().inactive()
-
-    def validate(self) -> None:
-        if self.lr_mult < 0:
-            raise UsageError(f"gate_lr_mult must be >= 0, got {self.lr_mult}")
 
 
 @register_variant("radius_gate", RadiusGateConfig)  # its record: RadiusGateConfig.METHOD

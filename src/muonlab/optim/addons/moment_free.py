@@ -51,7 +51,7 @@ from muonlab.errors import UsageError
 from muonlab.optim.addons.neumann_whitening import neumann_whiten
 from muonlab.optim.extensions import GroupSection
 from muonlab.optim.homotopy import HOMOTOPY_FIRST_T, homotopy_alpha, homotopy_t
-from muonlab.settings import METHOD_OFF, MethodInfo, setting
+from muonlab.settings import METHOD_OFF, NON_NEGATIVE, MethodInfo, setting
 
 
 
@@ -101,14 +101,10 @@ class TableNeumann(GroupSection):
     METHOD: ClassVar[MethodInfo] = MethodInfo('table_neumann', 'seed 002 §4.3 item 1', __name__, ('tests/papers/test_table_update.py',), 'kind', None)
 
     kind: Literal[None, "neumann"] = setting(None, "none | neumann", flag="table-whiten")
-    tau: float = setting(80.0, "homotopy horizon", flag="table-whiten-tau")
+    tau: float = setting(80.0, "homotopy horizon", flag="table-whiten-tau", range=NON_NEGATIVE)
 
     def inactive(self) -> dict[str, str]:
         return {"tau": METHOD_OFF} if self.kind is None else {}
-
-    def validate(self) -> None:
-        if self.tau < 0:
-            raise UsageError("need table_whiten_tau >= 0")
 
     def param_group_keys(self, optim) -> dict[str, dict]:
         """The Over-Encoding tables' group (named by its model variant) takes table-Neumann's keys."""

@@ -41,10 +41,9 @@ from typing import Callable, ClassVar, Literal
 
 import torch
 
-from muonlab.errors import UsageError
 from muonlab.optim.extensions import GroupSection
 from muonlab.optim.homotopy import HOMOTOPY_FIRST_T, homotopy_alpha, homotopy_t
-from muonlab.settings import METHOD_OFF, MethodInfo, setting
+from muonlab.settings import METHOD_OFF, NON_NEGATIVE, POSITIVE_COUNT, MethodInfo, setting
 
 WHITENS = ("neumann",)
 
@@ -93,8 +92,9 @@ class NeumannWhitening(GroupSection):
     METHOD: ClassVar[MethodInfo] = MethodInfo('neumann_whitening', 'seed 002 §2.1 (Tier 1)', __name__, ('tests/optim/test_whitening.py',), 'kind', None)
 
     kind: Literal[None, "neumann"] = setting(None, "none | neumann", flag="whiten")
-    tau: float = setting(80.0, "homotopy horizon of beta_t", flag="whiten-tau")
-    terms: int = setting(1, "series terms (1 = the paper's first-order form)", flag="whiten-terms")
+    tau: float = setting(80.0, "homotopy horizon of beta_t", flag="whiten-tau", range=NON_NEGATIVE)
+    terms: int = setting(1, "series terms (1 = the paper's first-order form)", flag="whiten-terms",
+                         range=POSITIVE_COUNT)
     mean_addback: bool = setting(False, "add the mean row back (the paper is silent; off = its formula)",
                                  flag="whiten-mean-addback")
 
@@ -107,10 +107,6 @@ class NeumannWhitening(GroupSection):
             return {}
         keys = dict(self.group_values(), whiten_first_t=optim.homotopy_first_t)
         return {"lm_head": keys, "wte": dict(keys), "value_embeds": dict(keys)}
-
-    def validate(self) -> None:
-        if self.terms < 1 or self.tau < 0:
-            raise UsageError("need whiten_terms >= 1 and whiten_tau >= 0")
 
 
 # every option an adamw group may carry, with its default (absent == default): the settings' keys,
