@@ -143,9 +143,15 @@ def field_help(cls, f: dataclasses.Field) -> str:
 
 
 def option_settings(cls, label: str, flag_prefix: str) -> list[tuple[str, Any, Any]]:
-    """A method dataclass's settings as (name, type, setting) specs for a generated Section
-    (dataclasses.make_dataclass): the help prefixed by `label`, the flag `<flag_prefix>-<field>`. A field
-    whose type no flag can carry (a list, a tensor) is refused in one line: declare it `fixed`."""
+    """A method dataclass's settings as (name, type, setting) specs (see _option_settings)."""
+    return list(_option_settings(cls, label, flag_prefix))
+
+
+@functools.cache
+def _option_settings(cls, label: str, flag_prefix: str) -> tuple[tuple[str, Any, Any], ...]:
+    """The settings an OpenSection takes from a method's dataclass: the help prefixed by `label`, the flag
+    `<flag_prefix>-<field>`. A field whose type no flag can carry (a list, a tensor) is refused in one line:
+    declare it `fixed`. Made once per class (a field's name is set where it is listed: setting_fields)."""
     hints = typing.get_type_hints(cls)
     specs = []
     for f in option_fields(cls):
@@ -156,9 +162,10 @@ def option_settings(cls, label: str, flag_prefix: str) -> list[tuple[str, Any, A
                             f"to keep it off the command line")
         if f.default is MISSING:
             raise TypeError(f"{cls.__name__}.{f.name}: a setting needs a default")
-        specs.append((f.name, hints[f.name], setting(f.default, f"{label}: {field_help(cls, f)}",
-                                                     flag=f"{flag_prefix}-{f.name}".replace("_", "-"))))
-    return specs
+        made = setting(f.default, f"{label}: {field_help(cls, f)}", flag=f"{flag_prefix}-{f.name}".replace("_", "-"))
+        made.name = f.name
+        specs.append((f.name, hints[f.name], made))
+    return tuple(specs)
 
 
 class Section:
@@ -198,6 +205,88 @@ class MethodSection(Section):
 
     def check_with(self, cfg) -> None:
         """Raise UsageError when the method needs another setting of run config `cfg` that is not on."""
+
+
+class OpenSection(Section):
+    """A section whose settings are declared by registered classes as well as by its own fields: a method's
+    own frozen dataclass (a pre-polar conditioner's options in `optim.prepolar`, a plug-in variant's config in
+    `model.plugin_variants`) adds its fields when it is registered, so a plug-in's fields are settings like a
+    built-in's. `opened()` lists them as (name, type, field) from the registry now; their values are held in
+    the `values` field by name and read and set as attributes. No class is made at run time: the machinery
+    walks `setting_fields`, which is `dataclasses.fields` for every other section. Never frozen (the
+    registry's fields are set in place)."""
+
+    def opened(self) -> list[tuple[str, Any, dataclasses.Field]]:
+        """(name, type, field made by `setting`) of each registered setting, in registration order."""
+        return []
+
+    def __post_init__(self) -> None:
+        given = self.__dict__.setdefault("values", {})
+        for name, _, f in self.opened():
+            if name not in given:
+                given[name] = f.default_factory() if f.default_factory is not MISSING else f.default
+
+    def __getattr__(self, name: str) -> Any:
+        values = self.__dict__.get("values")  # absent while copy or pickle rebuilds the object
+        if values is None or name.startswith("_"):
+            raise AttributeError(name)
+        if name in values:
+            return values[name]
+        for opened, _, f in self.opened():  # a method registered after this section was made: its default
+            if opened == name:
+                values[name] = f.default_factory() if f.default_factory is not MISSING else f.default
+                return values[name]
+        raise AttributeError(f"{type(self).__name__} has no setting {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        declared = name in type(self).__dataclass_fields__  # set by __init__ before `opened()` can be read
+        if not declared and "values" in self.__dict__ and name in {opened for opened, _, _ in self.opened()}:
+            self.values[name] = value
+        else:
+            object.__setattr__(self, name, value)
+
+
+def opened_values() -> Any:
+    """The `values` field of an OpenSection subclass (its registered settings by name; not itself a setting)."""
+    return dataclasses.field(default_factory=dict, metadata={"opened_values": True})
+
+
+def setting_fields(obj) -> tuple[dataclasses.Field, ...]:
+    """The settings of a section class or instance: its dataclass fields, and an OpenSection's registered ones."""
+    own = tuple(f for f in dataclasses.fields(obj) if not f.metadata.get("opened_values"))
+    if not (isinstance(obj, OpenSection) or isinstance(obj, type) and issubclass(obj, OpenSection)):
+        return own
+    return own + tuple(f for _, _, f in _opened(obj))
+
+
+def setting_hints(obj) -> dict[str, Any]:
+    """{setting: its type} of a section class or instance (setting_fields' types)."""
+    hints = type_hints(obj if isinstance(obj, type) else type(obj))
+    if not (isinstance(obj, OpenSection) or isinstance(obj, type) and issubclass(obj, OpenSection)):
+        return hints
+    return {**hints, **{name: tp for name, tp, _ in _opened(obj)}}
+
+
+def _opened(obj) -> list[tuple[str, Any, dataclasses.Field]]:
+    return (obj() if isinstance(obj, type) else obj).opened()
+
+
+@dataclass(eq=True)
+class MethodOptions(OpenSection):
+    """The settings of one method's own dataclass (a plug-in variant's config): every field not `fixed`, each
+    with the flag `<flag_prefix>-<field>` and its help prefixed by `label` (option_settings)."""
+
+    values: dict = opened_values()
+    method: Any = dataclasses.field(default=None, metadata={"opened_values": True})
+    label: str = dataclasses.field(default="", metadata={"opened_values": True})
+    flag_prefix: str = dataclasses.field(default="", metadata={"opened_values": True})
+
+    def opened(self) -> list[tuple[str, Any, dataclasses.Field]]:
+        return [] if self.method is None else option_settings(self.method, self.label, self.flag_prefix)
+
+    def made(self) -> Any:
+        """The method's config with these settings (its fixed fields at their defaults)."""
+        return self.method(**{name: getattr(self, name) for name, _, _ in self.opened()})
 
 
 # ----------------------------------------------------------------------------- types
@@ -312,11 +401,13 @@ class Leaf:
 def leaves(obj, prefix: str = "", classes: dict[str, type] | None = None) -> Iterator[Leaf]:
     """Every leaf setting of a section class or instance (sub-sections expanded), in declaration
     order, without building a config from a class. A field annotated with the abstract `Section`
-    (a family's model or optimizer, a registry's generated section) is expanded from the instance's
-    value, or from a class: `classes[field]` where given, else the class its default factory makes."""
-    cls = obj if isinstance(obj, type) else type(obj)
-    hints = type_hints(cls)
-    for f in dataclasses.fields(cls):
+    (a family's model or optimizer) is expanded from the instance's value, or from a class:
+    `classes[field]` where given, else the class its default factory makes. An OpenSection's registered
+    settings are those of the registry now."""
+    if isinstance(obj, type) and issubclass(obj, OpenSection):
+        obj = obj()  # its settings are the registry's now: read from a default section
+    hints = setting_hints(obj)
+    for f in setting_fields(obj):
         tp = hints[f.name]
         key = f"{prefix}{f.name}"
         if _is_section_type(tp):
@@ -333,15 +424,13 @@ def leaves(obj, prefix: str = "", classes: dict[str, type] | None = None) -> Ite
 
 
 def _factory_class(f: dataclasses.Field) -> type:
-    # a registry's section (optim.prepolar, model.plugin_variants) names its class; else make one
-    section_class = getattr(f.default_factory, "section_class", None)
-    return section_class() if section_class is not None else type(f.default_factory())
+    return type(f.default_factory())
 
 
 def sections(obj: Section, prefix: str = "") -> Iterator[tuple[str, Section]]:
     """(dotted prefix, section) for obj and every sub-section below it."""
     yield prefix, obj
-    for f in dataclasses.fields(obj):
+    for f in setting_fields(obj):
         value = getattr(obj, f.name)
         if isinstance(value, Section):
             yield from sections(value, f"{prefix}{f.name}.")
@@ -367,13 +456,14 @@ def set_dotted(obj: Section, key: str, value: Any, where: str = "", named: str |
     chain = [obj]  # the sections from the root down to the leaf's
     for i, part in enumerate(parts):
         target = chain[-1]
-        if part not in {f.name for f in dataclasses.fields(target)}:
+        fields = {f.name: f for f in setting_fields(target)}
+        if part not in fields:
             raise UsageError(f"{key} is not a setting{where}")
         if i == len(parts) - 1:
-            tp = type_hints(type(target))[part]
+            tp = setting_hints(target)[part]
             if _is_section_type(tp):
                 raise UsageError(f"{key} is a group of settings, not a setting")
-            meta = next(f.metadata for f in dataclasses.fields(target) if f.name == part)
+            meta = fields[part].metadata
             value = coerce(value, tp, named or key, bool(meta.get("allow_inf")))
             check_range(value, meta.get("range"), named or key)
             _assign(chain, parts, value)
@@ -400,7 +490,7 @@ def _assign(chain: list[Section], parts: list[str], value: Any) -> None:
 
 def to_dict(obj: Section) -> dict[str, Any]:
     out = {}
-    for f in dataclasses.fields(obj):
+    for f in setting_fields(obj):
         value = getattr(obj, f.name)
         out[f.name] = to_dict(value) if isinstance(value, Section) else value
     return out
@@ -425,7 +515,7 @@ def hashed_values(obj: Section, prefix: str = "", skip: frozenset[str] = frozens
         return {}
     inactive = set(obj.inactive()) | skip
     out = {}
-    for f in dataclasses.fields(obj):
+    for f in setting_fields(obj):
         value = getattr(obj, f.name)
         if f.name in inactive or not f.metadata.get("hashed", True):
             continue
@@ -449,7 +539,7 @@ def inactive_keys(obj: Section) -> dict[str, str]:
 def check_ranges(section: Section, name=lambda f: f.name) -> None:
     """Every ranged field of `section` (not its sub-sections) inside its range, named by `name(field)`: a
     section made in code or read back from an optimizer group is held to what `set_dotted` checks."""
-    for f in dataclasses.fields(section):
+    for f in setting_fields(section):
         check_range(getattr(section, f.name), f.metadata.get("range"), name(f))
 
 

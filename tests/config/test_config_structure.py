@@ -4,6 +4,7 @@ of the hash by construction, and configs of the older flat format still readable
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -13,6 +14,7 @@ from muonlab.cli import main
 from muonlab.config import (RunConfig, apply_overrides, build_config, flag_table, from_legacy,
                             load_config_file, preset)
 from muonlab.errors import UsageError
+from muonlab.optim import PrePolar, extensions, register_prepolar
 from muonlab.settings import leaves
 
 # each of these trained and exited 0 before, with the setting silently ignored (issue 12)
@@ -304,3 +306,54 @@ def test_a_section_offers_the_method_hooks_only_through_the_typed_protocol():
     cfg = RunConfig()
     found = {type(s).__name__ for s in method_sections(cfg.optim)} | {type(s).__name__ for s in method_sections(cfg.model)}
     assert {"MuonAdamWConfig", "PolarPrecision", "NeumannWhitening", "TableNeumann", "MemorySettings"} <= found
+
+
+@dataclasses.dataclass(frozen=True)
+class _ScaledSign(PrePolar):
+    """sign(G) * scale: a plug-in conditioner written as a dataclass user writes it."""
+
+    scale: float = 0.5
+    """the sign's scale"""
+
+    def condition(self, G, inputs, ctx):
+        return G.sign() * self.scale
+
+
+@dataclasses.dataclass(frozen=True)
+class _GainConfig:
+    lr_mult: float = 0.1
+    """its learning-rate multiple"""
+
+
+def test_no_section_class_is_made_at_run_time_when_plugins_register():
+    """Issue 45 item 1: a plug-in's settings join a section class written in the source (the pre-polar
+    section, the plug-in variants' section), so every section of the run config is a class an IDE, a type
+    checker and pickle find by name, the same class before and after a registration."""
+    import importlib
+    import pickle
+
+    from muonlab.model import REGISTRY, ModelVariant, register_variant
+    from muonlab.settings import sections
+
+    before = {prefix: type(s) for prefix, s in sections(RunConfig.for_family("autoresearch"))}
+    register_prepolar("test_scaled_sign", _ScaledSign, paper="none (test plug-in)")
+    register_variant("test_gain", _GainConfig, paper="(test)", section="-")(type("Gain", (ModelVariant,), {}))
+    try:
+        cfg = resolve_config("baseline", "cpu-tiny", {"optim.prepolar.kind": "test_scaled_sign",
+                                                      "optim.prepolar.scale": 0.25,
+                                                      "model.extra_variants": "test_gain",
+                                                      "model.plugin_variants.test_gain.lr_mult": 0.2})
+        assert cfg.optim.prepolar.conditioner() == _ScaledSign(scale=0.25)
+        assert cfg.model.plugin_config("test_gain") == _GainConfig(lr_mult=0.2)
+        for prefix, section in sections(cfg):
+            cls = type(section)
+            found = importlib.import_module(cls.__module__)
+            for part in cls.__qualname__.split("."):
+                found = getattr(found, part, None)
+            assert found is cls, f"{prefix or 'the root'}: {cls.__qualname__} is not in {cls.__module__}"
+            assert before.get(prefix, cls) is cls
+        assert pickle.loads(pickle.dumps(cfg)) == cfg
+        assert RunConfig.from_dict(cfg.to_dict()).config_hash() == cfg.config_hash()
+    finally:
+        extensions.unregister("prepolar", "test_scaled_sign")
+        del REGISTRY["test_gain"]

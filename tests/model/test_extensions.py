@@ -197,8 +197,8 @@ def test_plugin_options_are_run_config_settings(plugins):
     from muonlab.optim import prepolar
 
     assert "test_sign" in prepolar.names() and "test_absmax" in prepolar.names()
-    section = prepolar.new_settings()
-    assert section.eps == 1e-3 and section.OWNERS["eps"] == ("test_absmax",)
+    section = prepolar.PrepolarSettings()
+    assert section.eps == 1e-3 and section.owners()["eps"] == ("test_absmax",)
     cfg = resolve_config("baseline", "cpu-tiny", {"optim.prepolar.kind": "test_absmax", "optim.prepolar.eps": 0.01})
     assert cfg.optim.prepolar.conditioner() == AbsMaxConditioner(eps=0.01)
     assert cfg.hashed_values()["optim.prepolar.eps"] == 0.01

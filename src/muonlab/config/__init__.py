@@ -187,12 +187,12 @@ class RunConfig(Section):
 # ----------------------------------------------------------------------------- flat flags
 def _flags() -> tuple[dict[str, str], dict[str, frozenset[str]], dict[tuple[str, str], str]]:
     """(flag -> dotted key, flag -> the families that have it, (family, key) -> flag), for the
-    methods registered now: a plug-in's conditioner adds its options (optim.prepolar's class
-    changes with the registry)."""
-    from muonlab.model.extensions import plugin_settings_class  # noqa: PLC0415
-    from muonlab.optim.prepolar import settings_class  # noqa: PLC0415
+    methods registered now: a plug-in's conditioner adds its options to optim.prepolar, a plug-in
+    variant its section to model.plugin_variants."""
+    from muonlab.model.extensions import plugin_state  # noqa: PLC0415
+    from muonlab.optim.prepolar import registry_state  # noqa: PLC0415
 
-    return _flags_for((settings_class(), plugin_settings_class()))
+    return _flags_for((registry_state(), plugin_state()))
 
 
 @lru_cache(maxsize=4)

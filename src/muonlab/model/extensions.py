@@ -29,6 +29,7 @@ that are not matmul weights), `param_groups(lrs)` and `attach(optimizer)`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, fields
 from typing import Any, Callable, ClassVar
 
@@ -36,8 +37,8 @@ import torch
 
 from muonlab.errors import UsageError
 from muonlab.plugins import is_builtin_module
-from muonlab.settings import (METHOD_OFF, MethodInfo, MethodSection, Section, check_ranges, coerce, option_settings,
-                              setting, type_hints)
+from muonlab.settings import (METHOD_OFF, MethodInfo, MethodOptions, MethodSection, OpenSection, Section, check_ranges,
+                              coerce, opened_values, option_settings, setting, type_hints)
 
 HOOKS = ("embed", "stream", "block_input", "head_input", "attn_input", "mlp_input", "rotary", "qk",
          "branch", "residual_add", "loss", "run_block")
@@ -216,32 +217,32 @@ def is_builtin(info: VariantInfo) -> bool:
     return is_builtin_module(info.module)
 
 
-_PLUGIN_SETTINGS: dict[tuple, type] = {}
+@dataclass(eq=True)
+class PluginVariantSettings(OpenSection):
+    """The run config's `model.plugin_variants`: a MethodOptions section per registered plug-in variant whose
+    config has settings (every field not declared `fixed`), each with the flag `--<variant>-<field>` (a
+    built-in variant's config is its own section)."""
+
+    values: dict = opened_values()
+
+    def opened(self) -> list[tuple[str, Any, dataclasses.Field]]:
+        return list(_plugin_sections(plugin_state()))
 
 
-def plugin_settings_class() -> type:
-    """The run config's `model.plugin_variants` for the plug-in variants registered now: a sub-section
-    per plug-in whose config has settings (every field not declared `fixed`), each with the flag
-    `--<variant>-<field>` (a built-in variant's settings are its own section)."""
-    plugins = tuple((name, info.config) for name, info in REGISTRY.items() if not is_builtin(info))
-    if plugins not in _PLUGIN_SETTINGS:
-        parts = []
-        for name, config in plugins:
-            options = option_settings(config, name, name)
-            if options:
-                part = dataclasses.make_dataclass(f"{name}_settings", options, bases=(Section,))
-                parts.append((name, part, setting(factory=part)))
-        _PLUGIN_SETTINGS[plugins] = dataclasses.make_dataclass(
-            "PluginVariantSettings", parts, bases=(Section,), namespace={"__module__": __name__})
-    return _PLUGIN_SETTINGS[plugins]
+def plugin_state() -> tuple:
+    """The registered plug-in variants as a hashable key (what `model.plugin_variants` and its flags depend on)."""
+    return tuple((name, info.config) for name, info in REGISTRY.items() if not is_builtin(info))
 
 
-def new_plugin_settings():
-    """A default `model.plugin_variants` section (the factory of the model config's field)."""
-    return plugin_settings_class()()
-
-
-new_plugin_settings.section_class = plugin_settings_class  # settings.leaves walks the class without making one
+@functools.lru_cache(maxsize=8)
+def _plugin_sections(state: tuple) -> tuple[tuple[str, Any, dataclasses.Field], ...]:
+    out = []
+    for name, config in state:
+        if option_settings(config, name, name):
+            made = setting(factory=functools.partial(MethodOptions, method=config, label=name, flag_prefix=name))
+            made.name = name
+            out.append((name, MethodOptions, made))
+    return tuple(out)
 
 
 def info_for(cfg: Any) -> VariantInfo:

@@ -13,21 +13,21 @@ is WHOLE_GROUPS_ONLY. A group the scope leaves out runs the upstream step and ge
 With a conditioner on, the group's state counts its completed updates (`prepolar_step`, t = 0
 at the first update; replicated across ranks), which the conditioner's `step_inputs` reads.
 
-The run config's `optim.prepolar` section is made from the registry (`new_settings`): `kind`,
-`scope`, and every registered conditioner's options (its fields declared with
-extensions.option), so a plug-in's options are flags and dotted keys like a built-in's.
+The run config's `optim.prepolar` section (PrepolarSettings) holds `kind`, `scope`, and every
+registered conditioner's options (an OpenSection: the conditioners' own fields, read from the
+registry), so a plug-in's options are flags and dotted keys like a built-in's.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
-import typing
 from typing import Any, ClassVar
 
 from muonlab.errors import UsageError
 from muonlab.optim import extensions
-from muonlab.settings import METHOD_OFF, MethodInfo, MethodSection, Section, option_settings, setting
+from muonlab.settings import METHOD_OFF, MethodInfo, MethodSection, OpenSection, opened_values, option_settings, setting
 
 SCOPES = ("all", "square_only", "rect_only")
 STEP_KEY = "prepolar_step"  # completed updates of the group (only present with a conditioner on)
@@ -98,22 +98,37 @@ def conditioner(group: dict) -> tuple[extensions.PrePolar | None, bool]:
 
 # ---------------------------------------------------------------- the run-config section
 @dataclasses.dataclass
-class PrepolarSettingsBase(MethodSection):
+class PrepolarSettings(OpenSection, MethodSection):
     """Seed 000 §3.3, seed 002 §2.1 (Tier 1): a conditioner of the Nesterov tensor before Polar Express.
-    The concrete class adds every registered conditioner's options (new_settings)."""
+    Its settings: `kind`, `scope`, and every registered conditioner's options (its fields not declared
+    `fixed`), one namespace shared by the conditioners (register_prepolar keeps a shared name's type and
+    default), so a plug-in's options are flags and dotted keys like a built-in's."""
 
     METHOD: ClassVar[MethodInfo] = MethodInfo('prepolar', 'seed 000 §3.3; seed 002 §2.1 (Tier 1)', __name__,
                                               ('tests/optim/test_prepolar.py', 'tests/optim/test_prepolar_arms.py'), 'kind', None)
-    OWNERS: ClassVar[dict[str, tuple[str, ...]]] = {}  # option -> the conditioners that declare it
+
+    kind: str | None = setting(None, "hbieq | zeta | turbo_aol | muon2f, or a plug-in's name; none: off",
+                               flag="prepolar")
+    scope: str = setting("all", "all | square_only | rect_only | a regex on block parameter names",
+                         flag="prepolar-scope")
+    values: dict = opened_values()
+
+    def opened(self) -> list[tuple[str, Any, dataclasses.Field]]:
+        return list(_options(registry_state()))
+
+    def owners(self) -> dict[str, tuple[str, ...]]:
+        """{option: the conditioners that declare it}."""
+        return _owners(registry_state())
 
     def chosen(self) -> type[extensions.PrePolar] | None:
         return None if self.kind is None else extensions.prepolars().get(self.kind)
 
     def inactive(self) -> dict[str, str]:
+        owners = self.owners()
         if self.kind is None:
-            return {"scope": METHOD_OFF, **{name: METHOD_OFF for name in self.OWNERS}}
-        return {name: f"only {', '.join(owners)} reads it (prepolar is {self.kind})"
-                for name, owners in self.OWNERS.items() if self.kind not in owners}
+            return {"scope": METHOD_OFF, **{name: METHOD_OFF for name in owners}}
+        return {name: f"only {', '.join(names)} reads it (prepolar is {self.kind})"
+                for name, names in owners.items() if self.kind not in names}
 
     def validate(self) -> None:
         if self.kind is not None and self.chosen() is None:
@@ -157,34 +172,24 @@ class PrepolarSettingsBase(MethodSection):
         return {"prepolar": self.kind, **scope, **cond.group_options()}
 
 
-_SETTINGS_CLASSES: dict[tuple, type] = {}
+def registry_state() -> tuple:
+    """The registered conditioners as a hashable key (what the run-config section and its flags depend on)."""
+    return tuple(extensions.prepolars().items())
 
 
-def settings_class() -> type[PrepolarSettingsBase]:
-    """`optim.prepolar` for the conditioners registered now (one class per registry state)."""
-    registered = extensions.prepolars()
-    key = tuple(registered.items())
-    if key not in _SETTINGS_CLASSES:
-        owners: dict[str, list[str]] = {}
-        fields: list[tuple] = [
-            ("kind", typing.Optional[str], setting(None, " | ".join(registered) + ", or a plug-in's name; none: off",
-                                                   flag="prepolar")),
-            ("scope", str, setting("all", "all | square_only | rect_only | a regex on block parameter names",
-                                   flag="prepolar-scope"))]
-        for name, cls in registered.items():
-            for spec in option_settings(cls, name, "prepolar"):
-                if spec[0] not in owners:
-                    fields.append(spec)
-                owners.setdefault(spec[0], []).append(name)
-        _SETTINGS_CLASSES[key] = dataclasses.make_dataclass(
-            "PrepolarSettings", fields, bases=(PrepolarSettingsBase,),
-            namespace={"OWNERS": {k: tuple(v) for k, v in owners.items()}, "__module__": __name__})
-    return _SETTINGS_CLASSES[key]
+@functools.lru_cache(maxsize=8)
+def _options(state: tuple) -> tuple[tuple[str, Any, dataclasses.Field], ...]:
+    seen: dict[str, tuple] = {}
+    for name, cls in state:
+        for spec in option_settings(cls, name, "prepolar"):
+            seen.setdefault(spec[0], spec)  # a shared option: its first declaration's help
+    return tuple(seen.values())
 
 
-def new_settings() -> PrepolarSettingsBase:
-    """A default `optim.prepolar` section (the factory of the optimizer config's field)."""
-    return settings_class()()
-
-
-new_settings.section_class = settings_class  # settings.leaves walks the class without making one
+@functools.lru_cache(maxsize=8)
+def _owners(state: tuple) -> dict[str, tuple[str, ...]]:
+    owners: dict[str, list[str]] = {}
+    for name, cls in state:
+        for f in cls.settings():
+            owners.setdefault(f.name, []).append(name)
+    return {k: tuple(v) for k, v in owners.items()}

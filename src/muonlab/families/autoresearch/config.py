@@ -13,7 +13,7 @@ from typing import ClassVar, Literal
 
 from muonlab.errors import UsageError
 from muonlab.settings import (COUNT, MOMENTUM, NON_NEGATIVE, POSITIVE, POSITIVE_COUNT, MethodInfo, MethodSection,
-                              Section, comma_items, setting)
+                              Section, comma_items, setting, setting_fields)
 from muonlab.model.variants.presub_gains import PresubGainsConfig
 from muonlab.model.variants.qk_scale import QKScaleConfig
 from muonlab.model.variants.lerope import LeRoPEConfig
@@ -22,8 +22,8 @@ from muonlab.model.variants.radius_gate import RadiusGateConfig
 from muonlab.model.variants.memory import MemorySettings
 from muonlab.model.variants.over_encoding import OverEncodingConfig
 from muonlab.model.variants.routing import RoutingConfig
-from muonlab.model.extensions import new_plugin_settings
-from muonlab.optim import prepolar
+from muonlab.model.extensions import PluginVariantSettings
+from muonlab.optim.prepolar import PrepolarSettings
 from muonlab.optim.homotopy import HOMOTOPY_FIRST_T
 from muonlab.optim.addons.polar_precision import PolarPrecision
 from muonlab.optim.addons.neumann_whitening import NeumannWhitening
@@ -61,7 +61,7 @@ class AutoresearchModelConfig(Section):
                                   "(plug-ins), each with its config's defaults", flag="variant")
 
     # each plug-in variant's options (muonlab.settings.option in its config): --<variant>-<field>
-    plugin_variants: Section = setting(factory=new_plugin_settings)
+    plugin_variants: PluginVariantSettings = setting(factory=PluginVariantSettings)
 
     def extra_variant_names(self) -> tuple[str, ...]:
         return tuple(comma_items(self.extra_variants, "extra_variants (--variant)"))
@@ -82,7 +82,7 @@ class AutoresearchModelConfig(Section):
         if self.memory.loss_chunk_tokens > 0:
             out["head_loss"] = "loss_chunk_tokens > 0 computes the loss (seed 003's chunked path)"
         on = self.extra_variant_names()
-        for f in dataclasses.fields(self.plugin_variants):  # a plug-in's options act only while it is on
+        for f in setting_fields(self.plugin_variants):  # a plug-in's options act only while it is on
             if f.name not in on:
                 out[f"plugin_variants.{f.name}"] = f"the plug-in variant {f.name} is off (--variant {f.name})"
         return out
@@ -92,8 +92,7 @@ class AutoresearchModelConfig(Section):
         from muonlab.model import REGISTRY  # noqa: PLC0415
 
         part = getattr(self.plugin_variants, name, None)
-        values = {} if part is None else {f.name: getattr(part, f.name) for f in dataclasses.fields(part)}
-        return REGISTRY[name].config(**values)
+        return REGISTRY[name].config() if part is None else part.made()
 
     def validate(self) -> None:
         if self.model_dim % self.head_dim != 0:
@@ -147,7 +146,7 @@ class MuonAdamWConfig(MethodSection):
     step0_mode: str = setting("none", STEP0_HELP)
     homotopy_first_t: int = setting(HOMOTOPY_FIRST_T, "t of the first update in every homotopy ramp (hbieq alpha_t, whiten and "
                                        "table_whiten beta_t): 1 = seed 000's stated counter, 0 = a_0 = 0")
-    prepolar: Section = setting(factory=prepolar.new_settings)  # kind, scope and every conditioner's options
+    prepolar: PrepolarSettings = setting(factory=PrepolarSettings)  # kind, scope and every conditioner's options
     polar: PolarPrecision = setting(factory=PolarPrecision)
 
     # methods that are one setting of this section: (field, off value) -> what it is
