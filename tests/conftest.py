@@ -58,7 +58,7 @@ def forget_plugins():
         plugins.forget(item)
         plugin_methods._METHODS.pop(item, None)
     for name in set(extensions.prepolars()) - conditioners:
-        extensions.unregister("prepolar", name)
+        extensions.unregister_prepolar(name)
     for name in set(REGISTRY) - variants:
         del REGISTRY[name]
 

@@ -554,8 +554,10 @@ def validate_tree(obj: Section) -> None:
 
 @dataclass(frozen=True)
 class MethodInfo:
-    """What a method section is: its name, the paper section it reproduces, where its code and
-    tests live. A section class carrying `METHOD = MethodInfo(...)` is listed by `muonlab methods`."""
+    """A method's one record: its name, the paper section it reproduces, where its code and tests live.
+    Every method has exactly one, and `muonlab methods` lists them: a section's `METHOD` (or a field's, in
+    `FIELD_METHODS`), a built-in model variant's config's `METHOD`, and the record `register_prepolar` or
+    `register_variant` makes for a conditioner or a variant that has none (a plug-in's)."""
 
     name: str
     paper: str
@@ -563,6 +565,7 @@ class MethodInfo:
     tests: tuple[str, ...] = ()
     selector: str | None = None  # the field that switches it on (its other fields act only then)
     off: Any = None  # the selector's value when the method is off
+    summary: str = ""  # one line: what it does
 
 
 METHOD_OFF = "the method is off"  # why a method's own settings do not act while it is off

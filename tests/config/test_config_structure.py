@@ -355,5 +355,5 @@ def test_no_section_class_is_made_at_run_time_when_plugins_register():
         assert pickle.loads(pickle.dumps(cfg)) == cfg
         assert RunConfig.from_dict(cfg.to_dict()).config_hash() == cfg.config_hash()
     finally:
-        extensions.unregister("prepolar", "test_scaled_sign")
+        extensions.unregister_prepolar("test_scaled_sign")
         del REGISTRY["test_gain"]

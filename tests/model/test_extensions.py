@@ -21,6 +21,7 @@ import muonlab.optim.muon_variant as variant_module
 from muonlab.errors import UsageError
 from muonlab.optim import MuonAdamW, PrePolar, extensions, polar_express, register_prepolar
 from muonlab.optim.extensions import option
+from muonlab.settings import MethodInfo
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -63,8 +64,8 @@ def plugins():
     register_prepolar("test_sign", SignConditioner, paper="none (test plug-in)", tests=("tests/model/test_extensions.py",))
     register_prepolar("test_absmax", AbsMaxConditioner, paper="none (test plug-in)", tests=("tests/model/test_extensions.py",))
     yield
-    extensions.unregister("prepolar", "test_sign")
-    extensions.unregister("prepolar", "test_absmax")
+    extensions.unregister_prepolar("test_sign")
+    extensions.unregister_prepolar("test_absmax")
 
 
 def _params(shape, n=3, seed=0):
@@ -217,20 +218,21 @@ def test_registration_errors():
         register_prepolar("test_not_a_class", lambda G: G, paper="x")
 
 
-BUILT_IN = {("prepolar", "hbieq"), ("prepolar", "zeta"), ("prepolar", "turbo_aol"), ("prepolar", "muon2f")}
+BUILT_IN = {"hbieq", "zeta", "turbo_aol", "muon2f"}
 
 
-def test_every_built_in_add_on_has_its_metadata():
-    infos = {(i.point, i.name): i for i in extensions.addons()}
-    assert BUILT_IN <= set(infos)
-    for key in BUILT_IN:
-        info = infos[key]
-        assert info.paper.startswith("seed 00") and "§" in info.paper, info
-        assert info.config_keys and info.summary, info
-        assert info.module.startswith("muonlab.optim.addons."), info
-        importlib.import_module(info.module)
-        assert info.tests and all((ROOT / t).is_file() for t in info.tests), info
-    assert infos[("prepolar", "hbieq")].config_keys[:3] == ("prepolar", "prepolar_scope", "prepolar_tau")
+def test_every_built_in_conditioner_has_its_one_record():
+    records = {r.name: r for r in extensions.records()}
+    assert BUILT_IN <= set(records)
+    for name in BUILT_IN:
+        record = records[name]
+        assert isinstance(record, MethodInfo), record  # the one record type of every method
+        assert record.paper.startswith("seed 00") and "§" in record.paper, record
+        assert record.summary, record
+        assert record.module.startswith("muonlab.optim.addons."), record
+        assert extensions.prepolars()[name].__module__ == record.module
+        importlib.import_module(record.module)
+        assert record.tests and all((ROOT / t).is_file() for t in record.tests), record
 
 
 def test_the_baseline_file_names_no_method():

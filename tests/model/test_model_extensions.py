@@ -110,12 +110,11 @@ def test_every_builtin_variant_is_described_and_its_files_exist():
     assert {"presub_gains", "qk_scale", "lerope", "residual_rule", "radius_gate", "over_encoding", "routing",
             "checkpoint_blocks", "chunked_loss"} <= set(rows)
     for name, row in rows.items():
-        where = f"{row['paper']} {row['section']}"  # the paper and where in it
-        assert row["paper"].startswith("seed 00") and ("§" in where or "Table" in where or row["section"]), name
+        assert row["paper"].startswith("seed 00") and len(row["paper"].split()) > 2, name  # and where in it
         assert isinstance(row["config"], list), name
         method = getattr(REGISTRY[name].config, "METHOD", None)
         if method is not None:  # one record: the config's METHOD, not a second copy at registration
-            assert (row["paper"], tuple(row["tests"]), row["section"]) == (method.paper, method.tests, ""), name
+            assert (row["paper"], tuple(row["tests"])) == (method.paper, method.tests), name
         assert row["module"].startswith("muonlab.model.variants."), name
         for test in row["tests"]:
             assert (ROOT / test).is_file(), (name, test)

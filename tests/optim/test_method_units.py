@@ -142,4 +142,17 @@ def test_a_method_wired_in_place_has_one_record():
                          ("master32", "master32"), ("table_neumann", "moment_free")):
         assert listed[name]["module"] == f"muonlab.optim.addons.{module}"
         assert listed[name]["paper"].startswith("seed 00") and listed[name]["tests"]
-    assert {info.point for info in extensions.addons()} == {"prepolar"} == set(extensions.POINTS)
+    assert [name for name in dir(extensions) if name.startswith("register_")] == ["register_prepolar"]
+    assert [r.name for r in extensions.records()] == list(extensions.prepolars())
+
+
+def test_every_method_has_one_record_of_one_type():
+    """Issue 45 item 4: a conditioner's, a variant's and a section's record are one type (MethodInfo); a
+    built-in variant's registry record is its config's METHOD itself, not a copy."""
+    from muonlab.settings import MethodInfo
+
+    assert all(isinstance(r, MethodInfo) for r in extensions.records())
+    for name, info in REGISTRY.items():
+        assert isinstance(info.record, MethodInfo), name
+        method = getattr(info.config, "METHOD", None)
+        assert method is None or info.record is method, name

@@ -55,7 +55,7 @@ def _edit(path: Path) -> None:
     path.write_text(path.read_text().replace("G.abs().mean()", "G.abs().amax()"))
     plugins.forget(str(path))
     plugin_methods._METHODS.pop(str(path), None)
-    extensions.unregister("prepolar", "mixv")
+    extensions.unregister_prepolar("mixv")
 
 
 def _study(tmp_path: Path) -> tuple[Path, Path]:

@@ -1,10 +1,9 @@
 """Which plug-ins' source a run's config is a function of: those whose methods it selects.
 
-A plug-in that registered only pre-polar conditioners and model variants acts on a run only when the run
+A plug-in that registered pre-polar conditioners or model variants acts on a run only when the run
 selects one of them (optim.prepolar.kind, model.extra_variants): a baseline that loads the plug-in beside
-it keeps its hash when the plug-in is edited. A plug-in that registered anything else (an optimizer add-on
-found by other keys, an arm, or nothing a registry shows: it may change anything at import) counts for
-every run that loads it.
+it keeps its hash when the plug-in is edited. A plug-in that registered neither (an arm, a family, or
+nothing a registry shows: it may change anything at import) counts for every run that loads it.
 """
 
 from __future__ import annotations
@@ -30,10 +29,10 @@ def _acts_on(item: str, cfg: Any) -> bool:
     from muonlab.model.extensions import REGISTRY  # noqa: PLC0415
     from muonlab.optim.extensions import registrations  # noqa: PLC0415
 
-    addons = [(point, name) for (point, name), m in registrations().items() if mine(m)]
-    variants = [name for name, info in REGISTRY.items() if mine(info.module)]
-    if not (addons or variants) or any(point != "prepolar" for point, _ in addons):
+    conditioners = [name for name, m in registrations().items() if mine(m)]
+    variants = [name for name, info in REGISTRY.items() if mine(info.variant.__module__)]
+    if not (conditioners or variants):
         return True
     prepolar = getattr(getattr(cfg.optim, "prepolar", None), "kind", None)
     chosen = set(getattr(cfg.model, "extra_variant_names", lambda: ())())
-    return any(name == prepolar for _, name in addons) or any(name in chosen for name in variants)
+    return prepolar in conditioners or any(name in chosen for name in variants)

@@ -20,6 +20,8 @@ def _switched_on(overrides: dict[str, Any], key: str, selector: str | None, off:
 
 
 def method_catalog() -> list[dict[str, Any]]:
+    """One entry per method, from its one record (settings.MethodInfo): the sections' METHOD and
+    FIELD_METHODS, the registered conditioners' and the plug-in variants' records."""
     entries: dict[str, dict[str, Any]] = {}
     for family in all_families():
         for prefix, section in sections(RunConfig.for_family(family)):
@@ -31,15 +33,22 @@ def method_catalog() -> list[dict[str, Any]]:
             for field, finfo in getattr(type(section), "FIELD_METHODS", {}).items():
                 found.append((finfo, f"{prefix}{field}", f"{prefix}{field}"))
             for info, switch, key in found:
-                entry = entries.setdefault(info.name, {
-                    "name": info.name, "paper": info.paper, "config_key": key, "family": family,
-                    "flag": f"--{flag_of(switch)}" if info.selector else None, "module": info.module,
-                    "tests": list(info.tests), "arms": []})
-                entry["arms"] = sorted(name for name, arm in ARMS.items()
-                                       if _switched_on(arm.overrides, switch, info.selector, info.off))
+                entries.setdefault(info.name, _entry(
+                    info, key, family, f"--{flag_of(switch)}" if info.selector else None,
+                    lambda overrides, switch=switch, info=info: _switched_on(overrides, switch, info.selector, info.off)))
     _add_conditioners(entries)
     _add_plugin_variants(entries)
     return sorted(entries.values(), key=lambda e: (e["family"], e["config_key"], e["name"]))
+
+
+def _entry(info, config_key: str, family: str, flag: str | None, selects, settings=None) -> dict[str, Any]:
+    """A catalogue entry for record `info`; `selects(overrides)` says whether an arm switches it on."""
+    entry = {"name": info.name, "paper": info.paper, "config_key": config_key, "family": family, "flag": flag,
+             "module": info.module, "tests": list(info.tests)}
+    if settings is not None:
+        entry["settings"] = settings
+    entry["arms"] = sorted(name for name, arm in ARMS.items() if selects(arm.overrides))
+    return entry
 
 
 def _settings(cls, prefix: str) -> list[dict[str, Any]]:
@@ -51,15 +60,13 @@ def _settings(cls, prefix: str) -> list[dict[str, Any]]:
 def _add_conditioners(entries: dict[str, dict[str, Any]]) -> None:
     """One entry per registered pre-polar conditioner (plug-ins included), from the optimizer's
     registry: the `prepolar` section selects among them by name."""
-    from muonlab.optim.extensions import addons, prepolars  # noqa: PLC0415
+    from muonlab.optim.extensions import prepolars, records  # noqa: PLC0415
 
-    for info in addons("prepolar"):
-        settings = _settings(prepolars()[info.name], "optim.prepolar")
-        entries[f"prepolar:{info.name}"] = {
-            "name": info.name, "paper": info.paper, "config_key": f"optim.prepolar.kind={info.name}",
-            "family": "autoresearch", "flag": f"--prepolar {info.name}", "module": info.module,
-            "tests": list(info.tests), "settings": settings,
-            "arms": sorted(n for n, a in ARMS.items() if a.overrides.get("optim.prepolar.kind") == info.name)}
+    for info in records():
+        entries[f"prepolar:{info.name}"] = _entry(
+            info, f"optim.prepolar.kind={info.name}", "autoresearch", f"--prepolar {info.name}",
+            lambda overrides, name=info.name: overrides.get("optim.prepolar.kind") == name,
+            _settings(prepolars()[info.name], "optim.prepolar"))
 
 
 def format_methods(catalog: list[dict[str, Any]]) -> str:
@@ -83,9 +90,7 @@ def _add_plugin_variants(entries: dict[str, dict[str, Any]]) -> None:
     for name, info in REGISTRY.items():
         if is_builtin(info):
             continue
-        settings = _settings(info.config, f"model.plugin_variants.{name}")
-        entries[f"variant:{name}"] = {
-            "name": name, "paper": f"{info.paper} {info.section}".strip(), "config_key": f"model.extra_variants={name}",
-            "family": "autoresearch", "flag": f"--variant {name}", "module": info.module, "tests": list(info.tests),
-            "settings": settings,
-            "arms": sorted(n for n, a in ARMS.items() if name in str(a.overrides.get("model.extra_variants", "")))}
+        entries[f"variant:{name}"] = _entry(
+            info.record, f"model.extra_variants={name}", "autoresearch", f"--variant {name}",
+            lambda overrides, name=name: name in str(overrides.get("model.extra_variants", "")),
+            _settings(info.config, f"model.plugin_variants.{name}"))

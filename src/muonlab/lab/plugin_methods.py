@@ -29,13 +29,11 @@ def registered_methods() -> set[tuple[str, str]]:
 
 
 def everything_registered() -> set[tuple[str, str]]:
-    """All a plug-in can register: the selectable methods, every optimizer add-on, the families, the presets."""
+    """All a plug-in can register: the selectable methods, the families, the presets."""
     from muonlab.config import all_presets
     from muonlab.families import all_families
-    from muonlab.optim.extensions import registrations
 
-    return (registered_methods() | {(point, name) for point, name in registrations()}
-            | {("family", n) for n in all_families()} | {("preset", n) for n in all_presets()})
+    return registered_methods() | {("family", n) for n in all_families()} | {("preset", n) for n in all_presets()}
 
 
 def load_tracked(spec: str) -> None:

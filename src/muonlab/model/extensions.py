@@ -165,21 +165,20 @@ class VariantConfig(MethodSection):
 
 
 @dataclass(frozen=True)
-class VariantInfo:
+class RegisteredVariant:
+    """A name's variant class, its config class, and the method's one record."""
+
     name: str
     config: type
     variant: type
-    paper: str
-    section: str
-    tests: tuple[str, ...]
-    module: str
+    record: MethodInfo
 
     def describe(self) -> dict[str, Any]:
-        return dict(name=self.name, paper=self.paper, section=self.section,
-                    config=[f.name for f in fields(self.config)], module=self.module, tests=list(self.tests))
+        return dict(name=self.name, paper=self.record.paper, config=[f.name for f in fields(self.config)],
+                    module=self.record.module, tests=list(self.record.tests))
 
 
-REGISTRY: dict[str, VariantInfo] = {}
+REGISTRY: dict[str, RegisteredVariant] = {}
 
 
 def register_variant(name: str, config: type, *, paper: str | None = None, section: str = "",
@@ -190,31 +189,31 @@ def register_variant(name: str, config: type, *, paper: str | None = None, secti
     record (paper, tests): `paper`, `section` and `tests` are then not given again. A plug-in's config is
     switched on with `--variant NAME`, its fields as flags (every field not declared `fixed`). A config
     may define `check_model(config)`, its checks against the model's shape."""
-    method = getattr(config, "METHOD", None)
-    if method is not None:
+    record = getattr(config, "METHOD", None)
+    if record is not None:
         if paper is not None or section or tests:
             raise TypeError(f"{name}: {config.__name__}.METHOD is its record; paper, section and tests are given there")
-        paper, tests = method.paper, method.tests
     elif paper is None:
         raise TypeError(f"{name}: register_variant needs paper= (or a config with a METHOD record)")
 
     def deco(cls: type) -> type:
         if name in REGISTRY and REGISTRY[name].variant is not cls:
-            raise ValueError(f"model variant {name!r} is already registered ({REGISTRY[name].module})")
+            raise ValueError(f"model variant {name!r} is already registered ({REGISTRY[name].variant.__module__})")
         if not (dataclasses.is_dataclass(config) and config.__dataclass_params__.frozen):
             raise TypeError(f"{name}: the config must be a frozen dataclass")
         if not issubclass(config, VariantConfig):  # a plug-in's: every field a flag can carry, or fixed
             option_settings(config, name, name)
         cls.name = name
-        REGISTRY[name] = VariantInfo(name, config, cls, paper, section, tuple(tests), cls.__module__)
+        made = record or MethodInfo(name, f"{paper} {section}".strip(), cls.__module__, tuple(tests))
+        REGISTRY[name] = RegisteredVariant(name, config, cls, made)
         return cls
     return deco
 
 
-def is_builtin(info: VariantInfo) -> bool:
+def is_builtin(info: RegisteredVariant) -> bool:
     """A variant that ships with muonlab: its config is its own run-config section (a plug-in's is
     model.plugin_variants.<name>)."""
-    return is_builtin_module(info.module)
+    return is_builtin_module(info.variant.__module__)
 
 
 @dataclass(eq=True)
@@ -245,7 +244,7 @@ def _plugin_sections(state: tuple) -> tuple[tuple[str, Any, dataclasses.Field], 
     return tuple(out)
 
 
-def info_for(cfg: Any) -> VariantInfo:
+def info_for(cfg: Any) -> RegisteredVariant:
     for info in REGISTRY.values():
         if type(cfg) is info.config:
             return info
@@ -298,5 +297,5 @@ def find_variant(model: torch.nn.Module, name: str) -> ModelVariant | None:
 
 
 def describe() -> list[dict[str, Any]]:
-    """Registry rows: name, paper, section, config keys, module, tests."""
+    """Registry rows: name, paper (and where in it), config keys, module, tests."""
     return [info.describe() for info in REGISTRY.values()]

@@ -1,10 +1,10 @@
-"""MuonAdamW's extension point, the pre-polar conditioner, and the metadata of every method (public API).
+"""MuonAdamW's extension point, the pre-polar conditioner, with each conditioner's record (public API).
 
 MuonAdamW's step is upstream's; a pre-polar conditioner attaches to it instead of being written into
 it (DESIGN, "The baseline and its extension points"): a conditioner of a muon group's fp32 Nesterov
 tensor, picked by the group key `prepolar` (subclass PrePolar; register_prepolar). Its `stages` hook
-may also set the polar normalisation or turn the post-polar NorMuon off. Five conditioners ship with
-muonlab and plug-ins add their own.
+may also set the polar normalisation or turn the post-polar NorMuon off. Four conditioners ship with
+muonlab and plug-ins add their own; each has one record (settings.MethodInfo, made here).
 
 The other built-in methods of the optimizer have one implementation each at their point, so they are
 plain calls, not registries: the polar precision (muon_variant.py), the AdamW gradient transform, the
@@ -40,60 +40,39 @@ import torch
 
 from muonlab.errors import UsageError
 from muonlab.plugins import is_builtin_module
-from muonlab.settings import (MethodSection, Section, check_ranges, coerce, fixed, option, option_fields,
+from muonlab.settings import (MethodInfo, MethodSection, Section, check_ranges, coerce, fixed, option, option_fields,
                               option_settings)  # a conditioner's fields: --prepolar-<name>
 
-POINTS = ("prepolar",)  # where a plug-in extends the optimizer
+# the pre-polar conditioners: name -> class, and each one's record (what `muonlab methods` lists)
+_CONDITIONERS: dict[str, type] = {}
+_RECORDS: dict[str, MethodInfo] = {}
 
 
-@dataclass(frozen=True)
-class AddonInfo:
-    """What `muonlab methods` shows for one registered add-on."""
-
-    name: str
-    point: str                     # one of POINTS
-    paper: str                     # seed paper and section, e.g. "seed 000 §3.3"
-    config_keys: tuple[str, ...]   # the param-group keys it reads
-    tests: tuple[str, ...]         # the test files that check it
-    module: str                    # where it lives
-    summary: str = ""
-
-
-_REGISTRY: dict[str, dict[str, Any]] = {point: {} for point in POINTS}
-_INFO: dict[tuple[str, str], AddonInfo] = {}
-
-
-def _register(point: str, name: str, obj: Any, *, paper: str, config_keys, tests, summary: str,
-              replace: bool) -> None:
-    module = sys._getframe(2).f_globals.get("__name__", "?")  # the module calling register_*
-    if name in _REGISTRY[point]:
+def _register(name: str, cls: type, record: MethodInfo, replace: bool) -> None:
+    if name in _CONDITIONERS:
         if not replace:
-            raise ValueError(f"{point} add-on {name!r} is already registered")
-        theirs = _INFO[(point, name)].module
-        if is_builtin_module(theirs) and not is_builtin_module(module):  # a run naming it would train other code under its hash
-            raise ValueError(f"{point} add-on {name!r} is built in ({theirs}): a plug-in registers a name of its own")
-    _REGISTRY[point][name] = obj
-    _INFO[(point, name)] = AddonInfo(name, point, paper, tuple(config_keys), tuple(tests), module, summary)
+            raise ValueError(f"pre-polar conditioner {name!r} is already registered")
+        theirs = _RECORDS[name].module
+        if is_builtin_module(theirs) and not is_builtin_module(record.module):  # a run naming it would train other code under its hash
+            raise ValueError(f"pre-polar conditioner {name!r} is built in ({theirs}): a plug-in registers a name of its own")
+    _CONDITIONERS[name] = cls
+    _RECORDS[name] = record
 
 
-def registrations() -> dict[tuple[str, str], str]:
-    """{(point, name): the module that registered it} for every add-on."""
-    return {key: info.module for key, info in _INFO.items()}
+def registrations() -> dict[str, str]:
+    """{conditioner: the module that registered it}."""
+    return {name: record.module for name, record in _RECORDS.items()}
 
 
-def unregister(point: str, name: str) -> None:
-    """Remove an add-on (for tests and interactive use)."""
-    _REGISTRY[point].pop(name)
-    _INFO.pop((point, name))
+def unregister_prepolar(name: str) -> None:
+    """Remove a conditioner (for tests and interactive use)."""
+    _CONDITIONERS.pop(name)
+    _RECORDS.pop(name)
 
 
-def addons(point: str | None = None) -> list[AddonInfo]:
-    """Metadata of every registered add-on (of one point), in registration order."""
-    return [info for (p, _), info in _INFO.items() if point is None or p == point]
-
-
-def info(point: str, name: str) -> AddonInfo:
-    return _INFO[(point, name)]
+def records() -> list[MethodInfo]:
+    """The record of every registered conditioner, in registration order."""
+    return list(_RECORDS.values())
 
 
 class GroupSection(MethodSection):
@@ -240,27 +219,26 @@ def register_prepolar(name: str, cls: type[PrePolar], *, paper: str, tests=(), s
     for f in dataclasses.fields(cls):
         if f.name in _RESERVED_OPTIONS:
             raise ValueError(f"pre-polar conditioner {name!r}: option name {f.name!r} is reserved")
-        for other_name, other in _REGISTRY["prepolar"].items():
+        for other_name, other in _CONDITIONERS.items():
             if other_name == name or f.name not in {g.name for g in other.settings()} or "fixed" in f.metadata:
                 continue
             theirs = next(g for g in dataclasses.fields(other) if g.name == f.name)
             if (typing.get_type_hints(other)[f.name], theirs.default) != (hints[f.name], f.default):
                 raise ValueError(f"pre-polar conditioner {name!r}: option {f.name!r} is {other_name}'s with another "
                                  f"type or default; name it differently")
-    _register("prepolar", name, cls, paper=paper, config_keys=("prepolar", "prepolar_scope", *cls.group_defaults()),
-              tests=tests, summary=summary, replace=replace)
+    module = sys._getframe(1).f_globals.get("__name__", "?")  # the module calling register_prepolar
+    _register(name, cls, MethodInfo(name, paper, module, tuple(tests), summary=summary), replace)
     return cls
 
 
 def prepolars() -> dict[str, type[PrePolar]]:
-    return dict(_REGISTRY["prepolar"])
+    return dict(_CONDITIONERS)
 
 
 def stacked_state_keys() -> tuple[str, ...]:
     """State keys of a muon group holding one slice per matrix (sharded with the matrices)."""
-    extra = [k for cls in _REGISTRY["prepolar"].values() for k in cls.STACKED_STATE]
+    extra = [k for cls in _CONDITIONERS.values() for k in cls.STACKED_STATE]
     return ("momentum_buffer", "second_momentum_buffer", *dict.fromkeys(extra))
 
 
-__all__ = ["POINTS", "AddonInfo", "MuonContext", "GroupSection", "PrePolar", "addons", "info", "option",
-           "register_prepolar", "unregister"]
+__all__ = ["MuonContext", "GroupSection", "PrePolar", "option", "records", "register_prepolar", "unregister_prepolar"]
