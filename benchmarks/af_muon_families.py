@@ -1,6 +1,6 @@
 """AF-Muon against Hybrid Muon on every seed-004 family (issue 15's targets, seed 004 Table 27).
 
-Step time: each family's CPU preset, one model per arm from the same seed (`muonlab.diagnostics.overhead.
+Step time: each family's CPU preset, one model per arm from the same seed (`muonlab.papers.seed004.diagnostics.overhead.
 ArmStepper`), full optimizer steps (the preset's micro-batches of random tokens: forward, backward, clipping,
 the optimizer), the arms' steps interleaved in one process after warm-up; the median per arm and the ratio
 AF-Muon / Hybrid (target <= 1.05x), with the optimizer step alone beside it (its share is what AF-Muon
@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import bench_main  # noqa: E402
 
-from muonlab.diagnostics.overhead import PAPER_TABLE27, ArmStepper, analytic_state, default_vocab  # noqa: E402
+from muonlab.papers.seed004.diagnostics.overhead import PAPER_TABLE27, ArmStepper, analytic_state, default_vocab  # noqa: E402
 
 CPU_PRESETS = ("tied-cpu", "t5-cpu", "t5gemma2-cpu", "imagegpt-cpu", "hf-cpu", "protein-cpu")
 PAPER_PRESETS = ("nanogpt-124m", "t5-small", "t5gemma2", "imagegpt", "smollm2-135m", "qwen2.5-0.5b", "llama-3.2-1b",

@@ -4,7 +4,7 @@ An arm says what it changes (`overrides`: dotted keys of the run config, muonlab
 be written with the flat flag names, and are stored dotted) and where it comes from (`paper`, `experiment`).
 This module holds the registry and the upstream arms (baseline, adamw_only); each seed paper's arms are in its
 pack (muonlab.papers.<seed>.arms), registered by `register` as a plug-in registers its own, when this module is
-first imported. Arms never carry a preset: the sweep's
+first imported, with the pack itself (`register_pack`: its printed tables and its diagnostics). Arms never carry a preset: the sweep's
 `--preset` chooses the protocol, so one arm runs under `cpu-tiny` and `gpu-d8` alike.
 """
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import re
 from dataclasses import asdict, dataclass, field
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
@@ -161,6 +162,34 @@ def default_seeds(arm_names: list[str]) -> list[int]:
     if len(seeds) != 1 or not next(iter(seeds)):
         raise UsageError("these arms list no common default seeds; pass --seeds")
     return list(next(iter(seeds)))
+
+
+# ----------------------------------------------------------------------------- paper packs
+@dataclass(frozen=True)
+class PaperPack:
+    """One seed paper's pack (`muonlab/papers/<name>/`): its arms register through `register` when the
+    pack is imported; `tables` are its printed tables (read by muonlab.lab.paper); `diagnostics` are the
+    modules of its `muonlab diagnose` tools (each with a COMMAND, imported only when that verb runs)."""
+
+    name: str  # the pack's folder, e.g. "seed123"
+    paper: str  # how arms and tables name the paper, e.g. "seed 123"
+    tables: Traversable | None  # its printed tables (JSON), or None
+    diagnostics: tuple[str, ...] = ()  # module names, in the order `diagnose --help` lists them
+
+
+PACKS: dict[str, PaperPack] = {}
+
+
+def register_pack(pack: PaperPack) -> PaperPack:
+    if pack.name in PACKS and PACKS[pack.name] != pack:
+        raise ValueError(f"paper pack {pack.name!r} is already registered")
+    PACKS[pack.name] = pack
+    return pack
+
+
+def all_packs() -> dict[str, PaperPack]:
+    """Every registered pack: the built-in ones (imported with this module) and any a plug-in registered."""
+    return PACKS
 
 
 # The seed papers' packs, imported by name (they import this registry: they sit above it, as plug-ins do)

@@ -12,8 +12,8 @@ import pytest
 
 from muonlab.cli import main
 from muonlab.papers.seed002 import printed
-from muonlab.diagnostics.audit002 import run_audit
-from muonlab.diagnostics.trajectory import read_trajectory
+from muonlab.papers.seed002.diagnostics.audit002 import run_audit
+from muonlab.papers.seed000.diagnostics.trajectory import read_trajectory
 
 ARMS, SEEDS = ("02_dense_joint", "12_oe_joint"), (41, 47)
 
@@ -65,7 +65,7 @@ def test_audit_tables_are_the_single_run_audits_averaged(runs, capsys):
 def test_the_printed_excess_is_the_papers():
     """Seed 002 §4.2.2 verifies one value: d6 seed 41, high band, (0.1084 - 0.2920) / 0.2920 = -62.9 %."""
     oe, dense = printed.TABLE5A[(6, 41, "12_oe_joint")], printed.TABLE5A[(6, 41, "02_dense_joint")]
-    from muonlab.diagnostics.audit002 import excess_change
+    from muonlab.papers.seed002.diagnostics.audit002 import excess_change
 
     assert round(100 * excess_change(oe["high"], dense["high"]), 1) == -62.9
 

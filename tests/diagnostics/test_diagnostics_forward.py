@@ -10,7 +10,7 @@ import torch
 
 from muonlab.cli import main
 from muonlab.diagnostics import commands
-from muonlab.diagnostics import equivalence, geometry, trajectory
+from muonlab.papers.seed000.diagnostics import equivalence, geometry, trajectory
 from muonlab.errors import UsageError
 from muonlab.model.variants.qk_scale import qk_multiplier
 

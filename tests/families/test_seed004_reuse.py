@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from muonlab.diagnostics import reuse
+from muonlab.papers.seed004.diagnostics import reuse
 from muonlab.errors import UsageError
 from muonlab.optim.af_muon import build_optimizer
 from muonlab.optim.polar import newton_schulz

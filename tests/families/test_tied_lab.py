@@ -102,7 +102,7 @@ def test_afmuon_trains_a_tiny_random_init_llama_with_tied_embeddings(transformer
 
 @pytest.mark.slow
 def test_afmuon_diagnostics_endpoints_and_cli(tmp_path, capsys):
-    from muonlab.diagnostics.afmuon import tied_diagnostics
+    from muonlab.papers.seed004.diagnostics.afmuon import tied_diagnostics
     g = torch.Generator().manual_seed(0)
     B = torch.randn(40, 16, generator=g) * torch.rand(40, 1, generator=g)
     B[3] = 0  # an inactive row

@@ -140,7 +140,7 @@ def test_count_refuses_eval_and_cast_buffers():
         oe.count_(random_idx(10, 1, 4, seed=0))
 
 
-# FLOPs are counted from the model by diagnostics/accounting.py (tests/diagnostics/test_diagnostics_accounting.py)
+# FLOPs are counted from the model by papers/seed002/diagnostics/accounting.py (tests/papers/test_diagnostics_accounting.py)
 @pytest.mark.parametrize("depth,d,params,mib", [(6, 384, 57_929_472, 223.29), (8, 512, 77_239_296, 296.95)])
 def test_parameters_and_memory_match_spec(depth, d, params, mib):
     with torch.device("meta"):

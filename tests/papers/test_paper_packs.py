@@ -1,4 +1,4 @@
-"""Each seed paper is one pack (muonlab.papers.<seed>): its arms, its printed tables and its printed
+"""Each seed paper is one pack (muonlab.papers.<seed>): its arms, its printed tables, its printed numbers and its
 diagnostics live there, registered through the registries a plug-in uses; the arms registry names no paper."""
 
 from __future__ import annotations
@@ -8,9 +8,8 @@ import re
 from pathlib import Path
 
 import muonlab
-from muonlab.arms import ARMS, BUILTIN_PAPER_PACKS
+from muonlab.arms import ARMS, BUILTIN_PAPER_PACKS, all_packs
 from muonlab.lab.paper.tables import load_tables
-from muonlab.papers import all_packs
 
 SRC = Path(muonlab.__file__).parent
 
@@ -38,3 +37,22 @@ def test_each_packs_tables_are_its_papers_and_compare_its_arms():
             arms = {arm.arm for arm in tables[t["id"]].arms}
             assert all(ARMS[a].paper in (pack.paper, "autoresearch 228791f", None) for a in arms), (t["id"], arms)
     assert len(tables) == sum(len(json.loads(p.tables.read_text())["tables"]) for p in all_packs().values())
+
+
+def test_each_packs_diagnostics_are_its_own_and_nothing_else_imports_a_pack():
+    """A pack's diagnose tools live in its folder; no module outside muonlab/papers/ imports a pack (the
+    arms registry imports the built-in ones by name, and `diagnose` finds their tools through the registry)."""
+    from muonlab.diagnostics import commands
+
+    listed = [module for pack in all_packs().values() for module in pack.diagnostics]
+    for pack in all_packs().values():
+        assert pack.diagnostics, pack.name  # every seed paper has its diagnostics
+        for module in pack.diagnostics:
+            assert module.startswith(f"muonlab.papers.{pack.name}.diagnostics."), module
+    assert len(commands()) == len(listed)
+    assert not [p.name for p in (SRC / "diagnostics").glob("*.py")
+                if p.name not in ("__init__.py", "runs.py", "run_selection.py")]  # the shared harness only
+    importer = re.compile(r"^\s*(from|import) muonlab\.papers\b", re.M)
+    outside = [str(p.relative_to(SRC)) for p in SRC.rglob("*.py")
+               if "papers" not in p.relative_to(SRC).parts and importer.search(p.read_text())]
+    assert outside == []

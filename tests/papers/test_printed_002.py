@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from muonlab.arms import ARMS
-from muonlab.diagnostics import audit_tables
+from muonlab.papers.seed002.diagnostics import audit_tables
 from muonlab.papers.seed002 import printed
-from muonlab.diagnostics.accounting import PAPER_TABLE_1B
+from muonlab.papers.seed002.diagnostics.accounting import PAPER_TABLE_1B
 from muonlab.diagnostics.run_selection import Selection, SelectedRun
 from muonlab.lab.paper import format_scorecard, load_tables, scorecard
 from muonlab.lab.paper.runs import table_plan

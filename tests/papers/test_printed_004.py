@@ -149,7 +149,7 @@ def test_the_diagnose_only_columns_are_found_by_model_and_optimizer():
 
 
 def test_table37s_default_row_is_the_afmuon_diagnostics_reference():
-    from muonlab.diagnostics.afmuon import PAPER_C3_S05
+    from muonlab.papers.seed004.diagnostics.afmuon import PAPER_C3_S05
 
     assert {k: mean for k, (mean, _) in printed004.TABLE37[(3.0, 0.5)].items()} == PAPER_C3_S05
 
@@ -179,7 +179,7 @@ def _line(text: str, key: str) -> list[str]:
 
 
 def test_diagnose_tied_prints_table13s_gradient_norm_beside_the_measured_one(afmuon_run, capsys, monkeypatch):
-    from muonlab.diagnostics.replay import capture_batches
+    from muonlab.diagnostics.runs import capture_batches
     from muonlab.diagnostics.runs import load_run
 
     # the run's mean-gradient norm over its next step, from one backward of the mean loss

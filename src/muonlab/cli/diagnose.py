@@ -1,5 +1,5 @@
 """`muonlab diagnose TOOL`: the read-only diagnostics of the seed papers, a sub-command per tool, each
-declared beside its code (its module's COMMAND, muonlab.diagnostics)."""
+declared beside its code in its paper's pack (its module's COMMAND; muonlab.diagnostics.commands)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,11 @@
-"""Read-only diagnostics over optimizers, models and checkpoints (`muonlab diagnose TOOL`).
+"""The shared harness of the paper packs' read-only diagnostics (`muonlab diagnose TOOL`).
 
-Each diagnostic declares its own sub-command next to its code, as the module's `COMMAND`: its
-name, its help, its options, how it runs from the parsed arguments, how its result is printed
-and when that result is a failed check (exit 1). `TOOLS` lists the modules in the order
-`muonlab diagnose --help` shows them; the command line imports them only when `diagnose` is
-the verb (they import torch).
+Each diagnostic lives in its paper's pack (muonlab/papers/<seed>/diagnostics/) and declares its own
+sub-command next to its code, as the module's `COMMAND`: its name, its help, its options, how it runs
+from the parsed arguments, how its result is printed and when that result is a failed check (exit 1).
+A pack lists its tools (PaperPack.diagnostics); `muonlab diagnose --help` shows them pack by pack, and
+the command line imports them only when `diagnose` is the verb (they import torch). Here: the Command
+type, the options several tools share, loading a run (runs.py) and selecting runs (run_selection.py).
 """
 
 from __future__ import annotations
@@ -15,9 +16,6 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from muonlab.settings import seed_value
-
-TOOLS = ("conditioning", "storage", "equivalence", "gauge", "step0_audit", "step0_trajectory", "accounting",
-         "trajectory", "geometry", "replay", "audit_tables", "afmuon", "reuse", "overhead", "tied_table")
 
 Option = tuple[str, dict[str, Any]]  # a flag and its argparse keywords
 
@@ -56,6 +54,14 @@ class Command:
 
 
 def commands() -> dict[str, Command]:
-    """Every diagnostic's command by name, in TOOLS order (imports the modules)."""
-    found = [importlib.import_module(f"muonlab.diagnostics.{module}").COMMAND for module in TOOLS]
-    return {command.name: command for command in found}
+    """Every registered pack's diagnostics by command name, pack by pack (imports the modules)."""
+    from muonlab.arms import all_packs  # noqa: PLC0415
+
+    found: dict[str, Command] = {}
+    for pack in sorted(all_packs().values(), key=lambda p: p.name):
+        for module in pack.diagnostics:
+            command = importlib.import_module(module).COMMAND
+            if command.name in found:
+                raise ValueError(f"diagnose {command.name}: declared by {module} and by another pack's tool")
+            found[command.name] = command
+    return found

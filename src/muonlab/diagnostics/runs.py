@@ -1,9 +1,9 @@
 """Load a finished or interrupted run's model and optimizer state from its newest checkpoint.
 
-The checkpoint-reading diagnostics (`geometry`, `replay`) share this: the run's own config
-(config.json), the model rebuilt exactly as training built it (vocabulary size read from the
-checkpoint's embedding, so no data is needed), the optimizer with its saved state, and the
-prefetched next batch. Tensors are loaded with weights_only=True (checkpoint.load_checkpoint).
+The paper packs' checkpoint-reading diagnostics (geometry, replay, the tied table's, ...) share this: the
+run's own config (config.json), the model rebuilt exactly as training built it (vocabulary size read from
+the checkpoint's embedding, so no data is needed), the optimizer with its saved state, the prefetched next
+batch, and the micro-batches of its next step (capture_batches). Tensors are loaded with weights_only=True (checkpoint.load_checkpoint).
 """
 
 from __future__ import annotations
@@ -78,3 +78,28 @@ def load_run(run_dir: str | Path, device: str = "cpu", precision: str = "fp32", 
     optimizer = build_optimizer(model, cfg, compile_step=False)
     optimizer.load_state_dict(ckpt["optimizer"])
     return LoadedRun(cfg, model, optimizer, ckpt, path, runtime)
+
+
+def capture_batches(loaded: LoadedRun, micro_batches: int | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The micro-batches of the checkpoint's next step, on the run's device: every rank's pending batch, then
+    the next accum-1 from its restored loader (the exact global batch of the next step); with
+    `micro_batches` given, rank 0's stream only (its pending batch and the next micro_batches-1)."""
+    from muonlab.data.prepare import prepare_data
+
+    cfg, ckpt = loaded.cfg, loaded.checkpoint
+    world = int(ckpt.get("world_size", 1))
+    ranks = range(world) if micro_batches is None else range(1)
+    per_rank = cfg.train.accum_steps_per_rank(world) if micro_batches is None else micro_batches
+    if per_rank < 1:
+        raise ValueError(f"micro_batches must be >= 1, got {per_rank}")
+    data = prepare_data(cfg.data, log=lambda _msg: None)
+    batches = []
+    for rank in ranks:
+        x, y, _ = ckpt["pending"][rank]
+        batches.append((x, y))
+        if per_rank > 1:
+            loader = data.loader(cfg.train.device_batch_size, cfg.train.sequence_len, "train", rank=rank, world_size=world)
+            loader.load_state_dict(ckpt["loader"][rank])
+            batches += [next(loader)[:2] for _ in range(per_rank - 1)]
+    dev = loaded.runtime.device
+    return [(x.to(dev), y.to(dev)) for x, y in batches]

@@ -120,7 +120,7 @@ def _table(paper: str, raw: dict, choices: tuple[str, ...] = ()) -> PaperTable:
 
 def load_tables() -> dict[str, PaperTable]:
     """Every table of every registered paper pack (muonlab.papers), by id."""
-    from muonlab.papers import all_packs  # noqa: PLC0415
+    from muonlab.arms import all_packs  # noqa: PLC0415
 
     out: dict[str, PaperTable] = {}
     for pack in sorted(all_packs().values(), key=lambda p: p.name):

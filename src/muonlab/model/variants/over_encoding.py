@@ -154,7 +154,7 @@ class OverEncodingConfig(VariantConfig):
     these tables' update is an optimizer setting: optim.table_whiten adds its keys to their group)."""
 
     METHOD: ClassVar[MethodInfo] = MethodInfo('over_encoding', 'seed 002 §2.1 (Family A Over-Encoding; table-Neumann §4.3)', __name__,
-                                              ('tests/model/test_over_encoding.py', 'tests/model/test_over_encoding_model.py', 'tests/papers/test_table_update.py', 'tests/diagnostics/test_diagnostics_accounting.py'), 'm', 0)
+                                              ('tests/model/test_over_encoding.py', 'tests/model/test_over_encoding_model.py', 'tests/papers/test_table_update.py', 'tests/papers/test_diagnostics_accounting.py'), 'm', 0)
 
     m: int = setting(0, f"table size (0: off; the paper {DEFAULT_M})", flag="oe-m", range=COUNT)
     n: int = setting(3, "largest n-gram order", flag="oe-n", range=Range(2, 64, why="an n-gram order no table holds"))

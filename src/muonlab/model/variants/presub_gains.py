@@ -49,7 +49,7 @@ class PresubGainsConfig(VariantConfig):
     `model.gains` section and the configuration PresubGains reads."""
 
     METHOD: ClassVar[MethodInfo] = MethodInfo('presub_gains', 'seed 000 §3.1 (Tables 1–2)', __name__,
-                                              ('tests/model/test_model_variants.py', 'tests/diagnostics/test_diagnostics_storage.py', 'tests/diagnostics/test_diagnostics_forward.py'), 'impl', 'none')
+                                              ('tests/model/test_model_variants.py', 'tests/papers/test_diagnostics_storage.py', 'tests/diagnostics/test_diagnostics_forward.py'), 'impl', 'none')
 
     impl: Literal["none", "unfused_slice", "unfused_contig", "weight_fused", "gate_scaled"] = setting(
         "none", "implementation (gate_scaled: the non-equivalent control)", flag="presub-gains")

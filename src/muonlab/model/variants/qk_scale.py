@@ -9,7 +9,7 @@ c = channels (c, c + D/2):
   - "untied_stopexp":    tau [L, H, D], q <- q * stop_exp(tau) (nGPT-like, planes not tied);
   - "head_temp":         tau [L, H], q <- q * exp(tau) per head (exp not stopped: unstated).
 Proposition 1 (seed 000): pair tying is necessary and sufficient for unit-shift invariance
-of the logits (see muonlab.diagnostics.equivalence). A freeze mask (`freeze_layers`,
+of the logits (see muonlab.papers.seed000.diagnostics.equivalence). A freeze mask (`freeze_layers`,
 `freeze_planes`, seed 002's QMASK) multiplies tau by a fixed 0/1 mask (q_eff = tau * M),
 so frozen entries stay at scale 1 and get zero gradient.
 dtype (unstated): the scale is cast to q's dtype before the product (FA3 needs bf16 q).
@@ -107,7 +107,7 @@ class QKScaleConfig(VariantConfig):
     The run config's `model.qk` section and the configuration QKScale reads."""
 
     METHOD: ClassVar[MethodInfo] = MethodInfo('qk_scale', 'seed 000 §3.2 (Tables 2–3); seed 002 §2.1 (Tier 2), §4.2.2 (q_tau, QMASK, Table 5b)', __name__,
-                                              ('tests/model/test_model_variants.py', 'tests/diagnostics/test_diagnostics_audit002.py', 'tests/diagnostics/test_diagnostics_forward.py'), 'kind', 'none')
+                                              ('tests/model/test_model_variants.py', 'tests/papers/test_diagnostics_audit002.py', 'tests/diagnostics/test_diagnostics_forward.py'), 'kind', 'none')
 
     kind: Literal["none", "pair_tied_linear", "pair_tied_stopexp", "pair_tied_exp", "untied_stopexp", "head_temp"] = \
         setting("none", "scaling rule", flag="qk-scale")

@@ -109,7 +109,7 @@ class ResidualRuleConfig(VariantConfig):
     config's `model.residual` section and the configuration ResidualRule reads."""
 
     METHOD: ClassVar[MethodInfo] = MethodInfo('residual_rule', 'seed 003 Backward branch-credit intervention (Table 1)', __name__,
-                                              ('tests/model/test_residual.py', 'tests/model/test_model_variants.py', 'tests/diagnostics/test_diagnostics_replay.py'), 'rule', 'ordinary')
+                                              ('tests/model/test_residual.py', 'tests/model/test_model_variants.py', 'tests/papers/test_diagnostics_replay.py'), 'rule', 'ordinary')
 
     rule: Literal["ordinary", "branch_tangent", "whole_state_tangent", "grad_mag_control"] = setting(
         "ordinary", "backward rule", flag="residual-rule")

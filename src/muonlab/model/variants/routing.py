@@ -29,7 +29,7 @@ class RoutingConfig(VariantConfig):
     `model.routing` section and the configuration Routing reads."""
 
     METHOD: ClassVar[MethodInfo] = MethodInfo('routing', 'seed 002 §2.1 (Tier 3): decoupled x0 routing', __name__,
-                                              ('tests/model/test_over_encoding_model.py', 'tests/optim/test_step0.py', 'tests/diagnostics/test_diagnostics_step0_audit.py'), 'kind', 'none')
+                                              ('tests/model/test_over_encoding_model.py', 'tests/optim/test_step0.py', 'tests/papers/test_diagnostics_step0_audit.py'), 'kind', 'none')
 
     kind: Literal["none", "sepden", "shden"] = setting("none", "separate or shared denominator anchor", flag="routing")
     out: bool = setting(False, "also out_lambdas before the final norm", flag="routing-out")

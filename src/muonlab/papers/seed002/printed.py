@@ -1,5 +1,5 @@
 """The values seed 002 prints for its checkpoint audits, transcribed from the paper, for the across-run
-diagnostics (muonlab.diagnostics.audit_tables) to print beside their own means.
+diagnostics (muonlab.papers.seed002.diagnostics.audit_tables) to print beside their own means.
 
 - Seed 002 Table 4 (§4.2.1, 3-seed means at step 953): per depth and arm, wte / lm_head / OE-table
   stable rank with its mean-row energy share in %, and value-embedding, attention and MLP stable ranks.

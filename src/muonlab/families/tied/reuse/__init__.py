@@ -2,7 +2,7 @@
 up- and one down-projection are reused at four depths, with an untied input table, positional table and
 head (`muonlab.families.tied.reuse.model`), trained with Hybrid Muon (Muon 0.02, wd 0.1 on the shared matrices;
 AdamW 3e-4, wd 0.01 on the tables and gains), FP32 without autocast. `muonlab diagnose reuse --run RUN`
-computes Table 39 from the trained run (`muonlab.diagnostics.reuse`).
+computes Table 39 from the trained run (`muonlab.papers.seed004.diagnostics.reuse`).
 
 Choices where the paper is silent (K.9 gives the shape, the optimizer, 5.0M predicted tokens, one seed):
 batch 32 x 256 tokens (8,192 a step, 610 steps = 4,997,120 tokens), constant lr, clipping 1.0 as the other

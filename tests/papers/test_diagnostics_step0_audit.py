@@ -1,4 +1,4 @@
-"""Seed 002 §4.5 item 2 step-0 audits on the real model (muonlab.diagnostics.step0_audit, step0_trajectory).
+"""Seed 002 §4.5 item 2 step-0 audits on the real model (muonlab.papers.seed002.diagnostics.step0_audit, step0_trajectory).
 
 The real model is cpu-tiny's 12do arm (routing sepden + out_lambdas) with a small OE modulus; the
 reference for "as training" is `muonlab train` itself, observed through a spy on its loop.
@@ -13,8 +13,8 @@ import torch
 
 import muonlab.model.gpt as gpt_module
 from muonlab.cli import main
-from muonlab.diagnostics import step0_audit as A
-from muonlab.diagnostics import step0_trajectory as T
+from muonlab.papers.seed002.diagnostics import step0_audit as A
+from muonlab.papers.seed002.diagnostics import step0_trajectory as T
 from muonlab.errors import UsageError
 
 ARM, SEED = "12do_oe_decoupled_x0_out", 41

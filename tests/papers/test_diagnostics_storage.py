@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from muonlab.cli import main
-from muonlab.diagnostics import storage
+from muonlab.papers.seed000.diagnostics import storage
 from muonlab.errors import UsageError
 from muonlab.model import GPTConfig
 from muonlab.model.variants.presub_gains import PresubGainsConfig
@@ -322,7 +322,7 @@ def test_the_audit_gives_a_verdict_against_the_papers_counts(result):
 
 
 def test_the_verdict_says_which_count_differs():
-    from muonlab.diagnostics.storage import PAPER, verdict
+    from muonlab.papers.seed000.diagnostics.storage import PAPER, verdict
 
     def row(full, gate):
         return {"full": full, "gate": gate}

@@ -5,7 +5,7 @@ broken on purpose, and breaking the production rule (muonlab.model.variants.resi
 import pytest
 import torch
 
-from muonlab.diagnostics import gauge as G
+from muonlab.papers.seed003.diagnostics import gauge as G
 from muonlab.errors import UsageError
 from muonlab.model.variants import residual_rules as RR
 

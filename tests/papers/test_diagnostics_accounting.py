@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from muonlab.arms import resolve_config
 from muonlab.cli import main
-from muonlab.diagnostics import accounting as A
+from muonlab.papers.seed002.diagnostics import accounting as A
 from muonlab.errors import UsageError
 
 TINY = "cpu-tiny"

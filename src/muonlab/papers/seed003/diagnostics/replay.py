@@ -53,7 +53,7 @@ from torch import Tensor
 
 from muonlab.settings import integer_at_least
 from muonlab.device import detect_device, resolve_precision
-from muonlab.diagnostics.runs import LoadedRun, load_run, run_config
+from muonlab.diagnostics.runs import LoadedRun, capture_batches, load_run, run_config
 from muonlab.errors import MuonlabError, UsageError
 from muonlab.model.variants.residual_rules import use_rule
 from muonlab.optim import muon_variant
@@ -81,29 +81,6 @@ def _f32(value: float) -> Tensor:
 
 def muon_groups(optimizer) -> list[dict]:
     return [g for g in optimizer.param_groups if g["kind"] == "muon" and g["params"]]
-
-
-def capture_batches(loaded: LoadedRun, micro_batches: int | None = None) -> list[tuple[Tensor, Tensor]]:
-    """The micro-batches of the checkpoint's next step, captured once (see the module's choices)."""
-    from muonlab.data.prepare import prepare_data
-
-    cfg, ckpt = loaded.cfg, loaded.checkpoint
-    world = int(ckpt.get("world_size", 1))
-    ranks = range(world) if micro_batches is None else range(1)
-    per_rank = cfg.train.accum_steps_per_rank(world) if micro_batches is None else micro_batches
-    if per_rank < 1:
-        raise ValueError(f"micro_batches must be >= 1, got {per_rank}")
-    data = prepare_data(cfg.data, log=lambda _msg: None)
-    batches = []
-    for rank in ranks:
-        x, y, _ = ckpt["pending"][rank]
-        batches.append((x, y))
-        if per_rank > 1:
-            loader = data.loader(cfg.train.device_batch_size, cfg.train.sequence_len, "train", rank=rank, world_size=world)
-            loader.load_state_dict(ckpt["loader"][rank])
-            batches += [next(loader)[:2] for _ in range(per_rank - 1)]
-    dev = loaded.runtime.device
-    return [(x.to(dev), y.to(dev)) for x, y in batches]
 
 
 def accumulate(loaded: LoadedRun, batches: list[tuple[Tensor, Tensor]], rule: str) -> tuple[Tensor, list[Tensor]]:

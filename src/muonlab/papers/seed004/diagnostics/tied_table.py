@@ -77,8 +77,7 @@ def measure(model: torch.nn.Module, batches, autocast) -> dict:
 
 def run(run_dir: str | Path, micro_batches: int | None = None, device: str = "cpu", precision: str = "fp32") -> dict:
     """The diagnostics of a tied run's newest checkpoint over its next optimizer step's batch."""
-    from muonlab.diagnostics.replay import capture_batches
-    from muonlab.diagnostics.runs import load_run, require_family
+    from muonlab.diagnostics.runs import capture_batches, load_run, require_family
     from muonlab.papers.seed004.printed import for_tied
     from muonlab.families.tied.afmuon import TABLE1_FAMILIES
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from muonlab.cli import main
-from muonlab.diagnostics import replay as R
+from muonlab.papers.seed003.diagnostics import replay as R
 from muonlab.diagnostics.runs import load_run
 from muonlab.errors import UsageError
 from muonlab.model.gpt import GPT

@@ -16,7 +16,7 @@ from typing import Any
 
 from muonlab.diagnostics import Command
 from muonlab.papers.seed002 import printed
-from muonlab.diagnostics.audit002 import excess_change, format_audit_table, run_audit
+from muonlab.papers.seed002.diagnostics.audit002 import excess_change, format_audit_table, run_audit
 from muonlab.diagnostics.run_selection import (SELECTION_OPTIONS, Selection, format_one_or_selection,
                                                one_run_or_selection)
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from muonlab.diagnostics import conditioning as c
+from muonlab.papers.seed000.diagnostics import conditioning as c
 from muonlab.device import one_intra_op_thread
 from muonlab.errors import UsageError
 

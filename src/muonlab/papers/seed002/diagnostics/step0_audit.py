@@ -46,7 +46,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from muonlab.diagnostics.step0_trajectory import SHORT, cli_args, first_steps, protocol_matches, setup  # noqa: F401
+from muonlab.papers.seed002.diagnostics.step0_trajectory import SHORT, cli_args, first_steps, protocol_matches, setup  # noqa: F401
 from muonlab.model import find_variant
 from muonlab.model import gpt as gpt_module
 from muonlab.model.gpt import LOGIT_SOFTCAP

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from muonlab.diagnostics import audit002 as A
+from muonlab.papers.seed002.diagnostics import audit002 as A
 from muonlab.model import GPT
 from muonlab.model.variants.over_encoding import OverEncoding
 from support.models import small

@@ -100,7 +100,7 @@ def test_a_tied_run_records_table3_and_router_statistics_per_evaluation(moe_run)
 
 
 def test_diagnose_tied_measures_a_full_step_of_the_run(moe_run, capsys):
-    from muonlab.diagnostics.replay import capture_batches
+    from muonlab.diagnostics.runs import capture_batches
     from muonlab.diagnostics.runs import load_run
 
     assert main(["diagnose", "tied", "--run", str(moe_run), "--json"]) == 0
@@ -130,7 +130,7 @@ def test_diagnose_tied_refuses_an_untied_run(tmp_path, capsys):
 def test_overhead_state_is_one_fp32_buffer_per_tensor_plus_adamws_second_moment(capsys):
     """Analytic (meta) state = the state real steps create = 4 bytes per trained element, and Hybrid
     4 more per element of its AdamW tensors (the tied table and the vectors)."""
-    from muonlab.diagnostics.overhead import ArmStepper, default_vocab
+    from muonlab.papers.seed004.diagnostics.overhead import ArmStepper, default_vocab
 
     assert main(["diagnose", "overhead", "--preset", "tied-cpu", "--steps", "1", "--warmup", "0", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
@@ -147,7 +147,7 @@ def test_overhead_state_is_one_fp32_buffer_per_tensor_plus_adamws_second_moment(
 def test_overhead_at_the_paper_shapes_beside_table27():
     """Qwen2.5-0.5B and Llama-3.2-1B: the saving the paper prints follows from the shapes (our
     check); NanoGPT's printed sizes do not, and the table names the difference."""
-    from muonlab.diagnostics.overhead import format_table, measure
+    from muonlab.papers.seed004.diagnostics.overhead import format_table, measure
 
     for preset in ("qwen2.5-0.5b", "llama-3.2-1b"):
         res = measure(preset, steps=0)
