@@ -64,6 +64,10 @@ def test_each_miniature_keeps_the_tables_structure(table_id):
             assert abs(mini_step / cfg.train.num_steps - full_step / full.train.num_steps) <= 1 / cfg.train.num_steps
             assert full.train.eval_every == 0 or cfg.train.eval_every * plan.scale == full.train.eval_every
         batches[a.arm] = (cfg.train.total_batch_size, full.train.total_batch_size)
+        oe, full_oe = getattr(cfg.model, "oe", None), getattr(full.model, "oe", None)
+        if full_oe is not None and full_oe.m:  # seed 002's tables keep their rows per vocabulary token
+            rows, full_rows = oe.m / cfg.data.vocab_size, full_oe.m / full.data.vocab_size
+            assert oe.m < full_oe.m and abs(rows - full_rows) <= 0.5 / cfg.data.vocab_size, (a.arm, oe.m)
     least_mini, least_full = min(b for b, _ in batches.values()), min(f for _, f in batches.values())
     for mini, full in batches.values():
         assert mini * least_full == pytest.approx(full * least_mini, rel=0.05)

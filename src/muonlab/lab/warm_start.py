@@ -19,8 +19,10 @@ import signal
 import subprocess
 import sys
 
-# what the server imports once: torch and the train verb's modules (not the plug-ins: each run loads its own)
-PRELOAD = ["torch", "muonlab.cli.train", "muonlab.train.loop", "muonlab.families"]
+# what the server imports once: torch and the train verb's modules (not the plug-ins: each run loads its own), and
+# torch._dynamo, which the model's construction on the meta device imports (nn.init's normal_ on meta goes through
+# a torch._refs decomposition): about a second of a core, more than a miniature run's training
+PRELOAD = ["torch", "torch._dynamo", "muonlab.cli.train", "muonlab.train.loop", "muonlab.families"]
 
 
 def available() -> bool:

@@ -11,7 +11,8 @@ table can be produced end to end on a laptop before it costs GPU-hours:
   falls on it (D divides every arm's comparison step and evaluation interval);
 - the stand-in's batch is the table's smallest, and each arm's batch keeps its ratio to it (seed 004 K.5's batches
   of 32..512 sequences stay 1 : 16), as do the ratios of what an arm sizes against the paper's preset (K.2's
-  vocabularies, K.4's widths).
+  vocabularies, K.4's widths) or against its vocabulary (seed 002's Over-Encoding tables: 150,855 rows for
+  8,192 tokens, ~18.4 rows a token, are ~5,500 rows for the stand-in's 300).
 
 muonlab's choices where nothing fixes them: D makes the longest run of a table about `MINI_STEPS` steps and no
 run shorter than `MIN_STEPS`; text tables run on the synthetic text with a BPE trained on it, whatever the
@@ -81,8 +82,10 @@ class TablePlan:
 
     def describe(self) -> str:
         if self.miniature:
+            rows = sorted({a.overrides["model.oe.m"] for a in self.arms if "model.oe.m" in a.overrides})
+            tables = f"Over-Encoding tables of {', '.join(f'{m:,}' for m in rows)} rows, " if rows else ""
             return (f"miniature of {self.table.preset}: preset {self.preset}, every duration in steps / {self.scale}, "
-                    f"{self.runs()} run(s)")
+                    f"{tables}{self.runs()} run(s)")
         return f"preset {self.preset}, {self.runs()} run(s)"
 
 
@@ -242,6 +245,10 @@ def _scaled(full: dict[str, Any], small: dict[str, Any], paper_preset: dict[str,
     out["train.eval_tokens"] = small["train.eval_tokens"]
     if full.get("data.vocab_size") != paper_preset.get("data.vocab_size") and full.get("data.vocab_size"):
         out["data.vocab_size"] = round(small["data.vocab_size"] * full["data.vocab_size"] / paper_preset["data.vocab_size"])
+    oe_rows = (full.get("model.oe") or {}).get("m")
+    if oe_rows and full.get("data.vocab_size"):  # the table's rows per vocabulary token, as the paper's
+        vocab = out.get("data.vocab_size", small["data.vocab_size"])
+        out["model.oe.m"] = max(1, round(oe_rows * vocab / full["data.vocab_size"]))
     if full.get("model.n_embd"):  # seed 004 K.4's widths, as multiples of the stand-in's head dim
         from muonlab.families.tied.model import TIED_SHAPES  # noqa: PLC0415
 
