@@ -9,6 +9,29 @@ from support.ranks import one_thread as single_thread
 
 pytest_plugins = ["pytester"]  # tests/suite/test_suite_layout.py runs small suites of its own
 
+RAM_TEMP_MIN_FREE = 4 << 30  # /dev/shm with less room left: the disk's temporary folder
+
+
+def _ram_temp_root() -> str | None:
+    """Linux's RAM-backed /dev/shm, where it exists with room and the user named no temporary folder: the
+    suite's runs write their checkpoints and weights through fsync'd atomic writes (several GB in all), which
+    on a disk cost a flush each and here a copy. Passed tests' folders are removed as they end
+    (tmp_path_retention_policy), so the RAM held is the running tests'."""
+    named = any(os.environ.get(name) for name in ("TMPDIR", "PYTEST_DEBUG_TEMPROOT"))
+    if named or os.environ.get("MUONLAB_TEST_TMP") == "disk":
+        return None
+    try:
+        free = os.statvfs("/dev/shm")
+    except OSError:
+        return None
+    if not os.access("/dev/shm", os.W_OK | os.X_OK) or free.f_bavail * free.f_frsize < RAM_TEMP_MIN_FREE:
+        return None
+    return "/dev/shm"
+
+
+if (_root := _ram_temp_root()) is not None:
+    os.environ["PYTEST_DEBUG_TEMPROOT"] = _root  # pytest's tmp_path root alone (torch's caches stay on disk)
+
 # Under pytest-xdist every core has its worker: one thread each (tiny models gain nothing from
 # more, and oversubscribed cores slow everything); a single process may use two.
 torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else min(2, os.cpu_count() or 1))
