@@ -96,11 +96,13 @@ def setting(default: Any = MISSING, help: str = "", *, flag: str | None = None, 
     return dataclasses.field(default=default, metadata=metadata)
 
 
-def option(default: Any, help: str) -> Any:
+def option(default: Any, help: str, range: Range | None = None) -> Any:  # noqa: A002 - as setting's
     """A field of a method's own frozen dataclass (a pre-polar conditioner, a plug-in model variant's
-    config) with its description. Every field of such a dataclass is a run-config setting (a plain
-    `p: float = 0.5` too, its help then its docstring); `option` only adds the description in place."""
-    return dataclasses.field(default=default, metadata={"help": help})
+    config) with its description, and the interval a number is checked against where it is set (command
+    line, arm, file) and where the method is made from its values. Every field of such a dataclass is a
+    run-config setting (a plain `p: float = 0.5` too, its help then its docstring); `option` only adds the
+    description and the range in place."""
+    return dataclasses.field(default=default, metadata={"help": help, **({"range": range} if range else {})})
 
 
 def fixed(default: Any, why: str) -> Any:
@@ -162,7 +164,8 @@ def _option_settings(cls, label: str, flag_prefix: str) -> tuple[tuple[str, Any,
                             f"to keep it off the command line")
         if f.default is MISSING:
             raise TypeError(f"{cls.__name__}.{f.name}: a setting needs a default")
-        made = setting(f.default, f"{label}: {field_help(cls, f)}", flag=f"{flag_prefix}-{f.name}".replace("_", "-"))
+        made = setting(f.default, f"{label}: {field_help(cls, f)}", flag=f"{flag_prefix}-{f.name}".replace("_", "-"),
+                       range=f.metadata.get("range"))
         made.name = f.name
         specs.append((f.name, hints[f.name], made))
     return tuple(specs)

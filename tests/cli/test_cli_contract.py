@@ -22,6 +22,27 @@ from muonlab.cli import main
 from muonlab.errors import UsageError
 
 TINY = ["train", "--preset", "cpu-tiny"]
+# a plug-in conditioner with a check no range states (two options against each other)
+CHECKED_CONDITIONER = """
+from dataclasses import dataclass
+from muonlab.optim import PrePolar, register_prepolar
+from muonlab.optim.extensions import option
+
+@dataclass(frozen=True)
+class Clip(PrePolar):
+    low: float = option(0.1, "lower clip")
+    high: float = option(1.0, "upper clip")
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not self.low < self.high:
+            raise ValueError(f"prepolar_low must be below prepolar_high, got {self.low} and {self.high}")
+
+    def condition(self, G, inputs, ctx):
+        return G.clamp(self.low, self.high)
+
+register_prepolar("contract_clip", Clip, paper="none (contract test)")
+"""
 TIED = ["train", "--preset", "tied-cpu"]
 USAGE, RUNTIME = 2, 1
 
@@ -256,7 +277,11 @@ CASES = [
     ("qk-freeze-layers", TINY + ["--qk-scale", "pair_tied_exp", "--qk-freeze-layers", "a,b"], USAGE,
      "qk_freeze_layers"),
     ("loss-chunk", TINY + ["--loss-chunk-tokens", "-1"], USAGE, "loss_chunk_tokens"),
-    ("prepolar-passes", TINY + ["--prepolar", "hbieq", "--prepolar-passes", "0"], USAGE, "prepolar_passes"),
+    ("prepolar-passes", TINY + ["--prepolar", "hbieq", "--prepolar-passes", "0"], USAGE,
+     "--prepolar-passes (optim.prepolar.passes) must be >= 1, got 0"),
+    ("prepolar-plugin-check", lambda t: TINY + ["--plugin", str(_file(t, "clip.py", CHECKED_CONDITIONER)),
+                                                "--prepolar", "contract_clip", "--prepolar-low", "2"], USAGE,
+     "prepolar contract_clip: prepolar_low must be below prepolar_high, got 2.0 and 1.0"),
     ("whiten-terms", TINY + ["--whiten", "neumann", "--whiten-terms", "0"], USAGE,
      "--whiten-terms (optim.whiten.terms) must be >= 1, got 0"),
     ("table-whiten-tau", TINY + ["--oe-m", "3", "--table-whiten", "neumann", "--table-whiten-tau", "-1"],

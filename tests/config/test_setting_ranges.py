@@ -47,7 +47,8 @@ def test_the_ranges_cover_the_counts_fractions_momenta_rates_and_shapes():
             "optim.muon_momentum_start", "optim.muon_momentum_end", "optim.muon_momentum_warmup_steps",
             "model.depth", "optim.matrix_lr", "optim.adam_beta2", "optim.lr_scale", "optim.whiten.tau",
             "optim.table_whiten.tau", "model.oe.m", "model.oe.n", "model.qk.lr_mult", "data.val_fraction",
-            "optim.cap", "optim.rho", "optim.vector_lr", "model.n_embd", "model.vocab_rows"} <= keys
+            "optim.cap", "optim.rho", "optim.vector_lr", "model.n_embd", "model.vocab_rows", "optim.prepolar.tau",
+            "optim.prepolar.passes"} <= keys  # a conditioner's options too (option(..., range=...))
 
 
 def _kind(leaf):

@@ -21,7 +21,7 @@ import muonlab.optim.muon_variant as variant_module
 from muonlab.errors import UsageError
 from muonlab.optim import MuonAdamW, PrePolar, extensions, polar_express, register_prepolar
 from muonlab.optim.extensions import option
-from muonlab.settings import MethodInfo
+from muonlab.settings import MethodInfo, Range
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -207,6 +207,37 @@ def test_plugin_options_are_run_config_settings(plugins):
         resolve_config("baseline", "cpu-tiny", {"optim.prepolar.kind": "hbieq", "optim.prepolar.eps": 0.01})
     with pytest.raises(UsageError, match="prepolar_eps must be > 0"):
         resolve_config("baseline", "cpu-tiny", {"optim.prepolar.kind": "test_absmax", "optim.prepolar.eps": 0.0})
+
+
+@dataclass(frozen=True)
+class PowerConditioner(PrePolar):
+    """sign(G) |G|^power: a plug-in option with a range."""
+
+    power: float = option(0.5, "the power of |G|", range=Range(0, 1, low_open=True))
+
+    def condition(self, G, inputs, ctx):
+        return G.sign() * G.abs() ** self.power
+
+
+def test_a_plugin_options_range_holds_where_it_is_set_and_where_the_conditioner_is_made():
+    """option(..., range=...) on a conditioner's field: refused on the command line naming the flag, and in a
+    conditioner made in Python or read back from a muon group naming the group key (PrePolar.__post_init__)."""
+    from muonlab.arms import resolve_config
+
+    register_prepolar("test_power", PowerConditioner, paper="none (test plug-in)")
+    try:
+        chosen = {"optim.prepolar.kind": "test_power"}
+        with pytest.raises(UsageError, match=r"^--prepolar-power \(optim.prepolar.power\) must be in \(0, 1\], got 2$"):
+            resolve_config("baseline", "cpu-tiny", {**chosen, "optim.prepolar.power": 2})
+        cfg = resolve_config("baseline", "cpu-tiny", {**chosen, "optim.prepolar.power": 0.25})
+        assert cfg.optim.prepolar.conditioner() == PowerConditioner(power=0.25)
+        with pytest.raises(ValueError, match="^prepolar_power must be in"):
+            PowerConditioner(power=0)
+        with pytest.raises(ValueError, match="^prepolar_power must be in"):
+            PowerConditioner.from_group({"prepolar_power": 1.5})
+        assert PowerConditioner.from_group({"prepolar_power": 1}) == PowerConditioner(power=1.0)
+    finally:
+        extensions.unregister_prepolar("test_power")
 
 
 # ---------------------------------------------------------------- the registry

@@ -40,7 +40,7 @@ import torch
 
 from muonlab.errors import UsageError
 from muonlab.plugins import is_builtin_module
-from muonlab.settings import (MethodInfo, MethodSection, Section, check_ranges, coerce, fixed, option, option_fields,
+from muonlab.settings import (MethodInfo, MethodSection, Section, check_range, check_ranges, coerce, fixed, option, option_fields,
                               option_settings)  # a conditioner's fields: --prepolar-<name>
 
 # the pre-polar conditioners: name -> class, and each one's record (what `muonlab methods` lists)
@@ -142,8 +142,9 @@ GROUP_PREFIX = "prepolar_"  # a conditioner's field `tau` is the muon group key 
 
 class PrePolar:
     """Base of a pre-polar conditioner. A subclass is a frozen dataclass whose fields are its
-    options, each written once: the default, the description (`option(default, help)`, or a plain
-    field with a docstring below it), the check (`__post_init__`, raising ValueError). Every field
+    options, each written once: the default, the description and a number's range
+    (`option(default, help, range=...)`, or a plain field with a docstring below it), any other check
+    (`__post_init__`, raising ValueError, calling PrePolar's: it checks the ranges). Every field
     is a setting (`--prepolar-f`, `optim.prepolar.f`) unless declared `fixed(default, why)`. A field
     `f` is read from a muon group's key `prepolar_f`.
 
@@ -163,6 +164,15 @@ class PrePolar:
     WHOLE_GROUPS_ONLY: ClassVar[bool] = False
     before_momentum: ClassVar[Callable | None] = None
     condition: ClassVar[Callable | None] = None
+
+    def __post_init__(self) -> None:
+        """The declared ranges hold (ValueError naming the group key): a conditioner made in Python or read
+        back from a group is held to what the command line checks."""
+        for f in dataclasses.fields(self):
+            try:
+                check_range(getattr(self, f.name), f.metadata.get("range"), GROUP_PREFIX + f.name)
+            except UsageError as e:
+                raise ValueError(str(e)) from None
 
     @classmethod
     def group_defaults(cls) -> dict[str, Any]:

@@ -25,6 +25,10 @@ import torch
 
 from muonlab.optim.extensions import PrePolar, fixed, option, register_prepolar
 from muonlab.optim.homotopy import HOMOTOPY_FIRST_T, homotopy_alpha, homotopy_t
+from muonlab.settings import NON_NEGATIVE, Range
+
+# a pass count no run needs: equilibration settles in a few (seed 000 runs 1 and 2); a typo would loop for hours
+PASSES = Range(1, 100, why="equilibration settles in a few passes")
 
 
 def hbieq(G: torch.Tensor, alpha, passes: int = 2, sides: str = "both", eps: float = 1e-10) -> torch.Tensor:
@@ -59,17 +63,16 @@ def _homotopy_denominator(stat: torch.Tensor, stat_mean: torch.Tensor, alpha, ep
 
 @dataclass(frozen=True)
 class HBiEq(PrePolar):
-    tau: float = option(80.0, "homotopy horizon (seed 000: 80, seed 002: 25; 0 = undamped)")
-    passes: int = option(2, "equilibration passes")
+    tau: float = option(80.0, "homotopy horizon (seed 000: 80, seed 002: 25; 0 = undamped)", range=NON_NEGATIVE)
+    passes: int = option(2, "equilibration passes", range=PASSES)
     sides: Literal["both", "row"] = option("both", "sides (row with passes 1: seed 000 exp51's control)")
     eps: float = fixed(1e-10, "seed 000 §3.3's epsilon, in Python only")
     first_t: int = fixed(HOMOTOPY_FIRST_T, "the run's optim.homotopy_first_t sets it")
 
     def __post_init__(self):
+        super().__post_init__()
         if self.sides not in ("both", "row"):
             raise ValueError(f"prepolar_sides must be 'both' or 'row', got {self.sides!r}")
-        if self.passes < 1 or self.tau < 0:
-            raise ValueError(f"prepolar_passes must be >= 1 and prepolar_tau >= 0, got {self.passes} and {self.tau}")
 
     def step_inputs(self, state, t, stack_shape, device) -> dict:
         return {"alpha_t": torch.tensor(homotopy_alpha(homotopy_t(t, self.first_t), self.tau), dtype=torch.float32)}

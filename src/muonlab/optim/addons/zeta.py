@@ -37,6 +37,7 @@ class Zeta(PrePolar):
     eps: float = fixed(1e-8, "in Python only")
 
     def __post_init__(self):
+        super().__post_init__()
         if not 0 <= self.beta2 < 1:
             raise ValueError(f"prepolar_beta2 must be in [0, 1), got {self.beta2}")
 
