@@ -50,8 +50,6 @@ class Range:
 MAX_COUNT = 10**12  # steps, micro-batches, layers: more than any run on any machine takes
 MAX_TOKENS = 10**15  # tokens: more than any dataset a run reads
 COUNT = Range(0, MAX_COUNT, why="a count no run reaches")
-AT_MOST_COUNT = Range(None, MAX_COUNT, why="a count no run reaches")  # the lower bound is the section's validate
-AT_MOST_TOKENS = Range(None, MAX_TOKENS, why="more than any dataset")
 POSITIVE_COUNT = Range(1, MAX_COUNT, why="a count no run reaches")
 TOKENS = Range(1, MAX_TOKENS, why="more tokens than any dataset")
 FRACTION = Range(0, 1)

@@ -48,7 +48,8 @@ def test_the_ranges_cover_the_counts_fractions_momenta_rates_and_shapes():
             "model.depth", "optim.matrix_lr", "optim.adam_beta2", "optim.lr_scale", "optim.whiten.tau",
             "optim.table_whiten.tau", "model.oe.m", "model.oe.n", "model.qk.lr_mult", "data.val_fraction",
             "optim.cap", "optim.rho", "optim.vector_lr", "model.n_embd", "model.vocab_rows", "optim.prepolar.tau",
-            "optim.prepolar.passes"} <= keys  # a conditioner's options too (option(..., range=...))
+            "optim.prepolar.passes", "data.vocab_size", "data.prefetch_batches", "data.download_timeout_s",
+            "data.synthetic_bytes", "record.log_every", "record.checkpoint_keep"} <= keys  # both bounds in one place
 
 
 def _kind(leaf):

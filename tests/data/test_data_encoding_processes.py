@@ -141,7 +141,7 @@ def test_the_setting_reaches_the_loader_and_a_negative_count_is_refused(bpe, tmp
     data = PreparedData(DataConfig(encode_processes=3), bpe, tmp_path, {}, "", "", None, corpus=None)
     data.documents = lambda split, start=0, one_pass=False: _documents(start)
     assert data.loader(4, 48, "train").packer.encode_processes == 3
-    with pytest.raises(UsageError, match="encode_processes must be >= 0 or none, got -1"):
+    with pytest.raises(UsageError, match="encode_processes must be >= 0, got -1"):
         DataConfig(encode_processes=-1).validate()
 
 

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from muonlab.errors import UsageError
-from muonlab.settings import AT_MOST_COUNT, AT_MOST_TOKENS, Range, Section, setting
+from muonlab.settings import (COUNT, MAX_COUNT, MAX_TOKENS, NON_NEGATIVE, POSITIVE, POSITIVE_COUNT, TOKENS, Range, Section,
+                              check_ranges, setting)
 
 TEXT_SOURCES = ("climbmix", "local", "stdlib", "synthetic")  # documents of text, split and tokenized here
 # seed 004's other data (muonlab.data.token_data): token files the user has, images, proteins
@@ -31,6 +32,9 @@ TXT_MODES = ("file", "paragraph")
 OPEN_FRACTION = Range(0, 1, low_open=True, high_open=True)  # a split of none or all of the documents is no split
 
 
+_AT_LEAST_TWO = Range(2, MAX_COUNT, why="a count no run reaches")  # a vocabulary, a document: two words at least
+
+
 @dataclass
 class DataConfig(Section):
     """Everything that decides which documents exist, how they split, and the tokenizer.
@@ -51,43 +55,48 @@ class DataConfig(Section):
                                     "holds out val_fraction of the training images")
     tokenizer_json: str | None = setting(None, "local / fasta: tokenize with this Hugging Face tokenizer.json "
                                          "(none: train a BPE on the text; one token per residue for FASTA)")
-    synthetic_images: int = setting(2048, "synthetic_images: how many images (the size is the model's)",
-                                    range=AT_MOST_COUNT)
+    synthetic_images: int = setting(2048, "synthetic_images: how many images (the size is the model's; at least 2: "
+                                    "one is held out)", range=Range(2, MAX_COUNT, why="a count no run reaches"))
     local_txt_docs: Literal[TXT_MODES] = setting("file", "local .txt: one document per file, or per blank-line paragraph")
     # Best-fit packing crops a document longer than a row and drops its tail, so with long
     # files and a short T most text would never be seen: cut them after the split.
     max_doc_chars: int | None = setting(None, "small corpora: cut longer documents into line-aligned pieces "
-                                        "after the split (none keeps whole documents)", range=AT_MOST_TOKENS)
+                                        "after the split (none keeps whole documents)",
+                                        range=Range(16, MAX_TOKENS, why="more than any dataset"))
     num_shards: int = setting(10, "climbmix training shards; -1 means all of them")
     base_url: str = setting(CLIMBMIX_URL, "climbmix: where the shards are downloaded from")
-    download_workers: int = setting(8, "climbmix: parallel downloads", hashed=False, range=AT_MOST_COUNT)
-    download_retries: int = setting(5, "climbmix: attempts per shard", hashed=False, range=AT_MOST_COUNT)
-    download_backoff_s: float = setting(2.0, "climbmix: sleep backoff_s * 2**(attempt-1) between attempts", hashed=False)
-    download_timeout_s: float = setting(30.0, "climbmix: seconds before a stalled download is retried", hashed=False)
+    download_workers: int = setting(8, "climbmix: parallel downloads", hashed=False, range=POSITIVE_COUNT)
+    download_retries: int = setting(5, "climbmix: attempts per shard", hashed=False, range=POSITIVE_COUNT)
+    download_backoff_s: float = setting(2.0, "climbmix: sleep backoff_s * 2**(attempt-1) between attempts", hashed=False,
+                                        range=NON_NEGATIVE)
+    download_timeout_s: float = setting(30.0, "climbmix: seconds before a stalled download is retried", hashed=False,
+                                        range=POSITIVE)
     prefetch_batches: int = setting(4, "training batches a worker thread makes ahead of the step, so tokenizing and "
                                     "packing overlap it (0: made between steps in the training thread, as upstream); "
-                                    "the same batches either way", hashed=False, range=AT_MOST_COUNT)
+                                    "the same batches either way", hashed=False, range=COUNT)
     encode_processes: int | None = setting(None, "worker processes that tokenize the training documents ahead of "
                                            "the packer (0: threads of the training process, whose GIL the step "
                                            "shares); none: on a GPU run, this rank's share of the cores less 2, "
                                            "at most 8, when the share is 4 or more and the program is the muonlab "
                                            "command, python -m muonlab or a notebook (a script a spawned worker "
                                            "would run again gets 0); else 0; the same batches either way",
-                                           hashed=False, range=AT_MOST_COUNT)
-    vocab_size: int = setting(8192, "BPE vocabulary size (tokens)", range=AT_MOST_COUNT)
+                                           hashed=False, range=COUNT)
+    vocab_size: int = setting(8192, "BPE vocabulary size (tokens: 256 bytes and 4 specials at least)",
+                              range=Range(260, 1_000_000, why="a million tokens"))
     tokenizer_max_chars: int = setting(1_000_000_000, "characters of the train split fed to BPE training",
-                                       range=AT_MOST_TOKENS)
+                                       range=TOKENS)
     tokenizer_doc_cap: int = setting(10_000, "characters taken from each document for BPE training",
-                                     range=AT_MOST_TOKENS)
+                                     range=TOKENS)
     val_fraction: float = setting(0.05, "small corpora: share of documents in the val split", range=OPEN_FRACTION)
     holdout_fraction: float = setting(0.05, "small corpora: share of documents in the holdout split",
                                       range=OPEN_FRACTION)
-    synthetic_bytes: int = setting(4_000_000, "synthetic: corpus size in bytes", range=AT_MOST_TOKENS)
+    synthetic_bytes: int = setting(4_000_000, "synthetic: corpus size in bytes",
+                                   range=Range(1000, MAX_TOKENS, why="more than any dataset"))
     synthetic_seed: int = setting(0, "synthetic: seed of the Markov chain and its text")
-    synthetic_words: int = setting(512, "synthetic: distinct words in the vocabulary", range=AT_MOST_COUNT)
-    synthetic_branching: int = setting(8, "synthetic: random successors per word (plus one fixed edge)",
-                                       range=AT_MOST_COUNT)
-    synthetic_doc_words: int = setting(256, "synthetic: words per document", range=AT_MOST_COUNT)
+    synthetic_words: int = setting(512, "synthetic: distinct words in the vocabulary", range=_AT_LEAST_TWO)
+    synthetic_branching: int = setting(8, "synthetic: random successors per word (plus one fixed edge; fewer than "
+                                       "the words)", range=POSITIVE_COUNT)
+    synthetic_doc_words: int = setting(256, "synthetic: words per document", range=_AT_LEAST_TWO)
     cache_dir: str | None = setting(None, "data, tokenizer and runs cache (default: $MUONLAB_CACHE or "
                                     "~/.cache/muonlab)", hashed=False)
 
@@ -129,43 +138,23 @@ class DataConfig(Section):
 
     def validate(self) -> "DataConfig":  # noqa: D102
         """Raise UsageError with one line naming the first bad field; return self."""
+        check_ranges(self)  # a section made in code is held to the ranges the command line checks
         if self.source not in SOURCES:
             raise UsageError(f"data source {self.source!r} is not one of {', '.join(SOURCES)}")
         if self.source == "local" and not self.path:  # the token sources check theirs when they are read
             raise UsageError("data source 'local' needs --path: a file or a folder of .txt/.jsonl/.parquet")
-        if self.synthetic_images < 2:
-            raise UsageError(f"synthetic_images must be >= 2 (one to hold out), got {self.synthetic_images}")
         if self.local_txt_docs not in TXT_MODES:
             raise UsageError(f"local_txt_docs {self.local_txt_docs!r} is not one of {', '.join(TXT_MODES)}")
-        if self.max_doc_chars is not None and self.max_doc_chars < 16:
-            raise UsageError(f"max_doc_chars must be >= 16 or None, got {self.max_doc_chars}")
         if self.num_shards != -1 and self.num_shards < 1:
             raise UsageError(f"num_shards must be >= 1 or -1 (all), got {self.num_shards}")
         if self.source == "climbmix" and hub_location(self.base_url) is None:
             raise UsageError(f"base_url must name a Hugging Face dataset, <endpoint>/datasets/<owner>/<name>/resolve/"
                              f"<revision> (huggingface_hub downloads it), got {self.base_url!r}")
-        if self.download_workers < 1:
-            raise UsageError(f"download_workers must be >= 1, got {self.download_workers}")
-        if self.download_retries < 1:
-            raise UsageError(f"download_retries must be >= 1, got {self.download_retries}")
-        if self.download_backoff_s < 0 or self.download_timeout_s <= 0:
-            raise UsageError("download_backoff_s must be >= 0 and download_timeout_s > 0")
-        if self.prefetch_batches < 0:
-            raise UsageError(f"prefetch_batches must be >= 0, got {self.prefetch_batches}")
-        if self.encode_processes is not None and self.encode_processes < 0:
-            raise UsageError(f"encode_processes must be >= 0 or none, got {self.encode_processes}")
-        if not 256 + 4 <= self.vocab_size <= 1_000_000:
-            raise UsageError(f"vocab_size must be between 260 and 1000000, got {self.vocab_size}")
-        if self.tokenizer_max_chars < 1 or self.tokenizer_doc_cap < 1:
-            raise UsageError("tokenizer_max_chars and tokenizer_doc_cap must be >= 1")
         if self.val_fraction + self.holdout_fraction >= 1.0:
             raise UsageError("val_fraction + holdout_fraction must be < 1 to leave a train split")
-        if self.synthetic_bytes < 1000:
-            raise UsageError(f"synthetic_bytes must be >= 1000, got {self.synthetic_bytes}")
-        if self.synthetic_words < 2 or not 1 <= self.synthetic_branching < self.synthetic_words:
-            raise UsageError("synthetic_words must be >= 2 and 1 <= synthetic_branching < synthetic_words")
-        if self.synthetic_doc_words < 2:
-            raise UsageError(f"synthetic_doc_words must be >= 2, got {self.synthetic_doc_words}")
+        if self.synthetic_branching >= self.synthetic_words:  # each bound alone is the settings' range
+            raise UsageError(f"synthetic_branching must be below synthetic_words, got {self.synthetic_branching} "
+                             f"and {self.synthetic_words}")
         return self
 
     def to_dict(self) -> dict:

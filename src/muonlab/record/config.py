@@ -9,8 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from muonlab.errors import UsageError
-from muonlab.settings import AT_MOST_COUNT, Section, comma_items, setting
+from muonlab.settings import COUNT, NON_NEGATIVE, POSITIVE_COUNT, Section, check_ranges, comma_items, setting
 
 
 @dataclass
@@ -20,14 +19,15 @@ class RecordConfig(Section):
     run_name: str | None = setting(None, "run directory name (default: arm-seed-time-hash)")
     runs_dir: str | None = setting(None, "where run directories go (default: <cache>/runs)")
     ledger: str | None = setting(None, "the ledger file (default: <runs_dir>/ledger.jsonl)")
-    log_every: int = setting(1, "print a progress line every N steps", range=AT_MOST_COUNT)
+    log_every: int = setting(1, "print a progress line every N steps", range=POSITIVE_COUNT)
     quiet: bool = setting(False, "print nothing while training")
     checkpoint_every: int = setting(0, "full checkpoint every N steps (0: only at the end and on SIGINT/SIGTERM)",
-                                    range=AT_MOST_COUNT)
+                                    range=COUNT)
     checkpoint_minutes: float = setting(0.0, "also a full checkpoint after the first step ending N minutes of wall "
-                                        "time after the last (0: off); a preempted run loses at most that much")
+                                        "time after the last (0: off); a preempted run loses at most that much",
+                                        range=NON_NEGATIVE)
     checkpoint_keep: int = setting(2, "newest checkpoints kept (the previous one survives a failed write)",
-                                   range=AT_MOST_COUNT)
+                                   range=POSITIVE_COUNT)
     sinks: str = setting("", "optional metric sinks, comma-separated: wandb, tensorboard")
     sink_project: str = setting("muonlab", "project name for the metric sinks")
     trajectory_steps: str = setting("0,10,20,40,80", "steps whose metrics also hold the residual scalars "
@@ -39,12 +39,7 @@ class RecordConfig(Section):
         return set(comma_items(self.trajectory_steps, "trajectory_steps", int))
 
     def validate(self) -> None:
-        if self.log_every < 1:
-            raise UsageError(f"log_every must be >= 1, got {self.log_every}")
-        if self.checkpoint_every < 0 or self.checkpoint_keep < 1:
-            raise UsageError("checkpoint_every must be >= 0 and checkpoint_keep >= 1")
-        if not self.checkpoint_minutes >= 0 or self.checkpoint_minutes == float("inf"):
-            raise UsageError(f"checkpoint_minutes must be a finite number >= 0, got {self.checkpoint_minutes}")
+        check_ranges(self)  # a section made in code is held to the ranges the command line checks
         self.trajectory_step_set()
         comma_items(self.plugins, "plugins (--plugin)")
         from muonlab.record.sinks import parse_sinks  # noqa: PLC0415
