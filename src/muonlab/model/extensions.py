@@ -37,7 +37,7 @@ import torch
 
 from muonlab.errors import UsageError
 from muonlab.plugins import is_builtin_module
-from muonlab.settings import (METHOD_OFF, MethodInfo, MethodOptions, MethodSection, OpenSection, Section, check_ranges,
+from muonlab.settings import (METHOD_OFF, MethodInfo, MethodOptions, MethodSection, OpenSection, check_ranges,
                               coerce, opened_values, option_settings, setting, type_hints)
 
 HOOKS = ("embed", "stream", "block_input", "head_input", "attn_input", "mlp_input", "rotary", "qk",

@@ -40,7 +40,7 @@ import torch
 
 from muonlab.errors import UsageError
 from muonlab.plugins import is_builtin_module
-from muonlab.settings import (MethodInfo, MethodSection, Section, check_range, check_ranges, coerce, fixed, option, option_fields,
+from muonlab.settings import (MethodInfo, MethodSection, check_range, check_ranges, coerce, fixed, option, option_fields,
                               option_settings)  # a conditioner's fields: --prepolar-<name>
 
 # the pre-polar conditioners: name -> class, and each one's record (what `muonlab methods` lists)
