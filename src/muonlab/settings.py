@@ -225,7 +225,7 @@ class OpenSection(Section):
         given = self.__dict__.setdefault("values", {})
         for name, _, f in self.opened():
             if name not in given:
-                given[name] = f.default_factory() if f.default_factory is not MISSING else f.default
+                given[name] = _default(f)
 
     def __getattr__(self, name: str) -> Any:
         values = self.__dict__.get("values")  # absent while copy or pickle rebuilds the object
@@ -235,7 +235,7 @@ class OpenSection(Section):
             return values[name]
         for opened, _, f in self.opened():  # a method registered after this section was made: its default
             if opened == name:
-                values[name] = f.default_factory() if f.default_factory is not MISSING else f.default
+                values[name] = _default(f)
                 return values[name]
         raise AttributeError(f"{type(self).__name__} has no setting {name!r}")
 
@@ -247,6 +247,10 @@ class OpenSection(Section):
             object.__setattr__(self, name, value)
 
 
+def _default(f: dataclasses.Field) -> Any:
+    return f.default_factory() if f.default_factory is not MISSING else f.default
+
+
 def opened_values() -> Any:
     """The `values` field of an OpenSection subclass (its registered settings by name; not itself a setting)."""
     return dataclasses.field(default_factory=dict, metadata={"opened_values": True})
@@ -255,7 +259,7 @@ def opened_values() -> Any:
 def setting_fields(obj) -> tuple[dataclasses.Field, ...]:
     """The settings of a section class or instance: its dataclass fields, and an OpenSection's registered ones."""
     own = tuple(f for f in dataclasses.fields(obj) if not f.metadata.get("opened_values"))
-    if not (isinstance(obj, OpenSection) or isinstance(obj, type) and issubclass(obj, OpenSection)):
+    if not _is_open(obj):
         return own
     return own + tuple(f for _, _, f in _opened(obj))
 
@@ -263,9 +267,13 @@ def setting_fields(obj) -> tuple[dataclasses.Field, ...]:
 def setting_hints(obj) -> dict[str, Any]:
     """{setting: its type} of a section class or instance (setting_fields' types)."""
     hints = type_hints(obj if isinstance(obj, type) else type(obj))
-    if not (isinstance(obj, OpenSection) or isinstance(obj, type) and issubclass(obj, OpenSection)):
+    if not _is_open(obj):
         return hints
     return {**hints, **{name: tp for name, tp, _ in _opened(obj)}}
+
+
+def _is_open(obj) -> bool:
+    return isinstance(obj, OpenSection) or isinstance(obj, type) and issubclass(obj, OpenSection)
 
 
 def _opened(obj) -> list[tuple[str, Any, dataclasses.Field]]:

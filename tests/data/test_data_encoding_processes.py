@@ -22,6 +22,7 @@ from muonlab.data.packing import BestFitLoader, RowPacker
 from muonlab.data.prepare import encode_processes_for
 from muonlab.data.tokenizer import Tokenizer
 from muonlab.errors import UsageError
+from muonlab.settings import validate_tree
 
 WORDS = "muon orthogonal momentum newton schulz spectral norm adam weight decay embedding head".split()
 
@@ -142,7 +143,7 @@ def test_the_setting_reaches_the_loader_and_a_negative_count_is_refused(bpe, tmp
     data.documents = lambda split, start=0, one_pass=False: _documents(start)
     assert data.loader(4, 48, "train").packer.encode_processes == 3
     with pytest.raises(UsageError, match="encode_processes must be >= 0, got -1"):
-        DataConfig(encode_processes=-1).validate()
+        validate_tree(DataConfig(encode_processes=-1))
 
 
 def test_left_to_none_processes_feed_a_gpu_and_a_cpu_run_keeps_its_cores(bpe, tmp_path, monkeypatch):

@@ -27,9 +27,9 @@ def _acts_on(item: str, cfg: Any) -> bool:
         return True
     mine = lambda m: m == module or m.startswith(module + ".")  # noqa: E731
     from muonlab.model.extensions import REGISTRY  # noqa: PLC0415
-    from muonlab.optim.extensions import registrations  # noqa: PLC0415
+    from muonlab.optim.extensions import records  # noqa: PLC0415
 
-    conditioners = [name for name, m in registrations().items() if mine(m)]
+    conditioners = [r.name for r in records() if mine(r.module)]
     variants = [name for name, info in REGISTRY.items() if mine(info.variant.__module__)]
     if not (conditioners or variants):
         return True

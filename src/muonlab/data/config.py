@@ -9,7 +9,7 @@ from typing import Literal
 
 from muonlab.errors import UsageError
 from muonlab.settings import (COUNT, MAX_COUNT, MAX_TOKENS, NON_NEGATIVE, POSITIVE, POSITIVE_COUNT, TOKENS, Range, Section,
-                              check_ranges, setting)
+                              setting)
 
 TEXT_SOURCES = ("climbmix", "local", "stdlib", "synthetic")  # documents of text, split and tokenized here
 # seed 004's other data (muonlab.data.token_data): token files the user has, images, proteins
@@ -137,8 +137,8 @@ class DataConfig(Section):
         return out
 
     def validate(self) -> "DataConfig":  # noqa: D102
-        """Raise UsageError with one line naming the first bad field; return self."""
-        check_ranges(self)  # a section made in code is held to the ranges the command line checks
+        """Raise UsageError with one line naming the first bad field; return self. The ranges are checked first,
+        by settings.validate_tree (a DataConfig made in code: validate_tree(cfg))."""
         if self.source not in SOURCES:
             raise UsageError(f"data source {self.source!r} is not one of {', '.join(SOURCES)}")
         if self.source == "local" and not self.path:  # the token sources check theirs when they are read

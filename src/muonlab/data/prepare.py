@@ -20,6 +20,7 @@ from muonlab.data.store import DocBatch, iter_doc_batches, iter_docs
 from muonlab.data.tokenizer import Tokenizer, usable_cpus
 from muonlab.errors import UsageError
 from muonlab.paths import cache_root
+from muonlab.settings import validate_tree
 
 
 def compress_bits_per_byte(text: str | bytes) -> float:
@@ -257,7 +258,7 @@ def _ensure_tokenizer(cfg: DataConfig, corpus: Corpus, log: Callable[[str], None
 
 def prepare_data(cfg: DataConfig, log: Callable[[str], None] = print) -> PreparedData:
     """Download or build the corpus, train (or reuse) the tokenizer on its train split."""
-    cfg.validate()
+    validate_tree(cfg)  # its ranges, then its own checks
     root = cache_root(cfg.cache_dir)
     corpus = prepare_corpus(cfg, root, log)
     tokenizer = _ensure_tokenizer(cfg, corpus, log)

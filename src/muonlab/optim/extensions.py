@@ -40,7 +40,7 @@ import torch
 
 from muonlab.errors import UsageError
 from muonlab.plugins import is_builtin_module
-from muonlab.settings import (MethodInfo, MethodSection, check_range, check_ranges, coerce, fixed, option, option_fields,
+from muonlab.settings import (MethodInfo, MethodSection, check_ranges, coerce, fixed, option, option_fields,
                               option_settings)  # a conditioner's fields: --prepolar-<name>
 
 # the pre-polar conditioners: name -> class, and each one's record (what `muonlab methods` lists)
@@ -57,11 +57,6 @@ def _register(name: str, cls: type, record: MethodInfo, replace: bool) -> None:
             raise ValueError(f"pre-polar conditioner {name!r} is built in ({theirs}): a plug-in registers a name of its own")
     _CONDITIONERS[name] = cls
     _RECORDS[name] = record
-
-
-def registrations() -> dict[str, str]:
-    """{conditioner: the module that registered it}."""
-    return {name: record.module for name, record in _RECORDS.items()}
 
 
 def unregister_prepolar(name: str) -> None:
@@ -168,11 +163,10 @@ class PrePolar:
     def __post_init__(self) -> None:
         """The declared ranges hold (ValueError naming the group key): a conditioner made in Python or read
         back from a group is held to what the command line checks."""
-        for f in dataclasses.fields(self):
-            try:
-                check_range(getattr(self, f.name), f.metadata.get("range"), GROUP_PREFIX + f.name)
-            except UsageError as e:
-                raise ValueError(str(e)) from None
+        try:
+            check_ranges(self, lambda f: GROUP_PREFIX + f.name)
+        except UsageError as e:
+            raise ValueError(str(e)) from None
 
     @classmethod
     def group_defaults(cls) -> dict[str, Any]:

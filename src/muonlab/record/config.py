@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from muonlab.settings import COUNT, NON_NEGATIVE, POSITIVE_COUNT, Section, check_ranges, comma_items, setting
+from muonlab.settings import COUNT, NON_NEGATIVE, POSITIVE_COUNT, Section, comma_items, setting
 
 
 @dataclass
@@ -39,7 +39,6 @@ class RecordConfig(Section):
         return set(comma_items(self.trajectory_steps, "trajectory_steps", int))
 
     def validate(self) -> None:
-        check_ranges(self)  # a section made in code is held to the ranges the command line checks
         self.trajectory_step_set()
         comma_items(self.plugins, "plugins (--plugin)")
         from muonlab.record.sinks import parse_sinks  # noqa: PLC0415

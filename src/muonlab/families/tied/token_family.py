@@ -27,6 +27,7 @@ from muonlab.data.token_data import TokenData, _short_hash, memmap_folder, text_
 from muonlab.errors import UsageError
 from muonlab.eval.loss import LossResult, evaluate_loss
 from muonlab.paths import cache_root
+from muonlab.settings import validate_tree
 
 TEXT_TOKEN_SOURCES = ("climbmix", "local", "stdlib", "synthetic", "memmap")
 PROTEIN_SOURCES = ("fasta", "synthetic_protein")
@@ -101,7 +102,7 @@ def _documents_as_tokens(cfg: DataConfig, identity: dict, documents, encode, voc
 def token_data(cfg, log: Callable[[str], None] = print) -> TokenData:
     """The run's data as token memmaps per split (see the module docstring)."""
     d = cfg.data
-    d.validate()
+    validate_tree(d)  # its ranges, then its own checks
     if d.source == "memmap":
         return memmap_folder(d.path)
     if d.source in PROTEIN_SOURCES:

@@ -20,7 +20,7 @@ from muonlab.families import Family, register_family
 from muonlab.families.tied.afmuon import AFMuonConfig, LRSchedule, build_optimizer, cpu_matrix_lr, table_stats
 from muonlab.families.tied.imagegpt.model import IMAGEGPT_SHAPES, ImageGPTModel
 from muonlab.families.tied.token_family import evaluate_token_splits, tokens_dir
-from muonlab.settings import Section, setting
+from muonlab.settings import Section, setting, validate_tree
 
 IMAGEGPT_SHAPE_NAMES = tuple(IMAGEGPT_SHAPES)
 IMAGE_SOURCES = ("images", "synthetic_images", "memmap")
@@ -60,7 +60,7 @@ def prepare_data(cfg, log=print):
     from muonlab.data.token_data import TokenData, memmap_folder, write_once  # noqa: PLC0415
 
     d = cfg.data
-    d.validate()
+    validate_tree(d)  # its ranges, then its own checks
     if d.source == "memmap":
         return memmap_folder(d.path).with_batcher(_loader)
     if d.source == "synthetic_images":
