@@ -19,7 +19,8 @@ $(STAMP): pyproject.toml requirements/lock.txt requirements/torch.txt
 demo: $(STAMP)
 	$(VENV)/bin/muonlab demo
 
-# the whole suite, one worker per core (pytest-xdist; a file per worker, so a module fixture is built once); GPU tests skip without CUDA
+# the whole suite, one worker per core (pytest-xdist; a file to a worker, so a module fixture is built once, or a
+# test to a worker in a file marked spread: tests/support/scheduling.py); GPU tests skip without CUDA
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -n auto --dist loadfile
 

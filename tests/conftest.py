@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 import torch
 from support.bundles import PRECISIONS, reference_bundles  # tests/ is on sys.path
-from support.budget import TierBudget, heaviest_files_first
+from support.budget import TierBudget, heaviest_units_first
 from support.ranks import one_thread as single_thread
 
 pytest_plugins = ["pytester"]  # tests/suite/test_suite_layout.py runs small suites of its own
@@ -114,14 +114,24 @@ def pytest_runtest_call(item):
         pytest.skip(f"optional package missing: {exc}")
 
 
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook (the suite also runs without xdist)
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile` (make test): a file to a worker, but a spread file's tests one by one (support.scheduling)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from support.scheduling import WorkUnitScheduling
+
+    return WorkUnitScheduling(config, log)
+
+
 def pytest_configure(config):
     config.pluginmanager.register(TierBudget(), "muonlab-tier-budget")  # the suite's own time budget
-    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist: files start in the order given below
+    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist: work units start in the order given below
         config.option.loadscopereorder = False
 
 
 def pytest_collection_modifyitems(config, items):
-    heaviest_files_first(items)
+    heaviest_units_first(items, config.rootpath)
     if not torch.cuda.is_available():
         skip = pytest.mark.skip(reason="needs a CUDA device")
         for item in items:

@@ -21,6 +21,8 @@ from support.compile_check import case_steps, train_losses  # tests/ is on sys.p
 from muonlab.cli import _resolve_config, build_parser, main
 from muonlab.doctor import gpu, resume, runs, selection
 
+pytestmark = pytest.mark.spread  # each test a unit of work of its own (support.budget.work_unit)
+
 TESTS = Path(__file__).resolve().parents[1]
 
 

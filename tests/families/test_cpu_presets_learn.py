@@ -15,6 +15,8 @@ from muonlab.config import all_presets
 from muonlab.families.tied.afmuon import PAPER_MATRIX_LR
 from muonlab.train import run_training
 
+pytestmark = pytest.mark.spread  # each test a unit of work of its own (support.budget.work_unit)
+
 CPU_PRESETS = ["tied-cpu", "tied-moe-cpu", "hf-cpu", "qwen2.5-cpu", "protein-cpu", "imagegpt-cpu", "t5-cpu",
                "t5gemma2-cpu"]
 TABLE1_ARMS = ["t1_hybrid", "t1_sign", "t1_afmuon"]

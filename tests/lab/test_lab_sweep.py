@@ -14,6 +14,8 @@ from muonlab.lab.sweep import parse_seeds
 from muonlab.record.ledger import append_record, read_records, read_records_tolerant
 from muonlab.record.results_tsv import results_tsv
 
+pytestmark = pytest.mark.spread  # each test a unit of work of its own (support.budget.work_unit)
+
 SWEEP = ["sweep", "--preset", "cpu-tiny", "--num-steps", "4", "--arms", "baseline,adamw_only", "--seeds", "1"]
 
 

@@ -97,9 +97,9 @@ def test_a_fast_test_over_the_budget_fails_the_session_and_a_slow_one_does_not(p
     run.stdout.fnmatch_lines(["*1 multiprocess test(s) over the multiprocess tier's budget of 0.2 CPU s*"])
 
 
-def test_files_start_costliest_first_each_files_tests_in_their_order(monkeypatch, tmp_path):
-    """heaviest_files_first: files ordered by their measured cost (a file the costs do not name, by its tests'
-    tiers), a file's own tests kept in order."""
+def test_units_start_costliest_first_each_units_tests_in_their_order(monkeypatch, tmp_path):
+    """heaviest_units_first: work units (a file, or a test of a file marked spread) ordered by their measured
+    cost (a unit the costs do not name, by its tests' tiers), a unit's own tests kept in order."""
     import json
 
     from support import budget
@@ -111,9 +111,106 @@ def test_files_start_costliest_first_each_files_tests_in_their_order(monkeypatch
         def get_closest_marker(self, name):
             return name if name == self.mark else None
 
-    costs = tmp_path / "file_costs.json"
-    costs.write_text(json.dumps({"a.py": 1.0, "b.py": 50.0}))
-    monkeypatch.setattr(budget, "FILE_COSTS", costs)
-    items = [Item("a.py::t1"), Item("a.py::t2"), Item("c.py::t1", "slurm"), Item("b.py::t1"), Item("b.py::t2")]
-    budget.heaviest_files_first(items)
-    assert [i.nodeid for i in items] == ["b.py::t1", "b.py::t2", "c.py::t1", "a.py::t1", "a.py::t2"]
+    for name in "abc":
+        (tmp_path / f"{name}.py").write_text("import pytest\n\npytestmark = pytest.mark.slow\n")
+    (tmp_path / "s.py").write_text("import pytest\n\npytestmark = [pytest.mark.slow, pytest.mark.spread]\n")
+    costs = tmp_path / "unit_costs.json"
+    costs.write_text(json.dumps({"a.py": 1.0, "b.py": 50.0, "s.py::t[2]": 60.0, "s.py::t[1]": 0.5}))
+    monkeypatch.setattr(budget, "UNIT_COSTS", costs)
+    items = [Item("a.py::t1"), Item("a.py::t2"), Item("c.py::t1", "slurm"), Item("b.py::t1"), Item("b.py::t2"),
+             Item("s.py::t[1]"), Item("s.py::t[2]")]
+    budget.heaviest_units_first(items, tmp_path)
+    assert [i.nodeid for i in items] == ["s.py::t[2]", "b.py::t1", "b.py::t2", "c.py::t1", "a.py::t1", "a.py::t2",
+                                         "s.py::t[1]"]
+
+
+def test_spread_is_read_from_the_files_own_mark_and_the_suites_files_say_it_so():
+    """The scheduler reads `spread` from a file's source (it never imports test files): every file whose tests
+    carry the mark declares it in its module-level pytestmark, where the source reading finds it."""
+    from support.budget import spread_file
+
+    import re
+
+    declared = re.compile(r"^pytestmark = .*pytest\.mark\.spread", re.M)
+    files = [p for p in sorted(TESTS.rglob("test_*.py")) if p != Path(__file__).resolve()]  # here: in a string
+    assert [p for p in files if spread_file(p)] == [p for p in files if declared.search(p.read_text())] != []
+    assert not spread_file(Path(__file__).resolve())
+
+
+SPREAD_SUITE = {
+    # the two tests of a spread file run at once, on two workers: each waits until both have started (marked slow,
+    # they are the costliest units and start first: xdist hands a worker a second unit at once while its first
+    # holds two tests or fewer, so cheaper units first could queue both behind one worker's)
+    "test_spread": """
+import os, time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.spread, pytest.mark.slow]
+
+
+def _both_started(name):
+    here = Path(os.environ["SPREAD_DIR"])
+    (here / f"started-{name}").write_text(os.environ["PYTEST_XDIST_WORKER"])
+    deadline = time.monotonic() + 120  # a bound on a failure, not a guess: the other test starts at once or never
+    while not (here / "started-a").exists() or not (here / "started-b").exists():
+        assert time.monotonic() < deadline, "the other test of the spread file never started beside this one"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("name", ["a", "b"])
+def test_waits_for_the_other(name):
+    _both_started(name)
+""",
+    # a file not marked spread is one unit: its tests run on one worker (a module fixture is built once)
+    "test_whole": """
+import os
+from pathlib import Path
+
+import pytest
+
+
+@pytest.mark.parametrize("n", range(4))
+def test_says_its_worker(n):
+    (Path(os.environ["SPREAD_DIR"]) / f"whole-{n}").write_text(os.environ["PYTEST_XDIST_WORKER"])
+""",
+}
+SCHEDULED = """
+import pytest
+from support.budget import heaviest_units_first
+
+
+def pytest_collection_modifyitems(config, items):
+    heaviest_units_first(items, config.rootpath)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    from support.scheduling import WorkUnitScheduling
+
+    return WorkUnitScheduling(config, log)
+
+
+def pytest_configure(config):
+    config.option.loadscopereorder = False
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_a_spread_file_runs_its_tests_on_several_workers_and_a_whole_file_on_one(pytester, monkeypatch, tmp_path):
+    """`make test`'s scheduling (support.scheduling), on two workers: the two tests of a spread file wait for each
+    other (they pass only side by side), a plain file's tests all run on one worker."""
+    import shutil
+
+    shutil.copytree(TESTS / "support", pytester.path / "support")
+    pytester.makeconftest(SCHEDULED)
+    pytester.makeini("[pytest]\nmarkers =\n    spread: spread\n    slow: slow\n")
+    pytester.makepyfile(**SPREAD_SUITE)
+    monkeypatch.setenv("SPREAD_DIR", str(tmp_path))
+    run = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "--dist", "loadfile", "-q")
+    assert run.ret == 0, run.stdout.str()[-3000:]
+    run.stdout.fnmatch_lines(["*6 passed*"])
+    assert {(tmp_path / f"started-{n}").read_text() for n in "ab"} == {"gw0", "gw1"}
+    assert len({(tmp_path / f"whole-{n}").read_text() for n in range(4)}) == 1  # split, they would start on both

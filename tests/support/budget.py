@@ -14,6 +14,8 @@ phases (setup, call, teardown: wall s; call: CPU s) as tab-separated lines, to s
 
 from __future__ import annotations
 
+import ast
+import functools
 import json
 import os
 import resource
@@ -56,10 +58,10 @@ def _warm_runs_cpu_seconds() -> float:
     return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")  # cutime, cstime (fields 16, 17)
 
 
-# Each test file's measured wall time in a whole-suite run on 2 cores (as pytest-split's .test_durations):
-# the order files start in, never a limit. MUONLAB_TEST_COSTS=write rewrites it from the run it ends.
-FILE_COSTS = Path(__file__).resolve().parents[1] / "suite" / "file_costs.json"
-# A file the costs do not name yet: what a test of each tier costs, roughly (s).
+# Each work unit's measured wall time in a whole-suite run on 2 cores (as pytest-split's .test_durations): the
+# order units start in, never a limit. MUONLAB_TEST_COSTS=write rewrites it from the run it ends.
+UNIT_COSTS = Path(__file__).resolve().parents[1] / "suite" / "unit_costs.json"
+# A unit the costs do not name yet: what a test of each tier costs, roughly (s).
 TIER_COST_S = {"slurm": 30.0, "slow": 8.0, "multiprocess": 10.0, "gpu": 0.0, "fast": 0.05}
 
 
@@ -67,18 +69,39 @@ def _file(nodeid: str) -> str:
     return nodeid.split("::")[0]
 
 
-def heaviest_files_first(items: list) -> None:
-    """Reorder the collected tests, in place, so that the files that cost most come first, each file's own
-    order kept: pytest-xdist's --dist loadfile hands whole files to workers in collection order, and a long
-    file handed out last is a tail with one core idle (xdist's own reorder, by test count, put the heaviest
-    files, one slow test each, at the end). conftest.py turns xdist's reorder off."""
-    measured = json.loads(FILE_COSTS.read_text()) if FILE_COSTS.is_file() else {}
+@functools.cache
+def spread_file(path: Path) -> bool:
+    """The test file's module-level `pytestmark` names the `spread` mark (read from its source: the pytest-xdist
+    controller, which schedules, never imports the test files)."""
+    try:
+        tree = ast.parse(path.read_text())
+    except (OSError, SyntaxError):
+        return False
+    return any(isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "pytestmark" for t in node.targets)
+               and any(isinstance(a, ast.Attribute) and a.attr == "spread" for a in ast.walk(node.value))
+               for node in tree.body)
+
+
+def work_unit(nodeid: str, root: Path) -> str:
+    """What a pytest-xdist worker is handed whole (support.scheduling): the test's file, so a module fixture is
+    built once, unless the file is marked `spread` (its tests share nothing costly): then the test alone, so one
+    file's long tests (each CPU preset's training) run on every worker instead of one."""
+    return nodeid if spread_file(root / _file(nodeid)) else _file(nodeid)
+
+
+def heaviest_units_first(items: list, root: Path) -> None:
+    """Reorder the collected tests, in place, so that the work units that cost most come first, each unit's own
+    order kept: pytest-xdist hands units to workers in collection order, and a long unit handed out last is a
+    tail with one core idle (xdist's own reorder, by test count, put the heaviest files, one slow test each, at
+    the end). conftest.py turns xdist's reorder off."""
+    measured = json.loads(UNIT_COSTS.read_text()) if UNIT_COSTS.is_file() else {}
+    unit = {item.nodeid: work_unit(item.nodeid, root) for item in items}
     estimate: dict[str, float] = {}
     for item in items:
-        estimate[_file(item.nodeid)] = estimate.get(_file(item.nodeid), 0.0) + TIER_COST_S[tier(item)]
-    cost = {path: measured.get(path, guess) for path, guess in estimate.items()}
-    rank = {path: i for i, path in enumerate(sorted(cost, key=lambda p: -cost[p]))}
-    items.sort(key=lambda item: rank[_file(item.nodeid)])  # stable: a file's tests keep their order
+        estimate[unit[item.nodeid]] = estimate.get(unit[item.nodeid], 0.0) + TIER_COST_S[tier(item)]
+    cost = {u: measured.get(u, guess) for u, guess in estimate.items()}
+    rank = {u: i for i, u in enumerate(sorted(cost, key=lambda u: -cost[u]))}
+    items.sort(key=lambda item: rank[unit[item.nodeid]])  # stable: a unit's tests keep their order
 
 
 def budget_s(tier_name: str = "fast") -> float:
@@ -123,8 +146,9 @@ class TierBudget:
         if os.environ.get("MUONLAB_TEST_COSTS") == "write":
             costs: dict[str, float] = {}
             for nodeid, _phase, wall, _cpu in self.phases:
-                costs[_file(nodeid)] = costs.get(_file(nodeid), 0.0) + wall
-            FILE_COSTS.write_text(json.dumps({k: round(v, 1) for k, v in sorted(costs.items())}, indent=0) + "\n")
+                unit = work_unit(nodeid, terminalreporter.config.rootpath)
+                costs[unit] = costs.get(unit, 0.0) + wall
+            UNIT_COSTS.write_text(json.dumps({k: round(v, 1) for k, v in sorted(costs.items())}, indent=0) + "\n")
         write = terminalreporter.write_line
         write(f"slowest {SHOWN} tests (wall s, CPU s, tier):")
         for nodeid, name, wall, cpu in sorted(self.seen, key=lambda r: -r[2])[:SHOWN]:

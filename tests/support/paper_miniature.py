@@ -11,7 +11,7 @@ from muonlab.lab.paper import load_tables
 
 # the longest run of a table about this many steps (the product's default is 40): the suite checks that every row is
 # produced and scored at its comparison point, which the structure keeps at any length
-SUITE_MINIATURE_STEPS = 12
+SUITE_MINIATURE_STEPS = 6
 
 
 def run_table_in_miniature(table_id, tmp_path, capsys):

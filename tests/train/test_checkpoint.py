@@ -21,6 +21,8 @@ from muonlab.model import GPT
 from muonlab.record.ledger import append_record, read_records
 from muonlab.train.checkpoint import list_checkpoints, verify_checkpoint
 
+pytestmark = pytest.mark.spread  # each test a unit of work of its own (support.budget.work_unit)
+
 TINY = ["train", "--preset", "cpu-tiny", "--num-steps", "40", "--checkpoint-every", "4", "--log-every", "1",
         "--eval-every", "5", "--eval-every-tokens", "128"]  # periodic evaluations are redone with their steps
 

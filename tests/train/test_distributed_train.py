@@ -10,7 +10,7 @@ import pytest
 import torch
 from support.models import assert_trained
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = [pytest.mark.multiprocess, pytest.mark.spread]  # each test a unit of work of its own (support.budget.work_unit)
 
 ARGS = ["train", "--preset", "cpu-tiny", "--num-steps", "16", "--json"]
 PEAK = 1e15  # what every device reports under the fixed_peak plug-in, so CPU runs have an MFU
