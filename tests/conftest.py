@@ -117,17 +117,13 @@ def pytest_runtest_call(item):
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook (the suite also runs without xdist)
 def pytest_xdist_make_scheduler(config, log):
     """`--dist loadfile` (make test): a file to a worker, but a spread file's tests one by one (support.scheduling)."""
-    if config.getvalue("dist") != "loadfile":
-        return None
-    from support.scheduling import WorkUnitScheduling
+    from support.scheduling import make_scheduler
 
-    return WorkUnitScheduling(config, log)
+    return make_scheduler(config, log)
 
 
 def pytest_configure(config):
     config.pluginmanager.register(TierBudget(), "muonlab-tier-budget")  # the suite's own time budget
-    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist: work units start in the order given below
-        config.option.loadscopereorder = False
 
 
 def pytest_collection_modifyitems(config, items):

@@ -187,20 +187,16 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    from support.scheduling import WorkUnitScheduling
+    from support.scheduling import make_scheduler
 
-    return WorkUnitScheduling(config, log)
-
-
-def pytest_configure(config):
-    config.option.loadscopereorder = False
+    return make_scheduler(config, log)
 """
 
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_a_spread_file_runs_its_tests_on_several_workers_and_a_whole_file_on_one(pytester, monkeypatch, tmp_path):
-    """`make test`'s scheduling (support.scheduling), on two workers: the two tests of a spread file wait for each
+    """`make test`'s scheduling (support.scheduling.make_scheduler, as conftest.py calls it), on two workers: the two tests of a spread file wait for each
     other (they pass only side by side), a plain file's tests all run on one worker."""
     import shutil
 

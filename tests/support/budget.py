@@ -93,7 +93,7 @@ def heaviest_units_first(items: list, root: Path) -> None:
     """Reorder the collected tests, in place, so that the work units that cost most come first, each unit's own
     order kept: pytest-xdist hands units to workers in collection order, and a long unit handed out last is a
     tail with one core idle (xdist's own reorder, by test count, put the heaviest files, one slow test each, at
-    the end). conftest.py turns xdist's reorder off."""
+    the end). support.scheduling turns xdist's reorder off."""
     measured = json.loads(UNIT_COSTS.read_text()) if UNIT_COSTS.is_file() else {}
     unit = {item.nodeid: work_unit(item.nodeid, root) for item in items}
     estimate: dict[str, float] = {}

@@ -14,6 +14,15 @@ from xdist.scheduler import LoadFileScheduling
 from support.budget import work_unit
 
 
+def make_scheduler(config, log) -> LoadFileScheduling | None:
+    """conftest.py's pytest_xdist_make_scheduler: under `--dist loadfile` (make test), WorkUnitScheduling with
+    xdist's reorder (by test count) off, so units start in the collection's order; None (xdist's own) otherwise."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    config.option.loadscopereorder = False
+    return WorkUnitScheduling(config, log)
+
+
 class WorkUnitScheduling(LoadFileScheduling):
     """xdist's file scheduling (a unit to a worker, the next unit to the first worker that runs low), its units
     support.budget.work_unit's."""

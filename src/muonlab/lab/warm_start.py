@@ -20,8 +20,9 @@ import subprocess
 import sys
 
 # what the server imports once: torch and the train verb's modules (not the plug-ins: each run loads its own), and
-# torch._dynamo, which the model's construction on the meta device imports (nn.init's normal_ on meta goes through
-# a torch._refs decomposition): about a second of a core, more than a miniature run's training
+# torch._dynamo, which every run imports even with nothing compiled (the model's construction on the meta device:
+# nn.init's normal_ on meta goes through a torch._refs decomposition; and torch's Optimizer, whose add_param_group
+# torch wraps in _disable_dynamo): about a second of a core, more than a miniature run's training
 PRELOAD = ["torch", "torch._dynamo", "muonlab.cli.train", "muonlab.train.loop", "muonlab.families"]
 
 
