@@ -3,6 +3,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from muonlab.host_memory import retain_freed_host_memory
 from support.bundles import PRECISIONS, reference_bundles  # tests/ is on sys.path
 from support.budget import TierBudget, heaviest_units_first
 from support.ranks import one_thread as single_thread
@@ -31,6 +32,10 @@ def _ram_temp_root() -> str | None:
 
 if (_root := _ram_temp_root()) is not None:
     os.environ["PYTEST_DEBUG_TEMPROOT"] = _root  # pytest's tmp_path root alone (torch's caches stay on disk)
+
+# The tests compute on the host as a CPU run does: freed tensors' memory kept for the next (muonlab.host_memory;
+# with glibc's defaults a third of a tied-head run's time went to faulting fresh pages in)
+retain_freed_host_memory()
 
 # Under pytest-xdist every core has its worker: one thread each (tiny models gain nothing from
 # more, and oversubscribed cores slow everything); a single process may use two.

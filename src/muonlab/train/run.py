@@ -34,6 +34,7 @@ from muonlab.data.prepare import PreparedData
 from muonlab.device import (Runtime, detect_device, mfu_percent, peak_flops, peak_memory_mb, resolve_precision,
                             use_expandable_segments)
 from muonlab.errors import MuonlabError, UsageError
+from muonlab.host_memory import retain_freed_host_memory
 from muonlab.eval import EvalResult
 from muonlab.eval.text import evaluate_text_splits
 from muonlab.families import get_family
@@ -236,6 +237,8 @@ def run_training(cfg: RunConfig, log: Callable[[str], None] = print, data: Prepa
     t_start = time.time()
     device = training_device(cfg)
     use_expandable_segments(device)  # before the first CUDA allocation (init_from_env's)
+    if device.type == "cpu":
+        retain_freed_host_memory()  # a step's large tensors reuse the last step's pages (muonlab.host_memory)
     ctx, device = init_from_env(device)
     if cfg.runtime.collectives == "always" and not ctx.active:
         shutdown(ctx)
