@@ -11,12 +11,11 @@ import sys
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from muonlab.optim.af_muon import build_optimizer
 from muonlab.optim.af_muon_distributed import DistAFMuon
 from muonlab.families.tied.model import build_tied_model
+from support.ranks import run_ranks  # tests/ is on sys.path
 
 pytestmark = pytest.mark.multiprocess
 
@@ -48,24 +47,21 @@ def _steps(preset: str, opt_of, grads_of, steps: int = 3):
 PRESETS = ("afmuon", "hybrid", "sign")
 
 
-def _rank_main(rank: int, world: int, init_file: str, out: str) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    try:
-        def dist_opt(model, p):
-            base = build_optimizer(model, p)
-            return DistAFMuon(base.param_groups, max_grad_norm=1.0, clip_params=model.parameters())
-        results = {}
-        for preset in PRESETS:
-            model, opt = _steps(preset, dist_opt, lambda step: _grads(model_ref, 100 * step + rank))
-            full = opt.full_state_dict()
-            fresh = dist_opt(_model(), preset)  # a fresh optimizer loads the full layout and gives it back whole
-            fresh.load_state_dict(full)
-            results[preset] = {"params": dict(model.named_parameters()), "state": full,
-                               "again": fresh.full_state_dict(), "grad_norm": opt.last_grad_norm}
-        if rank == 0:
-            torch.save(results, out)
-    finally:
-        dist.destroy_process_group()
+def _rank_steps(rank: int, world: int) -> dict:
+    """This rank's model and optimizer after three steps of each preset (run_ranks: the group is joined
+    and left around it)."""
+    def dist_opt(model, p):
+        base = build_optimizer(model, p)
+        return DistAFMuon(base.param_groups, max_grad_norm=1.0, clip_params=model.parameters())
+    results = {}
+    for preset in PRESETS:
+        model, opt = _steps(preset, dist_opt, lambda step: _grads(model_ref, 100 * step + rank))
+        full = opt.full_state_dict()
+        fresh = dist_opt(_model(), preset)  # a fresh optimizer loads the full layout and gives it back whole
+        fresh.load_state_dict(full)
+        results[preset] = {"params": {n: p.detach() for n, p in model.named_parameters()}, "state": full,
+                           "again": fresh.full_state_dict(), "grad_norm": opt.last_grad_norm}
+    return results
 
 
 model_ref = _model()
@@ -73,11 +69,10 @@ model_ref = _model()
 
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
-    """Three steps of each preset on 2 gloo ranks (one spawn), rank-specific gradients."""
-    tmp = tmp_path_factory.mktemp("dist")
-    out = str(tmp / "rank0.pt")
-    mp.spawn(_rank_main, args=(2, str(tmp / "init"), out), nprocs=2, join=True)
-    return torch.load(out, weights_only=True)
+    """Three steps of each preset on 2 gloo ranks (support.ranks: forked from a server that imported torch
+    once, and a rank aborted by gloo's teardown after its result was saved does not fail the start), rank
+    0's results, each rank fed its own gradients."""
+    return run_ranks(_rank_steps, 2, tmp_path_factory.mktemp("dist"))[0]
 
 
 @pytest.mark.parametrize("preset", PRESETS)
