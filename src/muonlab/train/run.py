@@ -34,10 +34,10 @@ from muonlab.data.prepare import PreparedData
 from muonlab.device import (Runtime, detect_device, mfu_percent, peak_flops, peak_memory_mb, resolve_precision,
                             use_expandable_segments)
 from muonlab.errors import MuonlabError, UsageError
-from muonlab.host_memory import retain_freed_host_memory
 from muonlab.eval import EvalResult
 from muonlab.eval.text import evaluate_text_splits
 from muonlab.families import get_family
+from muonlab.host_memory import retain_freed_host_memory
 from muonlab.optional import require
 from muonlab.plugins import load_plugins
 from muonlab.record import ledger, provenance
