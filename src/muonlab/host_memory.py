@@ -20,7 +20,6 @@ import os
 M_TRIM_THRESHOLD = -1  # mallopt parameters, glibc's malloc.h
 M_MMAP_MAX = -4
 NEVER_TRIM = 2**31 - 1  # the largest value mallopt takes (an int)
-_done = False
 
 
 def is_glibc() -> bool:
@@ -38,12 +37,8 @@ def user_tuned() -> bool:
 def retain_freed_host_memory() -> bool:
     """From now on this process's malloc reuses the memory a freed tensor held instead of returning it to
     the kernel (no mapping per large block, no trim). True when set (glibc, not already tuned by the user);
-    the setting lasts the process's life and is inherited by a fork."""
-    global _done
-    if _done:
-        return True
+    the setting lasts the process's life and is inherited by a fork; setting it again changes nothing."""
     if not is_glibc() or user_tuned():
         return False
     libc = ctypes.CDLL(None)
-    _done = bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, NEVER_TRIM))
-    return _done
+    return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, NEVER_TRIM))

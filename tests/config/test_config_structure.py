@@ -377,7 +377,7 @@ def test_a_methods_group_keys_and_flat_flags_are_its_dotted_keys_by_one_rule():
     through one rule, as its flat flag is: every GroupSection of the run config, and the pre-polar section's kind,
     scope and every registered conditioner's options."""
     from muonlab.optim.extensions import GroupSection
-    from muonlab.settings import sections
+    from muonlab.settings import sections, set_dotted
 
     cfg = preset("cpu-tiny")
     flags = {leaf.key: leaf.flag for leaf in leaves(cfg)}
@@ -391,7 +391,7 @@ def test_a_methods_group_keys_and_flat_flags_are_its_dotted_keys_by_one_rule():
         checked.update({f"optim.prepolar.{key.removeprefix(extensions.GROUP_PREFIX)}": key
                         for key in cls.group_defaults()})
     for key, value in (("kind", "hbieq"), ("scope", "rect_only"), ("tau", 25.0)):
-        setattr(prepolar, key, value)
+        set_dotted(cfg, f"optim.prepolar.{key}", value)
     emitted = prepolar.group_options()
     assert set(emitted) == {"prepolar", "prepolar_scope", "prepolar_tau"}, emitted
     checked.update({"optim.prepolar.kind": "prepolar", "optim.prepolar.scope": "prepolar_scope"})
