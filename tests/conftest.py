@@ -3,6 +3,9 @@ from pathlib import Path
 
 import pytest
 import torch
+# every run imports torch._dynamo (with sympy), even uncompiled (muonlab.lab.warm_start says why): ~2 s of a core,
+# imported once here, so that no test's CPU budget pays it by being its worker's first run
+import torch._dynamo  # noqa: F401
 from muonlab.host_memory import retain_freed_host_memory
 from support.bundles import PRECISIONS, reference_bundles  # tests/ is on sys.path
 from support.budget import TierBudget, heaviest_units_first

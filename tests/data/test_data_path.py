@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from muonlab.data import prefetch
 from muonlab.data.packing import BestFitLoader
 from muonlab.data.prefetch import PrefetchLoader
 
@@ -56,6 +57,24 @@ def test_prefetched_batches_are_the_loaders_and_its_state_is_that_of_the_batches
     for _ in range(3):
         assert _same(next(again), next(ahead))  # the thread restarts where the consumer was
     ahead.close()
+
+
+def test_closing_a_loader_whose_worker_waits_on_a_full_queue_does_not_wait_for_the_put(monkeypatch):
+    """The worker, blocked putting into a full queue, is released by close() at once: with the put's timeout made
+    an hour, close() still returns (a run's end used to wait out the timeout)."""
+    import threading
+
+    monkeypatch.setattr(prefetch, "_PUT_TIMEOUT_S", 3600.0)
+    ahead = PrefetchLoader(_loader(), depth=2)
+    next(ahead)
+    deadline = time.monotonic() + 120  # a bound for the failure only
+    while not ahead._queue.full() and time.monotonic() < deadline:  # two batches made ahead, a third waiting
+        time.sleep(0.01)
+    assert ahead._queue.full()
+    closing = threading.Thread(target=ahead.close, daemon=True)
+    closing.start()
+    closing.join(timeout=120)  # a bound for the failure only
+    assert not closing.is_alive(), "close() waited for the worker's put to time out"
 
 
 def test_a_loader_error_reaches_the_consumer():

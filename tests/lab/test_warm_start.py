@@ -4,6 +4,8 @@ environment, log, thread share and exit status."""
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -64,3 +66,30 @@ def test_a_warm_run_is_the_run_a_new_interpreter_makes(tmp_path, capsys, monkeyp
         assert set(w) == set(f) and {k for k in w if w[k] != f[k]} <= COSTS, arm  # only what the machine measured
         assert w["val_bpb"] == f["val_bpb"]
         assert warm[arm]["config_hash"] == fresh[arm]["config_hash"]
+
+
+@pytest.mark.multiprocess
+def test_a_warm_run_imports_nothing_the_server_did_not_and_inherits_its_objects_frozen(tmp_path):
+    """In a fresh interpreter (a test process's fork server may have been started with another preload): a CPU run
+    forked from the sweep's server imports no module of muonlab and no installed package the server had not
+    imported, and the server froze its objects out of the garbage collector (muonlab.cli.warm_server)."""
+    log = tmp_path / "run.log"
+    argv = ["train", "--preset", "cpu-tiny", "--num-steps", "2", "--runs-dir", str(tmp_path / "runs"), "--quiet"]
+    code = ("import os, sys\n"
+            "from muonlab.lab import warm_start\n"
+            "from support.warm_child import imports_of_a_run\n"
+            "if __name__ == '__main__':\n"
+            "    from muonlab.cli import main\n"
+            "    assert main(['prepare', '--preset', 'cpu-tiny']) == 0  # a sweep's data is made before its runs\n"
+            f"    run = warm_start.WarmRun({argv!r}, dict(os.environ), {str(log)!r}, target=imports_of_a_run)\n"
+            "    raise SystemExit(run.wait(timeout=300))\n")
+    env = dict(os.environ, OMP_NUM_THREADS="1", MUONLAB_CACHE=str(tmp_path / "cache"),
+               PYTHONPATH=os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]))
+    script = tmp_path / "warm_run.py"  # a file, not -c: the fork server's children re-import the main module
+    script.write_text(code)
+    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:] + (log.read_text()[-2000:] if log.exists() else "")
+    lines = log.read_text().splitlines()
+    report = dict(line.split("=", 1) for line in lines if line.startswith(("frozen=", "imported=")))
+    assert report["imported"] == "", f"a warm run imported what the server had not: {report['imported']}"
+    assert int(report["frozen"]) > 100_000, report  # torch's and muonlab's objects: ~290,000

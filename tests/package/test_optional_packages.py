@@ -130,28 +130,84 @@ def test_every_optional_package_has_a_feature_that_asks_for_it():
     assert {*CLI_FEATURES, *LIBRARY_FEATURES} == set(OPTIONAL)
 
 
+# Every feature case in one interpreter (a fresh one each cost ~3 s of a core for the import of torch): between cases
+# muonlab and every optional package are forgotten and the case's package blocked, as IMPORT_ALL_AND_HELP does, so
+# each case imports muonlab afresh without it; each has its own cache and working folder and its output captured.
+FEATURE_CASES = """
+import contextlib, io, json, os, sys, traceback
+
+def forget(names):
+    for name in [m for m in sys.modules if m.split(".")[0] in ("muonlab", *names)]:
+        del sys.modules[name]
+
+results = {}
+for case in CASES:
+    forget(EVERY)
+    sys.modules[case["package"]] = None
+    os.environ["MUONLAB_CACHE"] = case["cache"]
+    os.makedirs(case["cwd"], exist_ok=True)
+    os.chdir(case["cwd"])
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            if "argv" in case:
+                from muonlab.cli import main
+                code = main(case["argv"])
+            else:
+                exec(case["code"], {"__name__": "feature_case"})
+                code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+    results[case["id"]] = {"returncode": code, "stdout": out.getvalue(), "stderr": err.getvalue()}
+with open(RESULTS, "w") as f:
+    json.dump(results, f)
+"""
+
+
+def _library_probe(code: str) -> str:
+    return (f"from muonlab.errors import UsageError\n"
+            f"try:\n" + "".join(f"    {line}\n" for line in code.splitlines()) +
+            f"except UsageError as exc:\n    print(type(exc).__name__, exc)\nelse:\n    print('no error')\n")
+
+
+@pytest.fixture(scope="module")
+def feature_results(tmp_path_factory) -> dict[str, dict]:
+    """Each feature case's exit status, stdout and stderr, by id ("cli-PACKAGE" or "library-PACKAGE")."""
+    root = tmp_path_factory.mktemp("features")
+    cases = [{"id": f"cli-{package}", "package": package, "argv": argv} for package, (argv, _) in CLI_FEATURES.items()]
+    cases += [{"id": f"library-{package}", "package": package, "code": _library_probe(code)}
+              for package, (code, _) in LIBRARY_FEATURES.items()]
+    for case in cases:
+        case.update(cache=str(root / case["id"] / "cache"), cwd=str(root / case["id"]))
+    results = root / "results.json"
+    code = f"CASES = {cases!r}\nEVERY = {EVERY!r}\nRESULTS = {str(results)!r}\n" + FEATURE_CASES
+    proc = run_without((), code, root)
+    assert proc.returncode == 0 and results.is_file(), proc.stderr[-3000:]
+    return {"root": root, **json.loads(results.read_text())}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("package", sorted(CLI_FEATURES))
-def test_a_verb_that_needs_a_missing_package_says_what_to_install(package, tmp_path):
-    argv, extra = CLI_FEATURES[package]
-    code = f"from muonlab.cli import main\nraise SystemExit(main({argv!r}))\n"
-    proc = run_without((package,), code, tmp_path)
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and _hint(package, extra) in lines[0] and package in lines[0], proc.stderr
-    assert not (tmp_path / "cache" / "runs").exists() or not any((tmp_path / "cache" / "runs").iterdir())
+def test_a_verb_that_needs_a_missing_package_says_what_to_install(package, feature_results):
+    _, extra = CLI_FEATURES[package]
+    result = feature_results[f"cli-{package}"]
+    assert result["returncode"] == 2, result["stderr"][-2000:]
+    lines = result["stderr"].strip().splitlines()
+    assert len(lines) == 1 and _hint(package, extra) in lines[0] and package in lines[0], result["stderr"]
+    runs = feature_results["root"] / f"cli-{package}" / "cache" / "runs"
+    assert not runs.exists() or not any(runs.iterdir())
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("package", sorted(LIBRARY_FEATURES))
-def test_a_library_feature_that_needs_a_missing_package_says_what_to_install(package, tmp_path):
-    code, extra = LIBRARY_FEATURES[package]
-    probe = (f"from muonlab.errors import UsageError\n"
-             f"try:\n" + "".join(f"    {line}\n" for line in code.splitlines()) +
-             f"except UsageError as exc:\n    print(type(exc).__name__, exc)\nelse:\n    print('no error')\n")
-    proc = run_without((package,), probe, tmp_path)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert _hint(package, extra) in proc.stdout and "\n" not in proc.stdout.strip(), proc.stdout
+def test_a_library_feature_that_needs_a_missing_package_says_what_to_install(package, feature_results):
+    _, extra = LIBRARY_FEATURES[package]
+    result = feature_results[f"library-{package}"]
+    assert result["returncode"] == 0, result["stderr"][-2000:]
+    assert _hint(package, extra) in result["stdout"] and "\n" not in result["stdout"].strip(), result["stdout"]
 
 
 @pytest.mark.slow

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from muonlab.device import one_intra_op_thread as one_thread
+from muonlab.lab import warm_start
 from muonlab.optim import MuonAdamW
 
 DEADLINE_S = 120  # a whole spawn (start-up included); a hang fails the test after this
@@ -93,8 +94,9 @@ class _PortTaken(Exception):
 
 # Ranks start from a fork server that imported torch once (per test process), not a fresh
 # interpreter each: a spawned rank spends seconds importing torch. The server forks before any
-# test code runs in it, so no threads or CUDA state are inherited.
-_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "muonlab.optim", "muonlab.model"]
+# test code runs in it, so no threads or CUDA state are inherited. A process has one fork server, whichever of
+# this and a sweep's warm start (muonlab.lab.warm_start) asks first: both preloads in it, the sweep's last.
+_PRELOAD = ["torch", "torch.distributed", *warm_start.PRELOAD]
 
 
 def _rank_context():

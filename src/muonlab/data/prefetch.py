@@ -19,6 +19,7 @@ import threading
 from typing import Any, Callable, Iterator
 
 _END = object()
+_PUT_TIMEOUT_S = 0.1  # how often a worker blocked on a full queue looks whether it was stopped
 
 
 class PrefetchLoader:
@@ -51,7 +52,7 @@ class PrefetchLoader:
                 snapshot = take() if take is not None else None
                 while not self._stop.is_set():
                     try:
-                        q.put((item, snapshot), timeout=0.1)
+                        q.put((item, snapshot), timeout=_PUT_TIMEOUT_S)
                         break
                     except queue.Full:
                         continue
@@ -64,7 +65,7 @@ class PrefetchLoader:
     def _put_end(self, value) -> None:
         while not self._stop.is_set():
             try:
-                self._queue.put((value, None), timeout=0.1)
+                self._queue.put((value, None), timeout=_PUT_TIMEOUT_S)
                 return
             except queue.Full:
                 continue
@@ -100,10 +101,11 @@ class PrefetchLoader:
         self._state = None
 
     def close(self) -> None:
-        """Stop the worker (it ends within one put's timeout) and drop what it made ahead: the wrapped loader
+        """Stop the worker (it ends once the item it is making is made) and drop what it made ahead: the wrapped loader
         goes back to the last item handed out and is closed, so iterating again goes on from there."""
         if self._thread is not None:
             self._stop.set()
+            self._drain()  # a put blocked on the full queue returns now, not at its timeout (a run's end waited it)
             self._thread.join()
             self._thread = None
             self._queue = None
@@ -111,6 +113,13 @@ class PrefetchLoader:
                 self.loader.load_state_dict(self.state_dict())
         if hasattr(self.loader, "close"):  # its encoding ahead too (a packer's worker processes)
             self.loader.close()
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                return
 
     def __getattr__(self, name: str):  # the wrapped loader's own attributes (packer, B, T, ...)
         if name in ("loader",):

@@ -19,11 +19,12 @@ import signal
 import subprocess
 import sys
 
-# what the server imports once: torch and the train verb's modules (not the plug-ins: each run loads its own), and
-# torch._dynamo, which every run imports even with nothing compiled (the model's construction on the meta device:
-# nn.init's normal_ on meta goes through a torch._refs decomposition; and torch's Optimizer, whose add_param_group
-# torch wraps in _disable_dynamo): about a second of a core, more than a miniature run's training
-PRELOAD = ["torch", "torch._dynamo", "muonlab.cli.train", "muonlab.train.loop", "muonlab.families"]
+# what the server imports once: torch, torch._dynamo, which every run imports even with nothing compiled (the
+# model's construction on the meta device: nn.init's normal_ on meta goes through a torch._refs decomposition; and
+# torch's Optimizer, whose add_param_group torch wraps in _disable_dynamo), and muonlab.cli.warm_server: the modules
+# a `muonlab train` imports (not the plug-ins: each run loads its own), then the server's objects frozen out of the
+# garbage collector (a miniature run forked from it: 2.0 -> 1.7 s; from a new interpreter, ~3 s more)
+PRELOAD = ["torch", "torch._dynamo", "muonlab.cli.warm_server"]
 
 
 def available() -> bool:
