@@ -75,7 +75,7 @@ def test_a_warm_run_imports_nothing_the_server_did_not_and_inherits_its_objects_
     imported, and the server froze its objects out of the garbage collector (muonlab.cli.warm_server)."""
     log = tmp_path / "run.log"
     argv = ["train", "--preset", "cpu-tiny", "--num-steps", "2", "--runs-dir", str(tmp_path / "runs"), "--quiet"]
-    code = ("import os, sys\n"
+    code = ("import os\n"
             "from muonlab.lab import warm_start\n"
             "from support.warm_child import imports_of_a_run\n"
             "if __name__ == '__main__':\n"

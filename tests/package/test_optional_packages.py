@@ -34,15 +34,20 @@ def run_without(blocked, code: str, tmp_path: Path, timeout: float = 240) -> sub
                           cwd=tmp_path, timeout=timeout)
 
 
-# Every module imported and every verb's help printed without each set of packages in turn, in one interpreter:
-# between sets muonlab and the packages are forgotten (torch, imported once, is never blocked), so each set's
-# imports run afresh. The sets: all at once, then each alone (a module may import one only when another is there).
-IMPORT_ALL_AND_HELP = f"""
-import contextlib, importlib, io, pkgutil, sys
+# The scripts below run several cases in one interpreter: between cases muonlab and the named packages are forgotten
+# (torch, imported once, is never blocked), so each case's imports run afresh, as in a new interpreter.
+FORGET = """
+import sys
 
 def forget(names):
     for name in [m for m in sys.modules if m.split(".")[0] in ("muonlab", *names)]:
         del sys.modules[name]
+"""
+
+# Every module imported and every verb's help printed without each set of packages in turn, in one interpreter. The
+# sets: all at once, then each alone (a module may import one only when another is there).
+IMPORT_ALL_AND_HELP = FORGET + f"""
+import contextlib, importlib, io, pkgutil
 
 for blocked in BLOCKED_SETS:
     forget(EVERY)
@@ -131,14 +136,10 @@ def test_every_optional_package_has_a_feature_that_asks_for_it():
 
 
 # Every feature case in one interpreter (a fresh one each cost ~3 s of a core for the import of torch): between cases
-# muonlab and every optional package are forgotten and the case's package blocked, as IMPORT_ALL_AND_HELP does, so
-# each case imports muonlab afresh without it; each has its own cache and working folder and its output captured.
-FEATURE_CASES = """
-import contextlib, io, json, os, sys, traceback
-
-def forget(names):
-    for name in [m for m in sys.modules if m.split(".")[0] in ("muonlab", *names)]:
-        del sys.modules[name]
+# muonlab and every optional package are forgotten and the case's package blocked, so each case imports muonlab
+# afresh without it; each has its own cache and working folder and its output captured.
+FEATURE_CASES = FORGET + """
+import contextlib, io, json, os, traceback
 
 results = {}
 for case in CASES:
