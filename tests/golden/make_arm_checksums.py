@@ -22,7 +22,9 @@ in fp32 on CPUs without native bf16 units (an intended numeric change, issue 13)
 the 54 that run no bf16 Polar Express on CPU (fp32 iterations, AdamW, AF-Muon) kept their bits.
 It was recorded again when the autoresearch GPT's loss became the fused, chunked soft-capped
 cross-entropy (`model.head_loss=fused`, issue 14; the same loss, summed in another order): the 55
-autoresearch-family arms moved, the 33 tied-family and AF-Muon arms kept their bits.
+autoresearch-family arms moved, the 33 tied-family and AF-Muon arms kept their bits. Issue 46 gave AF-Muon's
+Newton-Schulz the same fp32-formed bf16 products (a seed-004 CPU run's orthogonalisation was 28x slower in torch's
+bf16 matmul there): the 84 seed-004 arms moved on the AMD EPYC (AVX2, b171f03701b7), recorded before and after.
 
     python tests/golden/make_arm_checksums.py            # record this machine's set (others kept)
     python tests/golden/make_arm_checksums.py --check    # compare, print the arms that differ

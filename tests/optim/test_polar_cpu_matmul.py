@@ -47,3 +47,33 @@ def test_polar_express_with_either_product_agrees(monkeypatch):
         monkeypatch.setattr(polar, "EMULATE_CPU_BF16_MATMUL", flag)
         out[flag] = polar.polar_express(g).float()
     assert (out[True] - out[False]).norm() / out[False].norm() < 2e-2
+
+
+def _emulated(x, y):
+    return (x.float() @ y.float()).bfloat16()
+
+
+def _native(x, y):
+    return x @ y
+
+
+def _ns_transcription(G, mm):
+    """AF-Muon's quintic (seed 004 §2.2) on a tall G, with the product mm: iterated on G's transpose."""
+    X = G.bfloat16().T
+    X = X / (X.norm() + polar.NS_EPS)
+    a, b, c = polar.NS_COEFFS
+    for _ in range(5):
+        A = mm(X, X.T)
+        X = a * X + mm(b * A + c * mm(A, A), X)
+    return X.T
+
+
+@pytest.mark.parametrize("flag", [True, False])
+def test_newton_schulz_forms_its_products_as_polar_express_does(flag, monkeypatch):
+    """AF-Muon's Newton–Schulz takes the same product: on a CPU without bf16 units each bf16 product
+    formed in fp32 and rounded once, else torch's own bf16 matmul."""
+    monkeypatch.setattr(polar, "EMULATE_CPU_BF16_MATMUL", flag)
+    G = torch.randn(512, 96, generator=torch.Generator().manual_seed(5))  # K = 512: the products round apart
+    mine, other = (_emulated, _native) if flag else (_native, _emulated)
+    assert torch.equal(polar.newton_schulz(G), _ns_transcription(G, mine))
+    assert not torch.equal(polar.newton_schulz(G), _ns_transcription(G, other))

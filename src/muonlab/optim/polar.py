@@ -10,9 +10,10 @@ normalised by its Frobenius norm times a 1.02 safety factor (so the spectral nor
 safely below 1) and the iteration runs in bf16.
 
 On a CPU without native bf16 matrix units (no AVX512-BF16 or AMX: torch then runs bf16 batched
-matmuls some 25-55x slower than fp32), each bf16 product is formed as an fp32 product of the bf16
-operands rounded to bf16: exact products, fp32 accumulation, one rounding, as a bf16 GEMM does,
-in a different summation order (about 1 element in 10^4 then differs by one bf16 ulp).
+matmuls some 25-55x slower than fp32), each bf16 product of either iteration (Polar Express and
+AF-Muon's Newton–Schulz) is formed as an fp32 product of the bf16 operands rounded to bf16: exact
+products, fp32 accumulation, one rounding, as a bf16 GEMM (a GPU's included) does, in a different
+summation order (about 1 element in 10^4 then differs by one bf16 ulp).
 
 Options (muonlab's polar stage, off by default; the default call is bitwise upstream on CUDA):
   - `dtype`: the iteration dtype (addons/polar_precision.py: fp32, seed 002 §2.1 (Tier 1)). On CUDA,
@@ -40,7 +41,7 @@ POLAR_EXPRESS_COEFFS: tuple[tuple[float, float, float], ...] = (
 )
 FROBENIUS_SAFETY = 1.02
 FROBENIUS_EPS = 1e-6
-# AF-Muon's Newton–Schulz: one (a, b, c) for every step, Frobenius norm + 1e-7, plain bf16 matmuls
+# AF-Muon's Newton–Schulz: one (a, b, c) for every step, Frobenius norm + 1e-7, bf16 matmuls
 NS_COEFFS: tuple[float, float, float] = (3.4445, -4.7750, 2.0315)
 NS_EPS = 1e-7
 
@@ -104,7 +105,7 @@ def polar_express(g: torch.Tensor, steps: int = 5, dtype: torch.dtype = torch.bf
 def newton_schulz(G: torch.Tensor, steps: int = 5, eps: float = NS_EPS) -> torch.Tensor:
     """Quintic Newton–Schulz (a, b, c) = NS_COEFFS in bf16: Frobenius-normalise (+eps), iterate
     X <- aX + (bA + cA^2)X with A = XX^T on the wide orientation. Returns bf16, G's shape.
-    Its bf16 products are torch's own on every device (no matmul_for), as AF-Muon's runs recorded."""
+    Its bf16 products are Polar Express's (matmul_for): a CPU without bf16 units forms them in fp32."""
     if G.ndim < 2:
         raise ValueError(f"newton_schulz needs a >= 2-D tensor, got shape {tuple(G.shape)}")
     X = (G.reshape(G.shape[0], -1) if G.ndim > 3 else G).to(torch.bfloat16)
@@ -112,8 +113,9 @@ def newton_schulz(G: torch.Tensor, steps: int = 5, eps: float = NS_EPS) -> torch
     if tall:
         X = X.mT
     X = X / (X.norm(dim=(-2, -1), keepdim=True) + eps)
+    mm = matmul_for(X)
     a, b, c = NS_COEFFS
     for _ in range(steps):
-        A = X @ X.mT
-        X = a * X + (b * A + c * (A @ A)) @ X
+        A = mm(X, X.mT)
+        X = a * X + mm(b * A + c * mm(A, A), X)
     return (X.mT if tall else X).reshape(G.shape)
