@@ -9,6 +9,7 @@ SLURM's environment, against the same run launched by torchrun. The three interr
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -17,13 +18,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from support.slurm import release, squeue, start_local_slurm, steps_done, wait_for
+from support.slurm import go_on_once_pending, hold_past, release, squeue, start_local_slurm, steps_done, wait_for
 
 from muonlab.record.ledger import read_records
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 
-STEPS = 120  # long enough to be caught mid-run under a loaded suite (30 finished first), short enough for it
+STEPS = 30  # each interrupted run is held (SIGSTOP) from its 8th step until its signal is on its way
+HELD_AT = 8
 
 
 @pytest.fixture(scope="module")
@@ -151,8 +153,9 @@ def test_a_detached_sweep_returns_at_once_and_its_runs_land_in_the_ledger(lab, s
 def requeued_mid_run(lab):
     lab.sweep("--detach", "--checkpoint-every", "1000")  # no periodic checkpoint: the requeue's SIGTERM makes it
     job, run_dir = job_of(lab)
-    wait_for("the run to pass step 8", lambda: steps_done(run_dir) >= 8)
-    subprocess.run(["scontrol", "requeue", job], check=True)
+    hold_past(job, run_dir, HELD_AT)
+    assert steps_done(run_dir) < STEPS
+    subprocess.run(["scontrol", "requeue", job], check=True)  # SLURM's SIGCONT, then SIGTERM
     (stopped,) = wait_for("the interrupted record", lab.records)
     assert stopped["status"] == "interrupted" and stopped["resumable"] and "SIGTERM" in stopped["error"]
     assert lab.status()[("baseline", 1)]["state"] in ("queued", "running")  # requeued: not a duplicate to submit
@@ -160,15 +163,16 @@ def requeued_mid_run(lab):
     wait_for("the requeued task to finish", lambda: squeue(job) is None and len(lab.records()) == 2)
     _, resumed = lab.records()
     assert resumed["status"] == "ok" and resumed["run_dir"] == str(run_dir)
-    assert 8 <= resumed["resumed_from_step"] < STEPS
+    assert HELD_AT <= resumed["resumed_from_step"] < STEPS
     assert same_weights(run_dir, lab.reference_weights("baseline-s1"))
 
 
 def cancelled(lab):
     lab.sweep("--detach", "--checkpoint-every", "1000")
     job, run_dir = job_of(lab)
-    wait_for("the run to pass step 8", lambda: steps_done(run_dir) >= 8)
-    subprocess.run(["scancel", job], check=True)
+    hold_past(job, run_dir, HELD_AT)
+    assert steps_done(run_dir) < STEPS
+    subprocess.run(["scancel", job], check=True)  # SLURM's SIGCONT, then SIGTERM
     (stopped,) = wait_for("the interrupted record", lab.records)
     assert stopped["status"] == "interrupted" and stopped["resumable"]
     wait_for("the job to leave the queue", lambda: squeue(job) is None)
@@ -176,7 +180,7 @@ def cancelled(lab):
     out = lab.sweep()  # waits for its array this time
     assert "resume baseline-s1" in out.stdout
     _, resumed = lab.records()
-    assert resumed["status"] == "ok" and resumed["run_dir"] == str(run_dir) and resumed["resumed_from_step"] >= 8
+    assert resumed["status"] == "ok" and resumed["run_dir"] == str(run_dir) and resumed["resumed_from_step"] >= HELD_AT
     assert same_weights(run_dir, lab.reference_weights("baseline-s1"))
 
 
@@ -185,8 +189,10 @@ def warned_of_its_time_limit(lab):
     preemption: the run checkpoints after its step, records itself interrupted, and requeues."""
     lab.sweep("--detach", "--checkpoint-every", "1000")
     job, run_dir = job_of(lab)
-    wait_for("the run to pass step 8", lambda: steps_done(run_dir) >= 8)
+    held = hold_past(job, run_dir, HELD_AT)
+    assert steps_done(run_dir) < STEPS
     subprocess.run(["scancel", "--signal=USR2", job], check=True)
+    go_on_once_pending(held, signal.SIGUSR2)
     (stopped,) = wait_for("the interrupted record", lab.records)
     assert stopped["status"] == "interrupted" and stopped["resumable"] and "SIGUSR2" in stopped["error"]
     release(job)  # requeued by the task itself

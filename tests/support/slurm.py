@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -79,3 +80,42 @@ def steps_done(run_dir: Path) -> int:
         return json.loads(lines[-1])["step"] + 1 if lines else 0
     except ValueError:
         return 0
+
+
+def job_pids(job_id: str) -> list[int]:
+    """The job's processes on this node (every step's, the batch script's included)."""
+    out = subprocess.run(["scontrol", "listpids", job_id], capture_output=True, text=True, check=True)
+    return [int(line.split()[0]) for line in out.stdout.splitlines()[1:] if line.split() and line.split()[0] != "-1"]
+
+
+def hold_past(job_id: str, run_dir: Path, step: int) -> list[int]:
+    """Stop the job's processes (SIGSTOP) as soon as its run has finished `step` steps, and return them: held
+    there, the run cannot end before the signal a scenario sends it, however loaded the machine (a length of
+    run chosen to outlast the signal's way through SLURM was a guess of wall time). SLURM's own stop (requeue,
+    scancel) sends SIGCONT ahead of its SIGTERM; a signal the scenario sends with `scancel --signal` is held
+    pending until `go_on_once_pending`."""
+    wait_for(f"the run to pass step {step}", lambda: steps_done(run_dir) >= step, every_s=0.02)
+    pids = job_pids(job_id)
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    return pids
+
+
+def _pending(pid: int) -> int:
+    try:
+        fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+    except OSError:
+        return 0
+    return int(fields["SigPnd"], 16) | int(fields["ShdPnd"], 16)
+
+
+def go_on_once_pending(pids: list[int], signum: int) -> None:
+    """Let the held processes go on (SIGCONT) once the signal sent them through SLURM is pending in one of
+    them: it is handled when they run again, before their next step ends."""
+    wait_for(f"signal {signum} to reach the held run", lambda: any(_pending(p) >> (signum - 1) & 1 for p in pids),
+             every_s=0.05)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
