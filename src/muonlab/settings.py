@@ -258,10 +258,15 @@ def opened_values() -> Any:
 
 def setting_fields(obj) -> tuple[dataclasses.Field, ...]:
     """The settings of a section class or instance: its dataclass fields, and an OpenSection's registered ones."""
-    own = tuple(f for f in dataclasses.fields(obj) if not f.metadata.get("opened_values"))
+    own = _own_setting_fields(obj if isinstance(obj, type) else type(obj))
     if not _is_open(obj):
         return own
     return own + tuple(f for _, _, f in _opened(obj))
+
+
+@functools.cache  # a class's fields are fixed once it is made (no section class is made at run time)
+def _own_setting_fields(cls: type) -> tuple[dataclasses.Field, ...]:
+    return tuple(f for f in dataclasses.fields(cls) if not f.metadata.get("opened_values"))
 
 
 def setting_hints(obj) -> dict[str, Any]:

@@ -14,14 +14,17 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
 _SCRIPT = Path(__file__).parents[1] / "golden" / "make_arm_checksums.py"
-_spec = importlib.util.spec_from_file_location("make_arm_checksums", _SCRIPT)
-golden_script = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(golden_script)
+golden_script = sys.modules.get("make_arm_checksums")  # loaded once per process (the float64 script loads it too)
+if golden_script is None:
+    _spec = importlib.util.spec_from_file_location("make_arm_checksums", _SCRIPT)
+    golden_script = sys.modules["make_arm_checksums"] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(golden_script)
 FINGERPRINT, MACHINE = golden_script.machine_fingerprint()
 GOLDEN_FILE = Path(os.environ.get("MUONLAB_ARM_CHECKSUMS") or golden_script.GOLDEN)
 _SETS = golden_script.load_golden(GOLDEN_FILE)["machines"]

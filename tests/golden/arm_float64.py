@@ -47,9 +47,11 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 _HARNESS = Path(__file__).with_name("make_arm_checksums.py")
-_spec = importlib.util.spec_from_file_location("make_arm_checksums", _HARNESS)
-harness = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(harness)
+harness = sys.modules.get("make_arm_checksums")  # loaded once per process (the checksum test loads it too)
+if harness is None:
+    _spec = importlib.util.spec_from_file_location("make_arm_checksums", _HARNESS)
+    harness = sys.modules["make_arm_checksums"] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(harness)
 
 FIGURES = Path(__file__).with_name("arm_float64.json")
 RTOL = 1e-6

@@ -44,6 +44,7 @@ unrounded to master32's fp32 moments, and ordinary autograd through the radius g
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -183,12 +184,17 @@ def arm_groups(arm_names) -> dict[str, list[str]]:
     """Arms whose checked configs have one hash (every setting that can change a number), under the
     first of them by name: e.g. K.5's batch arms at the CPU preset's batch are t1's config. One run
     per group gives every member's weights (the run is deterministic given its config)."""
+    return {first: list(members) for first, members in _arm_groups(tuple(sorted(arm_names))).items()}
+
+
+@functools.cache  # the checksum and float64 tests group the same arms in one process (149 configs, ~2 s)
+def _arm_groups(arm_names: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
     groups: dict[str, list[str]] = {}
     by_hash: dict[str, str] = {}
-    for name in sorted(arm_names):
+    for name in arm_names:
         first = by_hash.setdefault(checked_config(name).config_hash(), name)
         groups.setdefault(first, []).append(name)
-    return groups
+    return {first: tuple(members) for first, members in groups.items()}
 
 
 def compute_all(arm_names=None) -> dict[str, dict]:
