@@ -50,7 +50,9 @@ def _import(item: str):
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         try:
-            spec.loader.exec_module(module)
+            # compiled from the file's own bytes, the ones its digest reads: an import would write bytecode into the
+            # user's folder, and read it back for a file edited within the same second at the same size
+            exec(compile(path.read_bytes(), spec.origin, "exec"), module.__dict__)
             return module
         except (Exception, SystemExit) as exc:  # a plug-in's sys.exit() at import is its failure, not muonlab's exit
             del sys.modules[name]

@@ -268,3 +268,26 @@ def test_a_plugin_that_registers_nothing_is_refused_unless_it_says_why(tmp_path,
     err = capsys.readouterr().err.strip()
     assert "registers nothing" in err and "REGISTERS_NOTHING" in err and "\n" not in err
     assert main(["config", "--preset", "cpu-tiny", "--plugin", str(patch)]) == 0
+
+
+def test_a_plugin_file_runs_its_own_source_and_leaves_no_bytecode_beside_it(tmp_path, monkeypatch):
+    """A .py plug-in is executed from the bytes its digest reads: nothing is written into the user's folder, and
+    a file edited within the same second at the same size runs its new code (an import would write a
+    __pycache__ beside it, with bytecode writing on as by default, and then run that stale bytecode)."""
+    import os
+    import sys
+
+    from muonlab import plugins
+
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)  # Python's default, whatever this environment says
+    path = tmp_path / "edited.py"
+    path.write_text("VALUE = 1\n")
+    (first,) = (plugins._LOADED[item] for item in plugins.load_plugins(str(path)))
+    stamp = path.stat().st_mtime_ns
+    plugins.forget(str(path))
+    path.write_text("VALUE = 2\n")  # the same size
+    os.utime(path, ns=(stamp, stamp))  # and the same modification time
+    (second,) = (plugins._LOADED[item] for item in plugins.load_plugins(str(path)))
+    assert (first.VALUE, second.VALUE) == (1, 2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["edited.py"]
+    assert second.__file__ == str(path.resolve())
