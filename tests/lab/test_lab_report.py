@@ -10,9 +10,8 @@ import json
 from pathlib import Path
 
 import pytest
-from support.lazy_import import optional_module
 
-scipy_stats = optional_module("scipy.stats", reason="an independent t-test needs scipy (pip install 'muonlab[stats]')")
+scipy_stats = pytest.importorskip("scipy.stats", reason="an independent t-test needs scipy (pip install 'muonlab[stats]')")
 
 from muonlab.errors import MuonlabError, UsageError
 from muonlab.config import RunConfig

@@ -8,9 +8,8 @@ import json
 
 import numpy as np
 import pytest
-from support.lazy_import import optional_module
 
-scipy_stats = optional_module("scipy.stats", reason="an independent t-test needs scipy (pip install 'muonlab[stats]')")
+scipy_stats = pytest.importorskip("scipy.stats", reason="an independent t-test needs scipy (pip install 'muonlab[stats]')")
 
 from muonlab.arms import resolve_config
 from muonlab.cli import main

@@ -15,11 +15,10 @@ import re
 
 import numpy as np
 import pytest
-from support.lazy_import import optional_module
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-scipy_stats = optional_module("scipy.stats", reason="an independent t-test needs scipy (pip install 'muonlab[stats]')")
+scipy_stats = pytest.importorskip("scipy.stats", reason="an independent t-test needs scipy (pip install 'muonlab[stats]')")
 
 from muonlab.errors import UsageError
 from muonlab.lab.stats import (IMPROVES, INCONCLUSIVE, NOT_ESTIMABLE, WORSE, DecisionRule,

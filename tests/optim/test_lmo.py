@@ -11,12 +11,12 @@ import math
 
 import numpy as np
 import pytest
-from support.lazy_import import optional_module
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-optimize = optional_module("scipy.optimize", reason="the LMO's references need scipy (pip install 'muonlab[stats]')")
+optimize = pytest.importorskip("scipy.optimize", reason="the LMO's references need scipy (pip install 'muonlab[stats]')")
+brentq, minimize = optimize.brentq, optimize.minimize
 
 import muonlab.optim.lmo as lmo_mod
 from muonlab.optim.lmo import clipped_row_lmo, lmo_objective, tie_norm
@@ -36,7 +36,7 @@ def ref_row(b: np.ndarray, c: float) -> np.ndarray:
         return c * np.sign(b)
     a = a / a.max()
     energy = lambda tau: np.minimum(c * c, tau * tau * a * a).sum() - d  # noqa: E731
-    tau = optimize.brentq(energy, 0.0, c / a[a > 0].min(), xtol=1e-300, rtol=4 * np.finfo(float).eps, maxiter=2000)
+    tau = brentq(energy, 0.0, c / a[a > 0].min(), xtol=1e-300, rtol=4 * np.finfo(float).eps, maxiter=2000)
     return np.sign(b) * np.minimum(c, tau * a)
 
 
@@ -145,7 +145,7 @@ def test_optimal_against_slsqp_and_random_feasible_points():
         cons = [{"type": "ineq", "fun": lambda x: d - x @ x, "jac": lambda x: -2 * x}]
         slsqp = -math.inf
         for x0 in (np.zeros(d), np.clip(np.sign(b), -c, c), rng.uniform(-1, 1, d)):
-            r = optimize.minimize(lambda x: -(b @ x), x0, jac=lambda x: -b, bounds=[(-c, c)] * d,
+            r = minimize(lambda x: -(b @ x), x0, jac=lambda x: -b, bounds=[(-c, c)] * d,
                          constraints=cons, method="SLSQP", options=dict(ftol=1e-14, maxiter=500))
             if r.success and r.x @ r.x <= d * (1 + 1e-9):
                 slsqp = max(slsqp, float(b @ r.x))

@@ -2,7 +2,6 @@
 imports another (shared helpers live in tests/support, fixtures in conftest.py)."""
 
 import ast
-import sys
 from pathlib import Path
 
 import pytest
@@ -211,19 +210,3 @@ def test_a_spread_file_runs_its_tests_on_several_workers_and_a_whole_file_on_one
     run.stdout.fnmatch_lines(["*6 passed*"])
     assert {(tmp_path / f"started-{n}").read_text() for n in "ab"} == {"gw0", "gw1"}
     assert len({(tmp_path / f"whole-{n}").read_text() for n in range(4)}) == 1  # split, they would start on both
-
-
-def test_an_optional_module_is_imported_at_its_first_use_not_at_collection(monkeypatch):
-    """support.lazy_import: collecting a file that names an optional package imports nothing (each worker
-    collects every file); its first public attribute imports it; a missing package skips the file."""
-    from support.lazy_import import optional_module
-
-    monkeypatch.delitem(sys.modules, "colorsys", raising=False)
-    lazy = optional_module("colorsys", reason="unused")
-    assert "colorsys" not in sys.modules
-    with pytest.raises(AttributeError):
-        lazy.__pytest_wrapped__  # what pytest's collection probes
-    assert "colorsys" not in sys.modules
-    assert lazy.rgb_to_hsv(1.0, 0.0, 0.0) == (0.0, 1.0, 1.0) and "colorsys" in sys.modules
-    with pytest.raises(pytest.skip.Exception, match="not installed here"):
-        optional_module("no_such_package_muonlab_test", reason="not installed here")
