@@ -2,7 +2,7 @@
 
 The recipe is chaotic (a 1e-6 relative perturbation of the weights moves them by ~40% in six
 steps), so free-running trajectories cannot be compared. Instead every step is checked from
-its recorded state (shared/reference/README.md):
+its recorded state (`muonlab verify-reference`):
   1. forward/backward: micro-batch losses and the accumulated gradient from `steps[s].params`;
   2. optimizer: one MuonAdamW instance for the whole replay, fed the recorded gradients, its
      result compared with the next recorded state, error = ||p - p_ref|| / ||p_ref - p_before||;
@@ -27,7 +27,7 @@ REQUIRED_KEYS = ("format", "model_config", "optimizer", "precision", "init_state
                  "batches_x", "batches_y", "schedule", "losses", "steps",
                  "final_state_dict", "eval_x", "eval_y", "eval_loss")
 
-# Tolerances from shared/reference/README.md. Update errors: perturbing the recorded gradients
+# The reference check's tolerances, set with the bundle format. Update errors: perturbing the recorded gradients
 # by 1e-6 (relative) already gives up to ~0.055 because Polar Express runs in bf16, while a
 # wrong safety factor, shape factor, step count or cautious mask gives 0.13 to 1.0.
 TOLERANCES = {
