@@ -215,6 +215,8 @@ def interruptions(slurm, references, tmp_path_factory) -> dict[str, BaseExceptio
         try:
             SCENARIOS[name](labs[name])
         except BaseException as exc:  # noqa: BLE001 - handed to the scenario's own test below
+            for sub in labs[name].submissions():  # a run left held (SIGSTOP) would keep the node's core: SLURM's
+                subprocess.run(["scancel", sub["job_id"]], capture_output=True)  # cancel sends SIGCONT first
             return exc
         return None
 
