@@ -96,7 +96,7 @@ class _PortTaken(Exception):
 # interpreter each: a spawned rank spends seconds importing torch. The server forks before any
 # test code runs in it, so no threads or CUDA state are inherited. A process has one fork server, whichever of
 # this and a sweep's warm start (muonlab.lab.warm_start) asks first: both preloads in it, the sweep's last.
-_PRELOAD = ["torch", "torch.distributed", *warm_start.PRELOAD]
+_PRELOAD = ["torch.distributed", *warm_start.PRELOAD]  # torch.distributed imports torch first
 
 
 def _rank_context():

@@ -73,6 +73,11 @@ def _log_for(args) -> Callable[[str], None]:
     return lambda message: print(message, file=stream, flush=True)
 
 
+def verb_module(name: str):
+    """The module of a verb (`muonlab.cli.<name>`, dashes as underscores): its HELP, add_arguments and run."""
+    return importlib.import_module(f"muonlab.cli.{name.replace('-', '_')}")
+
+
 def build_parser(argv: list[str] | None = None, only: str | None = None) -> argparse.ArgumentParser:
     """The parser of every verb, or with `only` (what `main` passes: the verb the command line names) of
     that verb alone, the others listed by their one-line help: a verb's flags come from the config
@@ -86,7 +91,7 @@ def build_parser(argv: list[str] | None = None, only: str | None = None) -> argp
     sub.required = True
     context = Context(argv)  # once per parser, however many verbs take config flags
     for name in VERBS:
-        verb = importlib.import_module(f"muonlab.cli.{name.replace('-', '_')}")
+        verb = verb_module(name)
         p = sub.add_parser(name, help=verb.HELP, **getattr(verb, "PARSER", {}))
         if only is None or name == only:
             verb.add_arguments(p, context)

@@ -8,7 +8,6 @@ too; `gc.freeze()` before forking is what Python's gc documentation advises a fo
 """
 
 import gc
-import importlib
 
 import muonlab.cli.context  # noqa: F401  (what a run imports once its command line is read)
 import muonlab.config.plugin_code  # noqa: F401
@@ -21,9 +20,9 @@ import muonlab.record.ledger  # noqa: F401
 import muonlab.record.rundir  # noqa: F401
 import muonlab.train.loop  # noqa: F401
 import muonlab.train.run  # noqa: F401
-from muonlab.cli.parser import VERBS
+from muonlab.cli.parser import VERBS, verb_module
 
 for _verb in VERBS:  # the parser imports every verb's module (cli.parser.build_parser)
-    importlib.import_module(f"muonlab.cli.{_verb.replace('-', '_')}")
+    verb_module(_verb)
 gc.collect()
 gc.freeze()
