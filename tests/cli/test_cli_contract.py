@@ -677,7 +677,14 @@ def _would_train_here(case_id: str) -> bool:
     return case_id.startswith("gpu-preset") and (torch.cuda.is_available() or torch.backends.mps.is_available())
 
 
-@pytest.mark.parametrize("case_id,argv,code,needle", CASES, ids=[c[0] for c in CASES])
+# cases whose inputs hold a finished run (trained by the case): the slow tier's (support.budget: a fast test trains nothing)
+TRAINS_A_RUN = {"eval-damaged-weights", "diagnose-without-a-checkpoint", "report-protocol-free-without-such-lines",
+                "diagnose-afmuon-autoresearch-run", "diagnose-geometry-tied-run", "diagnose-audit-tied-run",
+                "diagnose-tied-autoresearch-run", "report-tsv-is-a-folder", "eval-every-no-checkpoint"}
+
+
+@pytest.mark.parametrize("case_id,argv,code,needle", [
+    pytest.param(*case, id=case[0], marks=[pytest.mark.slow] if case[0] in TRAINS_A_RUN else []) for case in CASES])
 def test_error_contract(case_id, argv, code, needle, tmp_path, monkeypatch, capsys, forget_plugins):
     if case_id == "device-unavailable" and torch.backends.mps.is_available():
         pytest.skip("MPS exists here")
@@ -736,6 +743,7 @@ def _sites() -> dict[tuple[str, int], tuple[str, str]]:
     return out
 
 
+@pytest.mark.slow  # drives the cases the session did not run, TRAINS_A_RUN's among them
 def test_every_validation_branch_is_driven(tmp_path_factory, monkeypatch, capsys, forget_plugins):
     for case_id, argv, _, _ in CASES:  # cases not run in this session (e.g. under -k) run now
         if case_id not in RAISED and not _would_train_here(case_id):

@@ -123,6 +123,7 @@ def _tiny(num_steps: int, total_batch: int = 1024, **settings):
     return cfg, runtime, vocab, model, build_optimizer(model, cfg, compile_step=False)
 
 
+@pytest.mark.slow
 def test_a_step_whose_loader_keeps_ahead_never_waits_for_data():
     from muonlab.train.loop import train_loop
     from support.compile_check import fixed_batches
@@ -145,6 +146,7 @@ def test_a_step_whose_loader_keeps_ahead_never_waits_for_data():
     assert len(records) == 4 and all(r["data_wait"] >= 0 for r in records)
 
 
+@pytest.mark.slow
 def test_a_training_step_reads_the_device_once(monkeypatch):
     """The losses and the gradient norm come back in one read a step (`.tolist()`); no `.item()`, `.cpu()`,
     `.numpy()` or tensor truth value inside the loop besides."""

@@ -70,6 +70,7 @@ def test_the_printed_excess_is_the_papers():
     assert round(100 * excess_change(oe["high"], dense["high"]), 1) == -62.9
 
 
+@pytest.mark.slow
 def test_trajectory_table_is_the_runs_rows_averaged(runs, capsys):
     root, dirs = runs
     res = _json(capsys, ["diagnose", "trajectory", "--ledger", str(root / "runs" / "ledger.jsonl"),
@@ -81,6 +82,7 @@ def test_trajectory_table_is_the_runs_rows_averaged(runs, capsys):
     assert arm["loss"][1:] == [None, None] and arm["paper"] is None  # steps 40, 80 not reached; arm not in 4B
 
 
+@pytest.mark.slow
 def test_selection_refusals_and_left_out_runs(runs, capsys, tmp_path):
     root, dirs = runs
     ledger = str(root / "runs" / "ledger.jsonl")

@@ -428,6 +428,7 @@ def test_the_compile_check_covers_every_method_arm_group_and_model_family():
     assert selection.small_preset("autoresearch") == "cpu-tiny" and selection.small_preset("tied") == "tied-cpu"
 
 
+@pytest.mark.slow
 def test_the_compile_harness_is_deterministic_and_its_losses_move(one_thread):
     from muonlab.arms import resolve_config
 

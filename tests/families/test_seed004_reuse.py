@@ -312,6 +312,7 @@ def k9_run(tmp_path_factory):
     return run_dir
 
 
+@pytest.mark.slow
 def test_the_arm_trains_the_papers_optimizer_on_the_shared_model(k9_run):
     from muonlab.diagnostics.runs import load_run
 
@@ -324,6 +325,7 @@ def test_the_arm_trains_the_papers_optimizer_on_the_shared_model(k9_run):
     assert loaded.runtime.precision == "fp32" and loaded.cfg.runtime.precision == "fp32"  # no autocast
 
 
+@pytest.mark.slow
 def test_run_reads_the_pending_batch_and_the_runs_ns_steps(k9_run):
     from muonlab.diagnostics.runs import load_run
 
@@ -338,6 +340,7 @@ def test_run_reads_the_pending_batch_and_the_runs_ns_steps(k9_run):
     assert str(k9_run) in table and "0.7408" in table and f"{res['down']['kappa']:.4f}" in table
 
 
+@pytest.mark.slow
 def test_diagnose_reuse_from_the_command_line(k9_run, tmp_path, capsys):
     import json
 

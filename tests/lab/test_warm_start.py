@@ -17,6 +17,7 @@ from muonlab.record.ledger import read_records
 pytestmark = pytest.mark.skipif(not warm_start.available(), reason="no forkserver on this platform")
 
 
+@pytest.mark.multiprocess  # starts the warm server, an interpreter that imports what a run imports
 def test_a_warm_child_has_its_own_session_environment_log_threads_and_exit_status(tmp_path):
     from support.warm_child import report
 

@@ -178,6 +178,7 @@ def _line(text: str, key: str) -> list[str]:
     return line.split()
 
 
+@pytest.mark.slow
 def test_diagnose_tied_prints_table13s_gradient_norm_beside_the_measured_one(afmuon_run, capsys, monkeypatch):
     from muonlab.diagnostics.runs import capture_batches
     from muonlab.diagnostics.runs import load_run
@@ -206,6 +207,7 @@ def test_diagnose_tied_prints_table13s_gradient_norm_beside_the_measured_one(afm
     assert "paper grad_norm: Table 13" in text
 
 
+@pytest.mark.slow
 def test_diagnose_afmuon_prints_the_models_table_row_beside_the_measured_one(afmuon_run, capsys, monkeypatch):
     assert main(["diagnose", "afmuon", "--run", str(afmuon_run)]) == 0
     plain = capsys.readouterr().out

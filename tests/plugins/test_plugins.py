@@ -184,6 +184,7 @@ def test_a_plugin_variant_option_is_a_flag_a_dotted_key_and_hashed(tmp_path, cap
     assert [s["flag"] for s in listed["plugin_branch_scale"]["settings"]] == ["--plugin-branch-scale-lr-mult"]
 
 
+@pytest.mark.slow
 def test_a_plugin_whose_methods_the_run_does_not_select_is_refused(tmp_path, capsys):
     """Issue 32: --plugin F that registers a conditioner the run never selects would not act."""
     plugin = tmp_path / "unused_conditioner.py"

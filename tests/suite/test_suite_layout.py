@@ -97,6 +97,42 @@ def test_a_fast_test_over_the_budget_fails_the_session_and_a_slow_one_does_not(p
     run.stdout.fnmatch_lines(["*1 multiprocess test(s) over the multiprocess tier's budget of 0.2 CPU s*"])
 
 
+TRAINS = ("from muonlab.train.loop import train_loop\n\n"  # held by the test module before the plug-in counts it
+          "def trains():\n    try:\n        train_loop(None, None, None, None, None, 0)\n"
+          "    except Exception:\n        pass  # entered the loop: what the rule counts\n")
+
+
+@pytest.mark.slow
+def test_a_fast_test_that_enters_the_training_loop_fails_the_session(pytester, monkeypatch):
+    """What a test uses decides its tier: an unmarked test that runs the training loop (in its body or a fixture,
+    through a name imported before the suite started counting) fails the session and is named; marked slow, it
+    passes."""
+    import shutil
+
+    shutil.copytree(TESTS / "support", pytester.path / "support")
+    pytester.makeconftest(BUDGETED)
+    pytester.makeini("[pytest]\nmarkers =\n    slow: slow\n    multiprocess: multiprocess\n")
+    monkeypatch.syspath_prepend(str(pytester.path))
+    from muonlab.train import loop
+
+    def uncounted(*args, **kwargs):  # as a new process has it: this process's own session counts the real one already
+        raise TypeError("not a run")
+
+    monkeypatch.setattr(loop, "train_loop", uncounted)
+    fixture = "@pytest.fixture\ndef run():\n    trains()\n\n"
+    pytester.makepyfile(test_fast="import pytest\n" + TRAINS + "\n" + fixture + "def test_in_body():\n    trains()\n\n"
+                                  "def test_in_fixture(run):\n    pass\n\ndef test_pure():\n    pass\n")
+    run = pytester.runpytest("-p", "no:cacheprovider")
+    assert run.ret == 1, run.stdout.str()
+    run.stdout.fnmatch_lines(["*2 fast test(s) ran the training loop (mark them slow)*", "*test_fast.py::test_in_body*",
+                              "*test_fast.py::test_in_fixture*"])
+    assert "test_pure" not in run.stdout.str().split("ran the training loop")[1]
+    pytester.makepyfile(test_fast="import pytest\n" + TRAINS + "\n" + fixture + "@pytest.mark.slow\ndef test_in_body():\n"
+                                  "    trains()\n\n@pytest.mark.slow\ndef test_in_fixture(run):\n    pass\n")
+    run = pytester.runpytest("-p", "no:cacheprovider")
+    assert run.ret == 0, run.stdout.str()
+    assert "ran the training loop" not in run.stdout.str()
+
 def test_units_start_costliest_first_each_units_tests_in_their_order(monkeypatch, tmp_path):
     """heaviest_units_first: work units (a file, or a test of a file marked spread) ordered by their measured
     cost (a unit the costs do not name, by its tests' tiers), a unit's own tests kept in order."""

@@ -5,7 +5,10 @@ children's and the sweep runs its warm server forked): on a machine busy with ot
 hardly does, so the check holds on a loaded laptop and still catches a test that got expensive. A test's
 tier is what its markers say (gpu, slurm, multiprocess, slow; else fast); a test over its tier's budget
 (TIER_BUDGET_CPU_S: fast, multiprocess and slurm) fails the session, so no tier but slow can grow costlier tests
-unnoticed: mark the test slow, or make it cheaper. The terminal summary lists the slowest tests by wall time with their CPU time.
+unnoticed: mark the test slow, or make it cheaper. What a test uses decides its tier too: a test that runs the training
+loop (muonlab.train.loop.train_loop, in its fixtures or its body: a `muonlab train`, a sweep's local run, a miniature)
+is not fast, whatever it costs here, and an unmarked one fails the session (`make test-fast`, the tier a developer runs
+on every change, trains nothing). The terminal summary lists the slowest tests by wall time with their CPU time.
 
 MUONLAB_TEST_BUDGET_SCALE multiplies the budget (a slower machine class than the 2-core machines it was
 set on); MUONLAB_TEST_BUDGET=off reports without failing; MUONLAB_TEST_TIMES=FILE writes every test's
@@ -34,6 +37,34 @@ SHOWN = 10
 
 def tier(item) -> str:
     return next((name for name in TIERS if item.get_closest_marker(name)), "fast")
+
+
+class TrainingLoops:
+    """How many times this process entered the product's training loop (muonlab.train.loop.train_loop, which every
+    run and every diagnostic that trains goes through): the function is replaced by a counting one in its module and
+    in every module already holding it (`from muonlab.train.loop import train_loop`, a test module's too); later
+    importers get the counting one."""
+
+    count = 0
+
+    @classmethod
+    def install(cls) -> None:
+        import sys
+
+        from muonlab.train import loop
+
+        if getattr(loop.train_loop, "_counted", False):
+            return
+        original = loop.train_loop
+
+        def counted(*args, **kwargs):
+            cls.count += 1
+            return original(*args, **kwargs)
+
+        counted._counted = True
+        for module in list(sys.modules.values()):  # muonlab's and the test modules' (their names' dicts alone)
+            if getattr(module, "__dict__", {}).get("train_loop") is original:
+                module.train_loop = counted
 
 
 def _cpu_seconds() -> float:
@@ -114,6 +145,14 @@ class TierBudget:
     def __init__(self) -> None:
         self.seen: list[tuple[str, str, float, float]] = []  # (nodeid, tier, wall s, cpu s)
         self.phases: list[tuple[str, str, float, float | None]] = []  # (nodeid, phase, wall s, cpu s or None)
+        self.trained: list[str] = []  # fast tests that ran the training loop (their fixtures' setup included)
+        self._loops_before_setup = 0
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_setup(self, item):
+        TrainingLoops.install()
+        self._loops_before_setup = TrainingLoops.count
+        return (yield)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item):
@@ -123,6 +162,7 @@ class TierBudget:
         finally:
             item.user_properties.append(("cpu_s", _cpu_seconds() - start))
             item.user_properties.append(("tier", tier(item)))
+            item.user_properties.append(("training_loops", TrainingLoops.count - self._loops_before_setup))
 
     def pytest_runtest_logreport(self, report) -> None:
         props = dict(report.user_properties)
@@ -132,6 +172,8 @@ class TierBudget:
             return
         if "cpu_s" in props:
             self.seen.append((report.nodeid, props["tier"], report.duration, props["cpu_s"]))
+            if props["tier"] == "fast" and props.get("training_loops"):
+                self.trained.append(report.nodeid)
 
     def over_budget(self) -> list[tuple[str, str, float, float]]:
         return [row for row in self.seen if row[1] in TIER_BUDGET_CPU_S and row[3] > budget_s(row[1])]
@@ -161,10 +203,14 @@ class TierBudget:
                       f"(mark them slow, or make them cheaper):")
                 for nodeid, _, wall, cpu in sorted(rows, key=lambda r: -r[3]):
                     write(f"  {cpu:7.1f} CPU s  {nodeid}")
+        if self.trained:
+            write(f"{len(self.trained)} fast test(s) ran the training loop (mark them slow):")
+            for nodeid in sorted(self.trained):
+                write(f"  {nodeid}")
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session, exitstatus) -> None:
         if hasattr(session.config, "workerinput") or os.environ.get("MUONLAB_TEST_BUDGET") == "off":
             return
-        if self.over_budget() and session.exitstatus == 0:
+        if (self.over_budget() or self.trained) and session.exitstatus == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED

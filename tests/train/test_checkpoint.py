@@ -174,6 +174,7 @@ def test_divergence_keeps_last_good_checkpoint(tmp_path, monkeypatch, capsys):
     assert kept and kept[-1].name == "step-000004.pt" and verify_checkpoint(kept[-1]) is None
 
 
+@pytest.mark.slow
 def test_out_of_memory_is_reported_with_the_batch_shape(tmp_path, monkeypatch, capsys):
     def oom(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory (simulated)")

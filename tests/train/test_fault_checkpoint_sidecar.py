@@ -58,6 +58,7 @@ def test_resume_passes_over_a_checkpoint_without_its_sidecar(tmp_path, monkeypat
     assert final.keys() == reference.keys() and all(torch.equal(final[k], reference[k]) for k in final)
 
 
+@pytest.mark.slow
 def test_no_complete_checkpoint_says_what_to_do(tmp_path, monkeypatch, capsys, one_thread):
     with monkeypatch.context() as patch:
         crash_before_sidecar(patch, 2)  # the first checkpoint

@@ -37,6 +37,7 @@ def test_the_mean_or_the_last_micro_batch_is_logged_and_training_is_the_same(tmp
     assert all(r["grad_norm"] > 0 for r in last)  # logged at every step, clip or none
 
 
+@pytest.mark.slow
 def test_the_logged_gradient_norm_is_the_norm_of_the_steps_mean_gradient():
     """Step 0's logged norm against the norm written out here in float64: the step's micro-batches' losses,
     each divided by their count, backpropagated into a fresh model of the same seed."""

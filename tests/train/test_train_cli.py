@@ -55,6 +55,7 @@ def test_same_seed_same_result(tmp_path, capsys):
     assert results[0] == results[1]
 
 
+@pytest.mark.slow
 def test_divergence_is_recorded(tmp_path, capsys):
     assert main(TINY + ["--max-loss", "0.5"]) == 1
     err = capsys.readouterr().err
