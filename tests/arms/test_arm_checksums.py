@@ -13,6 +13,7 @@ the path of a machine without a set runs on every machine).
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import sys
 from pathlib import Path
@@ -75,6 +76,8 @@ def _registered_arms() -> list[str]:
 
 
 GROUPS = golden_script.arm_groups(_registered_arms())
+# config groups that differ only in a float setting's value run one code path: one of them is trained
+CODE_PATHS = golden_script.code_path_groups(_registered_arms())
 
 
 def test_arms_of_one_config_share_one_golden_checksum():
@@ -87,8 +90,30 @@ def test_arms_of_one_config_share_one_golden_checksum():
     assert sum(len(m) for m in GROUPS.values()) == len(_registered_arms())
 
 
+
+def test_one_code_path_is_config_groups_apart_only_in_float_values():
+    """Each code path's config groups differ in float settings alone, each such value finite, neither 0 nor 1 and
+    of one sign across the path (transcribed from code_path_groups' rule); and the rule keeps those apart."""
+    from muonlab.arms import ARMS
+
+    for first, members in CODE_PATHS.items():
+        values = [golden_script.checked_config(name).hashed_values() for name in members]
+        for other in values[1:]:
+            assert other.keys() == values[0].keys(), first
+            for key in (k for k in other if other[k] != values[0][k]):
+                pair = (values[0][key], other[key])
+                assert all(type(v) is float and math.isfinite(v) and v not in (0.0, 1.0) for v in pair), (first, key, pair)
+                assert (pair[0] > 0) == (pair[1] > 0), (first, key, pair)
+    assert sorted(n for m in CODE_PATHS.values() for n in m) == sorted(ARMS)
+    assert all(set(m) <= set(CODE_PATHS[f]) for f, m in GROUPS.items() if f in CODE_PATHS)  # a config group stays whole
+    path = golden_script.code_path
+    assert path({"lr": 0.25, "k": 2}) == path({"lr": 0.5, "k": 2})
+    for apart in ({"lr": 0.0, "k": 2}, {"lr": 1.0, "k": 2}, {"lr": math.inf, "k": 2}, {"lr": -0.5, "k": 2},
+                  {"lr": 0.5, "k": 3}, {"lr": "0.5", "k": 2}):
+        assert path(apart) != path({"lr": 0.5, "k": 2}), apart
+
 @pytest.mark.slow
-@pytest.mark.parametrize("arm_name", sorted(GROUPS))
+@pytest.mark.parametrize("arm_name", sorted(CODE_PATHS))
 def test_arm_trains_to_its_golden_checksum(arm_name, data_cache, shared_cache, tmp_path, monkeypatch):
     from muonlab.arms import ARMS
 

@@ -24,13 +24,16 @@ _spec.loader.exec_module(figures_script)
 RECORDED = figures_script.load_figures()["arms"]
 
 
-def _groups() -> dict[str, list[str]]:
+def _registered_arms() -> list[str]:
     from muonlab.arms import ARMS
 
-    return figures_script.harness.arm_groups(sorted(ARMS))
+    return sorted(ARMS)
 
 
-GROUPS = _groups()
+GROUPS = figures_script.harness.arm_groups(_registered_arms())  # arms of one config: one set of figures
+# config groups that differ only in a float setting's value run one code path: one of them is trained
+# (make_arm_checksums.code_path_groups says which values stay apart)
+CODE_PATHS = figures_script.harness.code_path_groups(_registered_arms())
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +93,7 @@ def test_the_comparison_tells_a_changed_figure_from_rounding():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arm_name", sorted(GROUPS))
+@pytest.mark.parametrize("arm_name", sorted(CODE_PATHS))
 def test_arm_matches_its_float64_figures(arm_name, data_cache, shared_cache, tmp_path, monkeypatch):
     monkeypatch.setenv("MUONLAB_CACHE", str(shared_cache))  # prepare each preset's data once
     measured = figures_script.arm_figures(arm_name, tmp_path / "runs", data_cache)
@@ -121,7 +124,7 @@ def test_a_machine_without_a_bitwise_set_still_compares_numbers(tmp_path):
     empty = tmp_path / "arm_checksums.json"
     empty.write_text(json.dumps({"machines": {}}))
     here = Path(__file__).parent
-    first_of = {member: first for first, members in GROUPS.items() for member in members}
+    first_of = {member: first for first, members in CODE_PATHS.items() for member in members}
     groups = [first_of["baseline"], first_of["t1_hybrid"]]  # the autoresearch GPT and seed 004's tied GPT
     nodes = [*(f"{here / 'test_arm_checksums.py'}::test_arm_trains_to_its_golden_checksum[{g}]" for g in groups),
              *(f"{here / 'test_arm_float64.py'}::test_arm_matches_its_float64_figures[{g}]" for g in groups)]

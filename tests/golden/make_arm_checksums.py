@@ -47,6 +47,7 @@ import argparse
 import functools
 import hashlib
 import json
+import math
 import os
 import platform
 import sys
@@ -195,6 +196,34 @@ def _arm_groups(arm_names: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
         first = by_hash.setdefault(checked_config(name).config_hash(), name)
         groups.setdefault(first, []).append(name)
     return {first: tuple(members) for first, members in groups.items()}
+
+
+def code_path_groups(arm_names) -> dict[str, list[str]]:
+    """Config groups (`arm_groups`) whose checked configs differ only in the value of float settings (a learning
+    rate, a scale, a cap, a multiplier: one code path at another value), under the first of them by name. A
+    value's sign and the values 0, 1 and the non-finite ones are kept apart, as code may branch on them (a zero
+    weight decay skips its term, an infinite cap clips nothing, a multiplier of 1 may be skipped). The arm tests
+    train one config group per code path; the recorder (`compute_all`) still trains every config group."""
+    return {first: list(members) for first, members in _code_path_groups(tuple(sorted(arm_names))).items()}
+
+
+@functools.cache
+def _code_path_groups(arm_names: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+    by_path: dict[str, list[str]] = {}
+    for first, members in _arm_groups(arm_names).items():
+        by_path.setdefault(code_path(checked_config(first).hashed_values()), []).extend(members)
+    return {members[0]: tuple(members) for members in by_path.values()}
+
+
+def code_path(values: dict) -> str:
+    """The settings with every float other than 0, 1 or a non-finite one replaced by its sign."""
+
+    def kind(value):
+        if isinstance(value, float) and math.isfinite(value) and value not in (0.0, 1.0):
+            return "float > 0" if value > 0 else "float < 0"
+        return value
+
+    return json.dumps({key: kind(value) for key, value in values.items()}, sort_keys=True, default=str)
 
 
 def compute_all(arm_names=None) -> dict[str, dict]:
