@@ -31,9 +31,11 @@ from typing import Any, Callable
 from muonlab.atomic import folder_undone_on_failure
 from muonlab.errors import MuonlabError, UsageError
 from muonlab.lab import warm_start
+from muonlab.lab.run_exits import RunExits
 from muonlab.optional import require
 
 EXECUTORS = ("local", "slurm")
+LIVE_LINE_S = 0.2  # how often a local sweep's live line is redrawn while its runs go
 
 
 def visible_gpus() -> list[str]:
@@ -114,6 +116,7 @@ class LocalExecutor:
 
         queue = list(jobs)
         running: dict[int, tuple[subprocess.Popen, Any, Any]] = {}  # slot index -> (proc, job, logfile)
+        exits = RunExits()
         shown = SweepProgress(len(queue), len(self.slots), log)
         # where each run writes (named before it starts: run_sweep), for the live line
         where_of = {job.name: job.resume_dir or (str(runs_dir(job.config) / job.config.record.run_name)
@@ -127,23 +130,27 @@ class LocalExecutor:
                         argv = ["train"] + (["--resume", job.resume_dir] if job.resume_dir
                                             else ["--config", str(workdir / f"{job.name}.json")])
                         proc = self._start(argv, slot, logfile)
+                        exits.watch(proc)
                         running[i] = (proc, job, logfile)
                         where = (f"GPU {slot}" if slot is not None else "CPU") + (
                             f" ({self.per_run} processes)" if self.per_run > 1 else "")
                         shown.start(job.name, f"{where} (log {logfile.name})")
+                exits.wait(LIVE_LINE_S)  # returns as soon as a run ends: its slot takes the next run at once
                 for i, (proc, job, logfile) in list(running.items()):
                     if proc.poll() is not None:
+                        exits.forget(proc)
                         logfile.close()
                         del running[i]
                         shown.done(job.name, proc.returncode)
                 shown.live([(job.name, where_of[job.name], job.config.train.num_steps)
                             for _proc, job, _logfile in running.values() if where_of[job.name]])
-                time.sleep(0.2)
         except KeyboardInterrupt:
             stop_runs([proc for proc, _job, _logfile in running.values()], log)
             for _proc, _job, logfile in running.values():
                 logfile.close()
             raise
+        finally:
+            exits.close()
 
 
 STOP_LIMIT_S = 60  # a run asked to stop finishes its step and checkpoints; after this it is killed

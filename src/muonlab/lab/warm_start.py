@@ -78,6 +78,7 @@ class WarmRun:
                                            name="muonlab-run")
         self._process.start()
         self.pid = self._process.pid
+        self.sentinel = self._process.sentinel  # readable once the run has ended (lab/run_exits.py)
         self.args = argv
 
     @property
