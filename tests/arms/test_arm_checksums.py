@@ -91,9 +91,15 @@ def test_arms_of_one_config_share_one_golden_checksum():
 
 
 
+# Settings no code branches on, read from where each acts: AF-Muon's tied rate lr * rho * s / d (optim/af_muon.py,
+# eq. 6), the vector and AdamW groups' learning rates, the shared denominator's eps inside its rsqrt (seed 002's 12do)
+MULTIPLY_OR_ADD = {"optim.scale", "optim.rho", "optim.vector_lr", "optim.adamw_lr", "model.routing.eps"}
+
+
 def test_one_code_path_is_config_groups_apart_only_in_float_values():
-    """Each code path's config groups differ in float settings alone, each such value finite, neither 0 nor 1 and
-    of one sign across the path (transcribed from code_path_groups' rule); and the rule keeps those apart."""
+    """Each code path's config groups differ only in settings that multiply or add, each such value finite, neither
+    0 nor 1 and of one sign across the path (transcribed from code_path_groups' rule); the rule keeps the rest apart:
+    K.7's caps, a switch in the LMO (below sqrt(d) the Newton clamp, above it the row scaling alone), above all."""
     from muonlab.arms import ARMS
 
     for first, members in CODE_PATHS.items():
@@ -102,15 +108,19 @@ def test_one_code_path_is_config_groups_apart_only_in_float_values():
             assert other.keys() == values[0].keys(), first
             for key in (k for k in other if other[k] != values[0][k]):
                 pair = (values[0][key], other[key])
+                assert key in MULTIPLY_OR_ADD, (first, key, pair)
                 assert all(type(v) is float and math.isfinite(v) and v not in (0.0, 1.0) for v in pair), (first, key, pair)
                 assert (pair[0] > 0) == (pair[1] > 0), (first, key, pair)
     assert sorted(n for m in CODE_PATHS.values() for n in m) == sorted(ARMS)
     assert all(set(m) <= set(CODE_PATHS[f]) for f, m in GROUPS.items() if f in CODE_PATHS)  # a config group stays whole
+    caps = {first for first in CODE_PATHS if first.startswith("k7_")}
+    assert len(caps) == len({first for first in GROUPS if first.startswith("k7_")}) > 1  # each cap trained
     path = golden_script.code_path
-    assert path({"lr": 0.25, "k": 2}) == path({"lr": 0.5, "k": 2})
-    for apart in ({"lr": 0.0, "k": 2}, {"lr": 1.0, "k": 2}, {"lr": math.inf, "k": 2}, {"lr": -0.5, "k": 2},
-                  {"lr": 0.5, "k": 3}, {"lr": "0.5", "k": 2}):
-        assert path(apart) != path({"lr": 0.5, "k": 2}), apart
+    assert path({"optim.rho": 5.0, "k": 2}) == path({"optim.rho": 60.0, "k": 2})
+    for apart in ({"optim.rho": 0.0, "k": 2}, {"optim.rho": 1.0, "k": 2}, {"optim.rho": math.inf, "k": 2},
+                  {"optim.rho": -5.0, "k": 2}, {"optim.rho": 5.0, "k": 3}, {"optim.rho": "5.0", "k": 2}):
+        assert path(apart) != path({"optim.rho": 5.0, "k": 2}), apart
+    assert path({"optim.cap": 2.0}) != path({"optim.cap": 10.0})
 
 @pytest.mark.slow
 @pytest.mark.parametrize("arm_name", sorted(CODE_PATHS))

@@ -198,12 +198,25 @@ def _arm_groups(arm_names: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
     return {first: tuple(members) for first, members in groups.items()}
 
 
+# The float settings whose value no code branches on: each only multiplies or is added (a value's sign and the values
+# 0, 1 and the non-finite ones are kept apart all the same). A setting not listed keeps its values apart: AF-Muon's
+# cap, for one, is a switch (lmo.py: below sqrt(d) the Newton clamp runs, with data-dependent iterations and exact
+# fallback rows; at or above it, the row scaling alone).
+ARITHMETIC_FLOATS = {
+    "optim.scale": "AF-Muon's s: a factor of the tied table's rate (eq. 6)",
+    "optim.rho": "AF-Muon's rho: a factor of the tied table's rate (eq. 6)",
+    "optim.vector_lr": "a learning rate: a factor of the vector groups' steps",
+    "optim.adamw_lr": "a learning rate: a factor of the AdamW groups' steps",
+    "model.routing.eps": "added to the shared denominator inside its rsqrt",
+}
+
+
 def code_path_groups(arm_names) -> dict[str, list[str]]:
-    """Config groups (`arm_groups`) whose checked configs differ only in the value of float settings (a learning
-    rate, a scale, a cap, a multiplier: one code path at another value), under the first of them by name. A
-    value's sign and the values 0, 1 and the non-finite ones are kept apart, as code may branch on them (a zero
-    weight decay skips its term, an infinite cap clips nothing, a multiplier of 1 may be skipped). The arm tests
-    train one config group per code path; the recorder (`compute_all`) still trains every config group."""
+    """Config groups (`arm_groups`) whose checked configs differ only in the value of settings in ARITHMETIC_FLOATS
+    (one code path at another value), under the first of them by name. A value's sign and the values 0, 1 and the
+    non-finite ones are kept apart, as code may branch on them (a zero rate skips its term, a multiplier of 1 may be
+    skipped). The arm tests train one config group per code path; the recorder (`compute_all`) still trains every
+    config group."""
     return {first: list(members) for first, members in _code_path_groups(tuple(sorted(arm_names))).items()}
 
 
@@ -216,14 +229,14 @@ def _code_path_groups(arm_names: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
 
 
 def code_path(values: dict) -> str:
-    """The settings with every float other than 0, 1 or a non-finite one replaced by its sign."""
+    """The settings with each ARITHMETIC_FLOATS value other than 0, 1 or a non-finite one replaced by its sign."""
 
-    def kind(value):
-        if isinstance(value, float) and math.isfinite(value) and value not in (0.0, 1.0):
+    def kind(key, value):
+        if key in ARITHMETIC_FLOATS and isinstance(value, float) and math.isfinite(value) and value not in (0.0, 1.0):
             return "float > 0" if value > 0 else "float < 0"
         return value
 
-    return json.dumps({key: kind(value) for key, value in values.items()}, sort_keys=True, default=str)
+    return json.dumps({key: kind(key, value) for key, value in values.items()}, sort_keys=True, default=str)
 
 
 def compute_all(arm_names=None) -> dict[str, dict]:

@@ -132,6 +132,16 @@ def test_a_fast_test_that_enters_the_training_loop_fails_the_session(pytester, m
     run = pytester.runpytest("-p", "no:cacheprovider")
     assert run.ret == 0, run.stdout.str()
     assert "ran the training loop" not in run.stdout.str()
+    # a module fixture that trains is set up by the first test asking for it: an unmarked test after it trained too
+    shared = "@pytest.fixture(scope='module')\ndef run():\n    trains()\n\n"
+    pytester.makepyfile(test_fast="import pytest\n" + TRAINS + "\n" + shared + "@pytest.mark.slow\ndef test_first(run):\n"
+                                  "    pass\n\ndef test_after(run):\n    pass\n")
+    pytester.makepyfile(test_other="import pytest\n\n@pytest.fixture\ndef run():\n    pass\n\n"  # same name, no run
+                                   "def test_mine(run):\n    pass\n")
+    run = pytester.runpytest("-p", "no:cacheprovider")
+    assert run.ret == 1, run.stdout.str()
+    run.stdout.fnmatch_lines(["*1 fast test(s) ran the training loop (mark them slow)*", "*test_fast.py::test_after*"])
+    assert "test_mine" not in run.stdout.str().split("ran the training loop")[1]
 
 def test_units_start_costliest_first_each_units_tests_in_their_order(monkeypatch, tmp_path):
     """heaviest_units_first: work units (a file, or a test of a file marked spread) ordered by their measured

@@ -6,9 +6,11 @@ hardly does, so the check holds on a loaded laptop and still catches a test that
 tier is what its markers say (gpu, slurm, multiprocess, slow; else fast); a test over its tier's budget
 (TIER_BUDGET_CPU_S: fast, multiprocess and slurm) fails the session, so no tier but slow can grow costlier tests
 unnoticed: mark the test slow, or make it cheaper. What a test uses decides its tier too: a test that runs the training
-loop (muonlab.train.loop.train_loop, in its fixtures or its body: a `muonlab train`, a sweep's local run, a miniature)
-is not fast, whatever it costs here, and an unmarked one fails the session (`make test-fast`, the tier a developer runs
-on every change, trains nothing). The terminal summary lists the slowest tests by wall time with their CPU time.
+loop in its own process (muonlab.train.loop.train_loop, in its body or in a fixture it uses, whichever test set the
+fixture up: `main(["train", ...])`, `run_training`, a diagnostic that takes steps) is not fast, whatever it costs here,
+and an unmarked one fails the session (`make test-fast`, the tier a developer runs on every change, trains nothing). A
+run in a child process (a sweep's local run, torchrun's ranks) is not counted as one: its CPU is, against the budget.
+The terminal summary lists the slowest tests by wall time with their CPU time.
 
 MUONLAB_TEST_BUDGET_SCALE multiplies the budget (a slower machine class than the 2-core machines it was
 set on); MUONLAB_TEST_BUDGET=off reports without failing; MUONLAB_TEST_TIMES=FILE writes every test's
@@ -57,6 +59,7 @@ class TrainingLoops:
             return
         original = loop.train_loop
 
+        @functools.wraps(original)
         def counted(*args, **kwargs):
             cls.count += 1
             return original(*args, **kwargs)
@@ -139,6 +142,12 @@ def budget_s(tier_name: str = "fast") -> float:
     return TIER_BUDGET_CPU_S[tier_name] * float(os.environ.get("MUONLAB_TEST_BUDGET_SCALE", "1"))
 
 
+def _fixture_defs(item) -> list:
+    """The fixture definitions a test uses (the one that applies to each name it asks for, overrides resolved)."""
+    defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    return [defs[name][-1] for name in getattr(item, "fixturenames", ()) if defs.get(name)]
+
+
 class TierBudget:
     """The pytest plug-in (registered by conftest.py): works in xdist workers and in the controller."""
 
@@ -147,6 +156,18 @@ class TierBudget:
         self.phases: list[tuple[str, str, float, float | None]] = []  # (nodeid, phase, wall s, cpu s or None)
         self.trained: list[str] = []  # fast tests that ran the training loop (their fixtures' setup included)
         self._loops_before_setup = 0
+        # fixtures whose setup entered the training loop: a module or session fixture is set up by the first test
+        # that asks for it, so a later test using it trained as much, whichever test ran first
+        self._trained_fixtures: set = set()  # their FixtureDefs (two fixtures may share a name)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_fixture_setup(self, fixturedef, request):
+        before = TrainingLoops.count
+        try:
+            return (yield)
+        finally:
+            if TrainingLoops.count > before:
+                self._trained_fixtures.add(fixturedef)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_setup(self, item):
@@ -162,7 +183,8 @@ class TierBudget:
         finally:
             item.user_properties.append(("cpu_s", _cpu_seconds() - start))
             item.user_properties.append(("tier", tier(item)))
-            item.user_properties.append(("training_loops", TrainingLoops.count - self._loops_before_setup))
+            item.user_properties.append(("training_loops", TrainingLoops.count - self._loops_before_setup
+                                         + len(self._trained_fixtures.intersection(_fixture_defs(item)))))
 
     def pytest_runtest_logreport(self, report) -> None:
         props = dict(report.user_properties)
