@@ -12,6 +12,7 @@ import pytest
 
 from muonlab.cli import main
 from muonlab.lab import warm_start
+from muonlab.lab.run_exits import RunExits
 from muonlab.record.ledger import read_records
 
 pytestmark = pytest.mark.skipif(not warm_start.available(), reason="no forkserver on this platform")
@@ -24,6 +25,12 @@ def test_a_warm_child_has_its_own_session_environment_log_threads_and_exit_statu
     env = dict(os.environ, OMP_NUM_THREADS="1", WARM_CHILD_VAR="mine")
     log = tmp_path / "run.log"
     run = warm_start.WarmRun(["3"], env, str(log), target=report)
+    exits = RunExits()  # as the sweep watches it: the server's child's sentinel wakes the wait when it ends
+    exits.watch(run)
+    try:
+        assert exits.wait(120) is True
+    finally:
+        exits.close()
     assert run.wait(timeout=120) == 3 and run.poll() == 3 and run.returncode == 3
     assert log.read_text().strip() == "threads=1 own_session=True var=mine argv=['3']"
     env["OMP_NUM_THREADS"] = "2"
