@@ -31,10 +31,17 @@ def llama3_inv_freq(head_dim: int = 64, theta: float = 500000.0, factor: float =
     return torch.tensor(out, dtype=torch.float64)
 
 
-def test_the_llama_3_2_rotary_frequencies_are_the_scaled_ones():
+@pytest.fixture(scope="module")
+def LlamaRotaryEmbedding():
+    """transformers' Llama rotary embedding, imported in a fixture: collecting stays cheap, and the import (~2 CPU s
+    for the worker that imports transformers first) is not charged to the test's budgeted call."""
     pytest.importorskip("transformers", reason="the Hugging Face families need transformers")
-    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding  # imported here: collecting stays cheap
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
+    return LlamaRotaryEmbedding
+
+
+def test_the_llama_3_2_rotary_frequencies_are_the_scaled_ones(LlamaRotaryEmbedding):  # noqa: N803 (the class)
     scaled = LlamaRotaryEmbedding(hf_config("llama-3.2-1b", max_positions=1024)).inv_freq.double()
     plain = LlamaRotaryEmbedding(hf_config("llama-3.2-1b", max_positions=1024, rope_scaling=None)).inv_freq.double()
     expected = llama3_inv_freq()
