@@ -3,6 +3,8 @@ configuration at random init with its encoder lookup, decoder lookup and head on
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
 import math
 
@@ -13,6 +15,14 @@ from muonlab.arms import resolve_config
 from muonlab.cli import main
 from muonlab.optim.af_muon import GradientSources, build_optimizer, partition_by_role
 from muonlab.families.tied.t5.t5gemma2 import PAPER_NUM_PARAMETERS, PAPER_VOCAB, T5GEMMA2_MODELS, build_t5gemma2, num_parameters
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _model_classes_imported():
+    """transformers' T5Gemma2 classes imported before the tests' calls: a worker's first import of them (~2 CPU s)
+    is this module's setup, not the budgeted call of whichever test happens to come first."""
+    with contextlib.suppress(ImportError):
+        importlib.import_module("transformers.models.t5gemma2.modeling_t5gemma2")
 
 
 def _trainable_count(text: dict) -> int:

@@ -69,8 +69,11 @@ def test_gradient_source_intervention_splits_the_merged_gradient():
 
 @pytest.fixture
 def transformers():
-    """The Hugging Face tests skip without transformers (imported when one runs: collecting stays cheap)."""
-    return pytest.importorskip("transformers")
+    """The Hugging Face tests skip without transformers (imported when one runs: collecting stays cheap), with the
+    Llama classes the families build imported here, in the setup: a worker's first import is not a test's budget."""
+    module = pytest.importorskip("transformers")
+    pytest.importorskip("transformers.models.llama.modeling_llama")
+    return module
 
 
 @pytest.mark.parametrize("name,total", [("smollm2-135m", 134_515_008), ("llama-3.2-1b", 1_235_814_400)])
