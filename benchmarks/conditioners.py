@@ -26,13 +26,13 @@ from muonlab.optim import MuonAdamW  # noqa: E402
 SHAPES = ((512, 512, 32), (2048, 512, 8), (512, 2048, 8), (4, 32, 4))
 ARMS = {
     "plain": {},
-    "hbieq": dict(prepolar="hbieq", prepolar_tau=80.0),
-    "rowrms1": dict(prepolar="hbieq", prepolar_passes=1, prepolar_sides="row"),
-    "zeta": dict(prepolar="zeta"),
-    "turbo_aol": dict(prepolar="turbo_aol"),
-    "muon2f": dict(prepolar="muon2f"),
-    "post_fp32": dict(post_polar_dtype="fp32"),
-    "polar_fp32": dict(polar_dtype="fp32"),
+    "hbieq": {"prepolar.kind": "hbieq", "prepolar.tau": 80.0},
+    "rowrms1": {"prepolar.kind": "hbieq", "prepolar.passes": 1, "prepolar.sides": "row"},
+    "zeta": {"prepolar.kind": "zeta"},
+    "turbo_aol": {"prepolar.kind": "turbo_aol"},
+    "muon2f": {"prepolar.kind": "muon2f"},
+    "post_fp32": {"polar.post_dtype": "fp32"},
+    "polar_fp32": {"polar.dtype": "fp32"},
 }
 TARGETS = {"hbieq": (1.05, 0.0), "turbo_aol": (1.05, 0.0), "zeta": (None, 4.0)}
 

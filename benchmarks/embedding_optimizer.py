@@ -29,8 +29,8 @@ VOCAB, WIDTH, VALUE_TABLES = 8192, 512, 4
 ARMS = {
     "native": {},
     "master32": dict(master32=True),
-    "neumann": dict(whiten="neumann", whiten_tau=80.0),
-    "neumann+master32": dict(master32=True, whiten="neumann", whiten_tau=80.0),
+    "neumann": {"whiten.kind": "neumann", "whiten.tau": 80.0},
+    "neumann+master32": {"master32": True, "whiten.kind": "neumann", "whiten.tau": 80.0},
 }
 TARGET_EXTRA_MIB = {"native": 0.0, "master32": 160.0, "neumann": 0.0, "neumann+master32": 160.0}
 

@@ -360,45 +360,28 @@ def test_no_section_class_is_made_at_run_time_when_plugins_register():
         del REGISTRY["test_gain"]
 
 
-# The one setting whose flat flag and group key predate the rule; checkpoints hold the key (a rename is a format change)
-GROUP_KEY_EXCEPTIONS = {"optim.polar.post_dtype": "post_polar_dtype"}
-
-
-def _group_key_of(dotted: str) -> str:
-    """The rule, transcribed from docs/design.md: the dotted key below `optim.`, its dots written `_`, a section's
-    switch `kind` named by its section."""
-    parts = dotted.split(".")
-    assert parts[0] == "optim", dotted
-    parts = parts[1:-1] if parts[-1] == "kind" else parts[1:]
-    return "_".join(parts)
-
-
-def test_a_methods_group_keys_and_flat_flags_are_its_dotted_keys_by_one_rule():
-    """What an optimizer group holds for a method (and a checkpoint records) is named by the setting's dotted key,
-    through one rule, as its flat flag is: every GroupSection of the run config, and the pre-polar section's kind,
-    scope and every registered conditioner's options."""
+def test_a_methods_group_key_is_its_dotted_key_below_optim():
+    """What an optimizer group holds for a method (and a checkpoint records) is the setting's dotted key below
+    `optim.` (docs/design.md): every GroupSection of the run config, which sits where its NAMESPACE says, and the
+    pre-polar section's kind, scope and every registered conditioner's options (as group_options emits them)."""
     from muonlab.optim.extensions import GroupSection
     from muonlab.settings import sections, set_dotted
 
     cfg = preset("cpu-tiny")
-    flags = {leaf.key: leaf.flag for leaf in leaves(cfg)}
     checked = {}
     for prefix, section in sections(cfg):
         if isinstance(section, GroupSection):
+            assert prefix == f"optim.{type(section).NAMESPACE}.", (prefix, type(section).NAMESPACE)
             checked.update({f"{prefix}{name}": key for name, key in type(section).group_keys().items()})
-    prepolar = cfg.optim.prepolar
-    assert set(checked) <= set(flags)  # every GroupSection field is a setting with its flag
-    for cls in extensions.prepolars().values():
-        checked.update({f"optim.prepolar.{key.removeprefix(extensions.GROUP_PREFIX)}": key
-                        for key in cls.group_defaults()})
+    assert set(checked) <= {leaf.key for leaf in leaves(cfg)}  # every GroupSection field is a setting
+    for cls in extensions.prepolars().values():  # field by field (group_defaults keeps the fields' order)
+        checked.update({f"optim.prepolar.{f.name}": key for f, key in zip(dataclasses.fields(cls), cls.group_defaults(),
+                                                                          strict=True)})
     for key, value in (("kind", "hbieq"), ("scope", "rect_only"), ("tau", 25.0)):
         set_dotted(cfg, f"optim.prepolar.{key}", value)
-    emitted = prepolar.group_options()
-    assert set(emitted) == {"prepolar", "prepolar_scope", "prepolar_tau"}, emitted
-    checked.update({"optim.prepolar.kind": "prepolar", "optim.prepolar.scope": "prepolar_scope"})
-    assert {"optim.polar.dtype", "optim.whiten.tau", "optim.table_whiten.kind", "optim.prepolar.tau"} <= set(checked)
+    emitted = cfg.optim.prepolar.group_options()
+    assert emitted == {"prepolar.kind": "hbieq", "prepolar.scope": "rect_only", "prepolar.tau": 25.0}, emitted
+    assert {"optim.polar.dtype", "optim.polar.post_dtype", "optim.whiten.kind", "optim.table_whiten.kind",
+            "optim.prepolar.tau"} <= set(checked)
     for dotted, key in checked.items():
-        want = GROUP_KEY_EXCEPTIONS.get(dotted, _group_key_of(dotted))
-        assert key == want, (dotted, key)
-        # a conditioner's `fixed` field is a group key and no setting: no flag
-        assert flags.get(dotted, want.replace("_", "-")) == want.replace("_", "-"), (dotted, flags[dotted])
+        assert f"optim.{key}" == dotted, (dotted, key)

@@ -45,7 +45,7 @@ class AbsMaxConditioner(PrePolar):
 
     def __post_init__(self):
         if self.eps <= 0:
-            raise ValueError(f"prepolar_eps must be > 0, got {self.eps}")
+            raise ValueError(f"prepolar.eps must be > 0, got {self.eps}")
 
     def step_inputs(self, state, t, stack_shape, device):
         if "absmax_buffer" not in state:
@@ -101,8 +101,8 @@ def test_plugin_conditioner_steps_as_its_equation(plugins, shape, monkeypatch):
     real = variant_module.polar_express
     monkeypatch.setattr(variant_module, "polar_express", lambda g, n, **kw: seen.append(g.clone()) or real(g, n, **kw))
     params = _params(shape)
-    opt = MuonAdamW([dict(kind="muon", params=params, lr=0.04, momentum=0.9, beta2=0.95, weight_decay=0.2,
-                          prepolar="test_sign")])
+    opt = MuonAdamW([{"kind": "muon", "params": params, "lr": 0.04, "momentum": 0.9, "beta2": 0.95, "weight_decay": 0.2,
+                      "prepolar.kind": "test_sign"}])
     vshape = (3, shape[0], 1) if shape[0] >= shape[1] else (3, 1, shape[1])
     m_all, v_all = torch.zeros(3, *shape), torch.zeros(vshape)
     for step in range(3):
@@ -125,9 +125,9 @@ def test_plugin_conditioner_steps_as_its_equation(plugins, shape, monkeypatch):
 
 def test_plugin_conditioner_changes_the_update(plugins):
     runs = []
-    for opts in ({}, dict(prepolar="test_sign")):
+    for opts in ({}, {"prepolar.kind": "test_sign"}):
         params = _params((16, 8))
-        opt = MuonAdamW([dict(kind="muon", params=params, lr=0.04, **opts)])
+        opt = MuonAdamW([{"kind": "muon", "params": params, "lr": 0.04, **opts}])
         _set_grads(params, 0)
         opt.step()
         runs.append(torch.stack([p.detach() for p in params]))
@@ -139,11 +139,12 @@ def test_stateful_plugin_on_a_name_scope(plugins):
     per-matrix state keeps the stack's layout and round-trips through state_dict."""
     names = [f"h.{i}.w" for i in range(4)]
 
-    def build(params, **opts):
-        return MuonAdamW([dict(kind="muon", params=params, lr=0.04, param_names=names, **opts)])
+    def build(params, opts=None):
+        return MuonAdamW([{"kind": "muon", "params": params, "lr": 0.04, "param_names": names, **(opts or {})}])
 
+    absmax_opts = {"prepolar.kind": "test_absmax", "prepolar.scope": r"h\.(1|2)\.", "prepolar.eps": 0.01}
     a, b = _params((10, 6), n=4), _params((10, 6), n=4)
-    opt_a, opt_b = build(a), build(b, prepolar="test_absmax", prepolar_scope=r"h\.(1|2)\.", prepolar_eps=0.01)
+    opt_a, opt_b = build(a), build(b, absmax_opts)
     absmax = torch.zeros(4, 10, 6)
     for step in range(3):
         for ps, opt in ((a, opt_a), (b, opt_b)):
@@ -160,7 +161,7 @@ def test_stateful_plugin_on_a_name_scope(plugins):
     torch.save(opt_b.state_dict(), buf)
     buf.seek(0)
     c = [torch.nn.Parameter(p.detach().clone()) for p in b]
-    opt_c = build(c, prepolar="test_absmax", prepolar_scope=r"h\.(1|2)\.", prepolar_eps=0.01)
+    opt_c = build(c, absmax_opts)
     opt_c.load_state_dict(torch.load(buf, weights_only=True))
     for ps, opt in ((b, opt_b), (c, opt_c)):
         _set_grads(ps, 3)
@@ -169,17 +170,20 @@ def test_stateful_plugin_on_a_name_scope(plugins):
 
 
 def test_plugin_options_are_validated(plugins):
-    with pytest.raises(ValueError, match="prepolar_eps must be > 0"):
-        MuonAdamW([dict(kind="muon", params=_params((8, 4)), lr=0.1, prepolar="test_absmax", prepolar_eps=0.0)])
-    with pytest.raises(ValueError, match="prepolar must be"):
-        MuonAdamW([dict(kind="muon", params=_params((8, 4)), lr=0.1, prepolar="test_unknown")])
+    def group(opts):
+        return {"kind": "muon", "params": _params((8, 4)), "lr": 0.1, **opts}
+
+    with pytest.raises(ValueError, match=r"prepolar\.eps must be > 0"):
+        MuonAdamW([group({"prepolar.kind": "test_absmax", "prepolar.eps": 0.0})])
+    with pytest.raises(ValueError, match=r"prepolar\.kind must be"):
+        MuonAdamW([group({"prepolar.kind": "test_unknown"})])
     # an option the chosen conditioner does not read is refused, never ignored
-    with pytest.raises(ValueError, match="prepolar_tau is not an option of prepolar='test_absmax'"):
-        MuonAdamW([dict(kind="muon", params=_params((8, 4)), lr=0.1, prepolar="test_absmax", prepolar_tau=2.0)])
-    with pytest.raises(ValueError, match="prepolar_eps is not an option of prepolar=None"):
-        MuonAdamW([dict(kind="muon", params=_params((8, 4)), lr=0.1, prepolar_eps=0.5)])
-    with pytest.raises(ValueError, match="aol_reuse_gram is now prepolar_reuse_gram"):
-        MuonAdamW([dict(kind="muon", params=_params((8, 4)), lr=0.1, prepolar="turbo_aol", aol_reuse_gram=False)])
+    with pytest.raises(ValueError, match=r"prepolar\.tau is not an option of prepolar\.kind='test_absmax'"):
+        MuonAdamW([group({"prepolar.kind": "test_absmax", "prepolar.tau": 2.0})])
+    with pytest.raises(ValueError, match=r"prepolar\.eps is not an option of prepolar\.kind=None"):
+        MuonAdamW([group({"prepolar.eps": 0.5})])
+    with pytest.raises(ValueError, match=r"aol_reuse_gram is now prepolar\.reuse_gram"):
+        MuonAdamW([group({"prepolar.kind": "turbo_aol", "aol_reuse_gram": False})])
 
 
 def test_group_values_take_the_option_types():
@@ -187,7 +191,7 @@ def test_group_values_take_the_option_types():
     types: range(passes) needs an int, and tau's float arithmetic is the run config's."""
     from muonlab.optim.addons.hbieq import HBiEq
 
-    cond = HBiEq.from_group({"prepolar": "hbieq", "prepolar_passes": 2.0, "prepolar_tau": 25})
+    cond = HBiEq.from_group({"prepolar.kind": "hbieq", "prepolar.passes": 2.0, "prepolar.tau": 25})
     assert cond == HBiEq(tau=25.0, passes=2) and type(cond.passes) is int and type(cond.tau) is float
 
 
@@ -205,7 +209,7 @@ def test_plugin_options_are_run_config_settings(plugins):
     assert cfg.hashed_values()["optim.prepolar.eps"] == 0.01
     with pytest.raises(UsageError, match="eps"):  # it does not act under another conditioner
         resolve_config("baseline", "cpu-tiny", {"optim.prepolar.kind": "hbieq", "optim.prepolar.eps": 0.01})
-    with pytest.raises(UsageError, match="prepolar_eps must be > 0"):
+    with pytest.raises(UsageError, match=r"prepolar\.eps must be > 0"):
         resolve_config("baseline", "cpu-tiny", {"optim.prepolar.kind": "test_absmax", "optim.prepolar.eps": 0.0})
 
 
@@ -231,11 +235,11 @@ def test_a_plugin_options_range_holds_where_it_is_set_and_where_the_conditioner_
             resolve_config("baseline", "cpu-tiny", {**chosen, "optim.prepolar.power": 2})
         cfg = resolve_config("baseline", "cpu-tiny", {**chosen, "optim.prepolar.power": 0.25})
         assert cfg.optim.prepolar.conditioner() == PowerConditioner(power=0.25)
-        with pytest.raises(ValueError, match="^prepolar_power must be in"):
+        with pytest.raises(ValueError, match=r"^prepolar\.power must be in"):
             PowerConditioner(power=0)
-        with pytest.raises(ValueError, match="^prepolar_power must be in"):
-            PowerConditioner.from_group({"prepolar_power": 1.5})
-        assert PowerConditioner.from_group({"prepolar_power": 1}) == PowerConditioner(power=1.0)
+        with pytest.raises(ValueError, match=r"^prepolar\.power must be in"):
+            PowerConditioner.from_group({"prepolar.power": 1.5})
+        assert PowerConditioner.from_group({"prepolar.power": 1}) == PowerConditioner(power=1.0)
     finally:
         extensions.unregister_prepolar("test_power")
 
@@ -280,15 +284,17 @@ def test_no_add_on_runs_upstream_muon_step(monkeypatch):
     real = muon_module.muon_step
     monkeypatch.setattr(muon_module, "muon_step", lambda *a: calls.append(len(a)) or real(*a))
     params = _params((8, 4))
-    opt = MuonAdamW([dict(kind="muon", params=params, lr=0.1, prepolar=None, polar_dtype="bf16")])
+    opt = MuonAdamW([{"kind": "muon", "params": params, "lr": 0.1, "prepolar.kind": None, "polar.dtype": "bf16"}])
     _set_grads(params, 0)
     opt.step()
     assert calls == [10]  # upstream's 10 arguments, nothing else
 
 
-STAGE_OPTIONS = [dict(prepolar="hbieq", prepolar_tau=2.0), dict(prepolar="zeta", post_polar_dtype="fp32"),
-                 dict(prepolar="turbo_aol", polar_dtype="fp32"), dict(prepolar="muon2f"),
-                 dict(prepolar="zeta", prepolar_scope=r"\.1$"), dict(prepolar="hbieq", prepolar_scope=r"\.0$")]
+STAGE_OPTIONS = [{"prepolar.kind": "hbieq", "prepolar.tau": 2.0},
+                 {"prepolar.kind": "zeta", "polar.post_dtype": "fp32"},
+                 {"prepolar.kind": "turbo_aol", "polar.dtype": "fp32"}, {"prepolar.kind": "muon2f"},
+                 {"prepolar.kind": "zeta", "prepolar.scope": r"\.1$"},
+                 {"prepolar.kind": "hbieq", "prepolar.scope": r"\.0$"}]
 
 
 @pytest.mark.slow
@@ -300,8 +306,8 @@ def test_variant_step_traces_as_one_graph(opts):
     out = []
     for compiled in (False, True):
         params = _params((12, 8), n=2)
-        group = dict(kind="muon", params=params, lr=0.04, momentum=0.95, ns_steps=5, beta2=0.95,
-                     weight_decay=0.1, param_names=["m.0", "m.1"], **opts)
+        group = {"kind": "muon", "params": params, "lr": 0.04, "momentum": 0.95, "ns_steps": 5, "beta2": 0.95,
+                 "weight_decay": 0.1, "param_names": ["m.0", "m.1"], **opts}
         stages = variant_module.resolve(group)
         fn = variant_module.build_step(stages)
         if compiled:
@@ -326,18 +332,20 @@ def test_compiled_optimizer_gives_the_eager_bits(monkeypatch):
     real, wrapped = torch.compile, []
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: wrapped.append(kw) or real(fn, backend="eager", **kw))
     torch._dynamo.reset()
-    options = [{}, dict(prepolar="zeta", post_polar_dtype="fp32"), dict(prepolar="turbo_aol"),
-               dict(prepolar="hbieq", prepolar_scope=r"\.0$", polar_dtype="fp32"), dict(prepolar="muon2f")]
+    options = [{}, {"prepolar.kind": "zeta", "polar.post_dtype": "fp32"}, {"prepolar.kind": "turbo_aol"},
+               {"prepolar.kind": "hbieq", "prepolar.scope": r"\.0$", "polar.dtype": "fp32"},
+               {"prepolar.kind": "muon2f"}]
     results = []
     for compile_step in (False, True):
         groups, params = [], []
         for i, opts in enumerate(options):
             ps = _params((12, 8) if i % 2 else (8, 12), n=2, seed=i)
             params += ps
-            groups.append(dict(kind="muon", params=ps, lr=0.04, param_names=[f"g{i}.0", f"g{i}.1"], **opts))
+            groups.append({"kind": "muon", "params": ps, "lr": 0.04, "param_names": [f"g{i}.0", f"g{i}.1"], **opts})
         table = torch.nn.Parameter(torch.randn(16, 4, generator=torch.Generator().manual_seed(9)))
         params.append(table)
-        groups.append(dict(kind="adamw", params=[table], lr=0.01, whiten="neumann", param_names=["t"]))
+        groups.append({"kind": "adamw", "params": [table], "lr": 0.01, "whiten.kind": "neumann",
+                       "param_names": ["t"]})
         opt = MuonAdamW(groups, compile=compile_step)
         for step in range(2):
             _set_grads(params, step)

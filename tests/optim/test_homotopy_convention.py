@@ -26,7 +26,7 @@ def test_default_is_the_papers_stated_counter():
 def test_the_three_ramps_read_the_same_index(first_t):
     tau = 4.0
     bieq = HBiEq(tau=tau, passes=2, sides="both", eps=1e-10, first_t=first_t)
-    group = dict(OE_MFREE_DEFAULTS, table_whiten="neumann", table_whiten_tau=tau, table_whiten_first_t=first_t)
+    group = {**OE_MFREE_DEFAULTS, "table_whiten.kind": "neumann", "table_whiten.tau": tau, "table_whiten.first_t": first_t}
     state, p = {}, torch.zeros(1)
     for completed in range(6):  # the update that follows `completed` updates
         want = ramp(completed + first_t, tau)
@@ -47,12 +47,12 @@ def _groups(first_t, **extra):
 def test_the_setting_reaches_every_ramp(first_t):
     groups = _groups(first_t)
     muon = [g for g in groups if g["kind"] == "muon"]
-    whitened = [g for g in groups if g.get("whiten") == "neumann"]
+    whitened = [g for g in groups if g.get("whiten.kind") == "neumann"]
     tables = [g for g in groups if g["kind"] == "oe_mfree"]
     assert muon and whitened and tables
-    assert all(g.get("prepolar_first_t", HOMOTOPY_FIRST_T) == first_t for g in muon)
-    assert all(g["whiten_first_t"] == first_t for g in whitened)
-    assert all(g["table_whiten_first_t"] == first_t for g in tables)
+    assert all(g.get("prepolar.first_t", HOMOTOPY_FIRST_T) == first_t for g in muon)
+    assert all(g["whiten.first_t"] == first_t for g in whitened)
+    assert all(g["table_whiten.first_t"] == first_t for g in tables)
 
 
 def test_the_setting_is_refused_where_no_ramp_acts():

@@ -148,8 +148,8 @@ def test_aol_gram_reuse_option_reaches_polar_express(monkeypatch):
     for reuse in (True, False):
         p = torch.nn.Parameter(_rand((8, 6), seed=6))
         p.grad = _rand((8, 6), seed=7)
-        MuonAdamW([dict(kind="muon", params=[p], lr=0.02, momentum=0.95, weight_decay=0.0,
-                        prepolar="turbo_aol", prepolar_reuse_gram=reuse)], compile=False).step()
+        MuonAdamW([{"kind": "muon", "params": [p], "lr": 0.02, "momentum": 0.95, "weight_decay": 0.0,
+                    "prepolar.kind": "turbo_aol", "prepolar.reuse_gram": reuse}], compile=False).step()
         assert seen[-1]["reuse_gram"] is reuse
 
 
@@ -169,9 +169,9 @@ def _params(seed=0):
     return [torch.nn.Parameter(torch.randn(*s[1:], generator=g) * 0.1) for s in SHAPES for _ in range(s[0])]
 
 
-def _groups(ps, opts=None, **common):
-    """One muon group per shape; opts (a dict per group index, or one dict for all) on top."""
-    opts = opts or common
+def _groups(ps, opts=None):
+    """One muon group per shape; opts (group keys: a dict per group index, or one dict for all) on top."""
+    opts = opts or {}
     out, k = [], 0
     for gi, (n, _, _) in enumerate(SHAPES):
         extra = opts.get(gi, {}) if all(isinstance(x, int) for x in opts) else opts
@@ -216,7 +216,7 @@ def _capture_polar_inputs(monkeypatch):
 def test_polar_express_receives_the_conditioned_nesterov_tensor(name, monkeypatch):
     """3 steps; the input of Polar Express against a float64 transcription of Nesterov + rule."""
     seen = _capture_polar_inputs(monkeypatch)
-    opts = dict(prepolar=name, **({"prepolar_tau": 2.0} if name == "hbieq" else {}))
+    opts = {"prepolar.kind": name, **({"prepolar.tau": 2.0} if name == "hbieq" else {})}
     ps, _ = _run(opts, steps=3)
     mom, vzeta = {}, {}
     vmu2 = {}
@@ -250,7 +250,7 @@ def test_polar_express_receives_the_conditioned_nesterov_tensor(name, monkeypatc
 def test_options_off_are_the_upstream_step_bitwise(monkeypatch):
     seen = _capture_polar_inputs(monkeypatch)
     a, opt_a = _run({})
-    b, opt_b = _run(dict(prepolar=None, prepolar_scope="all", polar_dtype="bf16", post_polar_dtype=None))
+    b, opt_b = _run({"prepolar.kind": None, "prepolar.scope": "all", "polar.dtype": "bf16", "polar.post_dtype": None})
     assert torch.equal(flat(a), flat(b))
     assert_state_equal(opt_a.state_dict() | {"param_groups": []}, opt_b.state_dict() | {"param_groups": []})
     assert seen and all(kw == {} for _, kw in seen)  # the upstream call: polar_express(g, ns_steps)
@@ -259,9 +259,9 @@ def test_options_off_are_the_upstream_step_bitwise(monkeypatch):
 @pytest.mark.parametrize("first_t", [0, 1])
 def test_first_homotopy_step_equals_baseline_up_to_rounding(first_t):
     ps_a, ps_b = _params(), _params()
-    opt_a = MuonAdamW(_groups(ps_a, polar_dtype="fp32", post_polar_dtype="fp32"))
-    opt_b = MuonAdamW(_groups(ps_b, prepolar="hbieq", prepolar_tau=80.0, prepolar_first_t=first_t,
-                              polar_dtype="fp32", post_polar_dtype="fp32"))
+    opt_a = MuonAdamW(_groups(ps_a, {"polar.dtype": "fp32", "polar.post_dtype": "fp32"}))
+    opt_b = MuonAdamW(_groups(ps_b, {"prepolar.kind": "hbieq", "prepolar.tau": 80.0, "prepolar.first_t": first_t,
+                                     "polar.dtype": "fp32", "polar.post_dtype": "fp32"}))
     before = flat(ps_a)
     for ps, opt in ((ps_a, opt_a), (ps_b, opt_b)):
         _grads(ps, 0, zeros=False)
@@ -275,7 +275,7 @@ def test_first_homotopy_step_equals_baseline_up_to_rounding(first_t):
 
 def test_square_only_leaves_rectangular_groups_bitwise(monkeypatch):
     a, opt_a = _run({})
-    b, opt_b = _run(dict(prepolar="hbieq", prepolar_scope="square_only", prepolar_tau=0.0))
+    b, opt_b = _run({"prepolar.kind": "hbieq", "prepolar.scope": "square_only", "prepolar.tau": 0.0})
     n_rect = 3 + 2
     assert torch.equal(flat(a[:n_rect]), flat(b[:n_rect]))
     assert not torch.equal(flat(a[n_rect:]), flat(b[n_rect:]))
@@ -288,7 +288,7 @@ def test_name_filter_selects_matrices_of_a_stack():
     ps_a, ps_b = _params(), _params()
     groups = [dict(g, param_names=names[k:k + len(g["params"])]) for g, k in zip(_groups(ps_b), (0, 3, 5))]
     for g in groups:
-        g.update(prepolar="zeta", prepolar_scope=r"h\.(0|4)\.")
+        g.update({"prepolar.kind": "zeta", "prepolar.scope": r"h\.(0|4)\."})
     opt_a = MuonAdamW(_groups(ps_a))
     opt_b = MuonAdamW(groups + [dict(kind="adamw", params=[], lr=0.1, param_names=[])])
     for step in range(2):
@@ -303,14 +303,14 @@ def test_name_filter_selects_matrices_of_a_stack():
 
 def test_bad_options_raise():
     ps = _params()
-    with pytest.raises(ValueError, match="prepolar must be"):
-        MuonAdamW(_groups(ps, prepolar="bieq"))
+    with pytest.raises(ValueError, match=r"prepolar\.kind must be"):
+        MuonAdamW(_groups(ps, {"prepolar.kind": "bieq"}))
     with pytest.raises(ValueError, match="param_names"):
-        MuonAdamW(_groups(ps, prepolar="hbieq", prepolar_scope="attn"))
-    with pytest.raises(ValueError, match="polar_dtype"):
-        MuonAdamW(_groups(ps, polar_dtype="fp16"))
+        MuonAdamW(_groups(ps, {"prepolar.kind": "hbieq", "prepolar.scope": "attn"}))
+    with pytest.raises(ValueError, match=r"polar\.dtype"):
+        MuonAdamW(_groups(ps, {"polar.dtype": "fp16"}))
     names = [f"m{i}" for i in range(7)]
-    groups = [dict(g, param_names=names[k:k + len(g["params"])], prepolar="turbo_aol", prepolar_scope="m0")
+    groups = [{**g, "param_names": names[k:k + len(g["params"])], "prepolar.kind": "turbo_aol", "prepolar.scope": "m0"}
               for g, k in zip(_groups(ps), (0, 3, 5))]
     with pytest.raises(ValueError, match="whole groups"):
         MuonAdamW(groups)
@@ -322,7 +322,7 @@ def test_post_polar_fp32_vs_bf16_differ_as_expected():
     runs = {}
     for post in (None, "fp32"):
         ps = _params()
-        opt = MuonAdamW(_groups(ps, post_polar_dtype=post))
+        opt = MuonAdamW(_groups(ps, {"polar.post_dtype": post}))
         before = flat(ps)
         _grads(ps, 0, zeros=False)
         opt.step()
@@ -350,22 +350,22 @@ def test_polar_express_in_fp32_is_more_orthogonal():
     real = variant_module.polar_express
     variant_module.polar_express = lambda g, steps, **kw: seen.append(kw) or real(g, steps, **kw)
     try:
-        MuonAdamW(_groups(ps, polar_dtype="fp32"))
+        MuonAdamW(_groups(ps, {"polar.dtype": "fp32"}))
         _grads(ps, 0)
-        MuonAdamW(_groups(ps, polar_dtype="fp32")).step()
+        MuonAdamW(_groups(ps, {"polar.dtype": "fp32"})).step()
     finally:
         variant_module.polar_express = real
     assert seen and all(kw["dtype"] == torch.float32 for kw in seen)
 
 
-EVERY_OPTION = {0: dict(prepolar="zeta", post_polar_dtype="fp32"),
-                1: dict(prepolar="hbieq", prepolar_tau=3.0, polar_dtype="fp32", post_polar_dtype="fp32"),
-                2: dict(prepolar="muon2f", polar_dtype="fp32")}
+EVERY_OPTION = {0: {"prepolar.kind": "zeta", "polar.post_dtype": "fp32"},
+                1: {"prepolar.kind": "hbieq", "prepolar.tau": 3.0, "polar.dtype": "fp32", "polar.post_dtype": "fp32"},
+                2: {"prepolar.kind": "muon2f", "polar.dtype": "fp32"}}
 
 
-@pytest.mark.parametrize("opts", [EVERY_OPTION, dict(prepolar="turbo_aol", post_polar_dtype="fp32"),
-                                  {0: dict(prepolar="hbieq", prepolar_sides="row", prepolar_passes=1),
-                                   1: dict(prepolar="hbieq", prepolar_tau=0.0), 2: dict(prepolar="zeta")}])
+@pytest.mark.parametrize("opts", [EVERY_OPTION, {"prepolar.kind": "turbo_aol", "polar.post_dtype": "fp32"},
+                                  {0: {"prepolar.kind": "hbieq", "prepolar.sides": "row", "prepolar.passes": 1},
+                                   1: {"prepolar.kind": "hbieq", "prepolar.tau": 0.0}, 2: {"prepolar.kind": "zeta"}}])
 def test_state_dict_round_trip_continues_bitwise(opts):
     k, extra = 3, 3
     ps = _params()

@@ -133,9 +133,11 @@ def _params(seed=0, dtype=torch.float32):
     return [torch.nn.Parameter((torch.randn(s, generator=g) * 0.1).to(dtype)) for s in TABLES + [(5,)]]
 
 
-def _groups(ps, **whiten):
-    return [dict(kind="adamw", params=ps[:1], lr=0.6, betas=(0.8, 0.95), eps=1e-10, weight_decay=0.0, **whiten),
-            dict(kind="adamw", params=ps[1:2], lr=0.004, betas=(0.8, 0.95), eps=1e-10, weight_decay=0.0, **whiten),
+def _groups(ps, opts=None):
+    """Two table groups carrying opts (group keys), and a 1-D group without them."""
+    opts = opts or {}
+    return [dict(kind="adamw", params=ps[:1], lr=0.6, betas=(0.8, 0.95), eps=1e-10, weight_decay=0.0, **opts),
+            dict(kind="adamw", params=ps[1:2], lr=0.004, betas=(0.8, 0.95), eps=1e-10, weight_decay=0.0, **opts),
             dict(kind="adamw", params=ps[2:], lr=0.5, betas=(0.96, 0.95), eps=1e-10, weight_decay=0.0)]
 
 
@@ -146,9 +148,9 @@ def _grads(ps, step):
         p.grad = G.to(p.dtype)
 
 
-def _run(steps=3, dtype=torch.float32, **whiten):
+def _run(opts=None, steps=3, dtype=torch.float32):
     ps = _params(dtype=dtype)
-    opt = MuonAdamW(_groups(ps, **whiten))
+    opt = MuonAdamW(_groups(ps, opts))
     for step in range(steps):
         _grads(ps, step)
         opt.step()
@@ -171,10 +173,10 @@ def test_options_off_are_the_upstream_step_bitwise(monkeypatch):
     seen = []
     real = muon_module.adamw_step
     monkeypatch.setattr(muon_module, "adamw_step", lambda p, g, *a: (seen.append(g is p.grad), real(p, g, *a)))
-    off = WHITEN_DEFAULTS | dict(whiten_tau=3.0, whiten_terms=4, whiten_mean_addback=True)  # whiten=None: all ignored
-    for kwargs in ({}, off):
+    off = WHITEN_DEFAULTS | {"whiten.tau": 3.0, "whiten.terms": 4, "whiten.mean_addback": True}  # kind None: ignored
+    for opts in ({}, off):
         seen.clear()
-        qs, _ = _run(**kwargs)
+        qs, _ = _run(opts)
         assert all(seen) and len(seen) == 9  # the gradient object itself, untouched
         assert all(torch.equal(p, q) for p, q in zip(ps, qs))
 
@@ -186,7 +188,7 @@ def test_adamw_receives_the_whitened_gradient(addback, monkeypatch):
     monkeypatch.setattr(muon_module, "adamw_step",
                         lambda p, g, *a: (seen.append((p.shape, g.clone(), p.grad.clone())), real(p, g, *a)))
     tau = 2.0
-    _run(steps=3, whiten="neumann", whiten_tau=tau, whiten_mean_addback=addback)
+    _run({"whiten.kind": "neumann", "whiten.tau": tau, "whiten.mean_addback": addback}, steps=3)
     for i, (shape, g, raw) in enumerate(seen):
         step = i // 3 + 1  # t = the AdamW step counter, 1 at the first update
         if len(shape) == 1:
@@ -194,7 +196,7 @@ def test_adamw_receives_the_whitened_gradient(addback, monkeypatch):
             continue
         assert close(g, neumann_ref(raw, min(step / tau, 1.0) ** 2, addback))
     # p.grad is not modified by the step
-    ps, _ = _run(steps=1, whiten="neumann")
+    ps, _ = _run({"whiten.kind": "neumann"}, steps=1)
     _grads(ps_copy := _params(), 0)
     assert all(torch.equal(p.grad, q.grad) for p, q in zip(ps, ps_copy))
 
@@ -209,15 +211,15 @@ def test_t0_and_tau_zero():
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(muon_module, "adamw_step", capture)
-        ps, _ = _run(steps=1, whiten="neumann", whiten_first_t=0)  # t = 0 at the first update: beta = 0
+        ps, _ = _run({"whiten.kind": "neumann", "whiten.first_t": 0}, steps=1)  # t = 0 at the first update: beta = 0
         assert torch.equal(seen[0], ps[0].grad - ps[0].grad.mean(0, keepdim=True))
         seen.clear()
-        ps, _ = _run(steps=1, whiten="neumann", whiten_tau=0.0)  # undamped from the start
+        ps, _ = _run({"whiten.kind": "neumann", "whiten.tau": 0.0}, steps=1)  # undamped from the start
         assert close(seen[0], neumann_ref(ps[0].grad, 1.0))
 
 
 def test_bf16_tables_keep_bf16_state():
-    ps, opt = _run(steps=2, dtype=torch.bfloat16, whiten="neumann", whiten_tau=1.0)
+    ps, opt = _run({"whiten.kind": "neumann", "whiten.tau": 1.0}, steps=2, dtype=torch.bfloat16)
     assert all(torch.isfinite(p.float()).all() for p in ps)
     st = opt.state_dict()["state"][0]
     assert st["exp_avg"].dtype == torch.bfloat16 and st.keys() == {"step", "exp_avg", "exp_avg_sq"}
@@ -229,7 +231,7 @@ def test_master32_moments_get_the_fp32_whitened_gradient_unrounded(monkeypatch):
     seen = []
     real = muon_module.adamw_step
     monkeypatch.setattr(muon_module, "adamw_step", lambda p, g, *a: (seen.append((p, g.clone())), real(p, g, *a)))
-    ps, opt = _run(steps=1, dtype=torch.bfloat16, whiten="neumann", whiten_tau=1.0, master32=True)
+    ps, opt = _run({"whiten.kind": "neumann", "whiten.tau": 1.0, "master32": True}, steps=1, dtype=torch.bfloat16)
     master, g = seen[0]
     assert master.dtype == torch.float32 and g.dtype == torch.float32
     want = neumann_ref(ps[0].grad, 1.0)  # t = 1, tau 1: beta = 1, in float64 from the bf16 gradient
@@ -240,33 +242,33 @@ def test_master32_moments_get_the_fp32_whitened_gradient_unrounded(monkeypatch):
     assert not torch.allclose(state["exp_avg"], (1 - 0.8) * g.bfloat16().float(), rtol=1e-6, atol=0)  # not rounded
     # without master32 the bf16 table keeps bf16 moments: the step gets the whitened gradient rounded once
     seen.clear()
-    _run(steps=1, dtype=torch.bfloat16, whiten="neumann", whiten_tau=1.0)
+    _run({"whiten.kind": "neumann", "whiten.tau": 1.0}, steps=1, dtype=torch.bfloat16)
     assert seen[0][1].dtype == torch.bfloat16 and torch.equal(seen[0][1], g.bfloat16())
 
 
 def test_whitening_changes_the_update():
-    a, _ = _run(steps=2, whiten="neumann", whiten_tau=1.0)
+    a, _ = _run({"whiten.kind": "neumann", "whiten.tau": 1.0}, steps=2)
     b, _ = _run(steps=2)
     assert not torch.equal(a[0], b[0]) and not torch.equal(a[1], b[1]) and torch.equal(a[2], b[2])
 
 
 def test_bad_options_raise():
     ps = _params()
-    with pytest.raises(ValueError, match="whiten must be"):
-        MuonAdamW(_groups(ps, whiten="cholesky"))
+    with pytest.raises(ValueError, match=r"whiten\.kind must be"):
+        MuonAdamW(_groups(ps, {"whiten.kind": "cholesky"}))
     with pytest.raises(ValueError, match="2-D tables"):
-        MuonAdamW([dict(kind="adamw", params=ps[2:], lr=0.1, whiten="neumann")])
-    with pytest.raises(ValueError, match="whiten_terms"):
-        MuonAdamW(_groups(ps, whiten="neumann", whiten_terms=0))
+        MuonAdamW([{"kind": "adamw", "params": ps[2:], "lr": 0.1, "whiten.kind": "neumann"}])
+    with pytest.raises(ValueError, match=r"whiten\.terms"):
+        MuonAdamW(_groups(ps, {"whiten.kind": "neumann", "whiten.terms": 0}))
 
 
-@pytest.mark.parametrize("extra", [dict(), dict(whiten_mean_addback=True, whiten_terms=2, whiten_tau=3.0)])
+@pytest.mark.parametrize("extra", [{}, {"whiten.mean_addback": True, "whiten.terms": 2, "whiten.tau": 3.0}])
 def test_state_dict_round_trip_continues_bitwise(extra):
     k, n = 2, 3
-    opts = dict(whiten="neumann", **extra)
-    ref, _ = _run(steps=k + n, **opts)
+    opts = {"whiten.kind": "neumann", **extra}
+    ref, _ = _run(opts, steps=k + n)
     ps = _params()
-    opt = MuonAdamW(_groups(ps, **opts))
+    opt = MuonAdamW(_groups(ps, opts))
     for step in range(k):
         _grads(ps, step)
         opt.step()
@@ -275,9 +277,9 @@ def test_state_dict_round_trip_continues_bitwise(extra):
     buf.seek(0)
     saved = torch.load(buf, weights_only=True)
     qs = [torch.nn.Parameter(t) for t in saved["params"]]
-    opt2 = MuonAdamW(_groups(qs, **opts))
+    opt2 = MuonAdamW(_groups(qs, opts))
     opt2.load_state_dict(saved["opt"])
-    assert opt2.state_dict()["param_groups"][0]["whiten"] == "neumann"
+    assert opt2.state_dict()["param_groups"][0]["whiten.kind"] == "neumann"
     for step in range(k, k + n):
         _grads(qs, step)
         opt2.step()
@@ -295,8 +297,9 @@ def _dist_params():
 
 
 def _dist_groups(ps):
-    return [dict(kind="adamw", params=ps[:1], lr=0.6, whiten="neumann", whiten_tau=2.0),
-            dict(kind="adamw", params=ps[1:], lr=0.004, whiten="neumann", whiten_tau=2.0, whiten_mean_addback=True)]
+    return [{"kind": "adamw", "params": ps[:1], "lr": 0.6, "whiten.kind": "neumann", "whiten.tau": 2.0},
+            {"kind": "adamw", "params": ps[1:], "lr": 0.004, "whiten.kind": "neumann", "whiten.tau": 2.0,
+             "whiten.mean_addback": True}]
 
 
 def _dist_worker(rank, world, steps):

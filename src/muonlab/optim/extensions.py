@@ -2,7 +2,7 @@
 
 MuonAdamW's step is upstream's; a pre-polar conditioner attaches to it instead of being written into
 it (DESIGN, "The baseline and its extension points"): a conditioner of a muon group's fp32 Nesterov
-tensor, picked by the group key `prepolar` (subclass PrePolar; register_prepolar). Its `stages` hook
+tensor, picked by the group key `prepolar.kind` (subclass PrePolar; register_prepolar). Its `stages` hook
 may also set the polar normalisation or turn the post-polar NorMuon off. Four conditioners ship with
 muonlab and plug-ins add their own; each has one record (settings.MethodInfo, made here).
 
@@ -19,7 +19,7 @@ A plug-in conditioner, in its own file (tests/model/test_extensions.py does exac
         def condition(self, G, inputs, ctx):
             return G.sign() * G.abs() ** self.p
     register_prepolar("power", Power, paper="...", tests=("tests/test_power.py",))
-    MuonAdamW([dict(kind="muon", params=ps, lr=0.02, prepolar="power", prepolar_p=0.25)])
+    MuonAdamW([{"kind": "muon", "params": ps, "lr": 0.02, "prepolar.kind": "power", "prepolar.p": 0.25}])
     # or: muonlab train --plugin power.py --prepolar power --prepolar-p 0.25
 
 A muon group with no add-on set runs upstream's `muon_step` itself; otherwise the variant step
@@ -70,17 +70,26 @@ def records() -> list[MethodInfo]:
     return list(_RECORDS.values())
 
 
+def group_key(namespace: str, name: str) -> str:
+    """A method's optimizer group key: its setting's dotted key below `optim.` (`optim.whiten.tau` is the
+    group key `whiten.tau`), so a setting has one name in the config, on the command line and in the groups
+    that checkpoints hold."""
+    return f"{namespace}.{name}"
+
+
 class GroupSection(MethodSection):
     """Base of a method whose settings are keys of the optimizer groups it acts on: one frozen
     dataclass that is both the run config's section (settings, flags, help, which act when) and the
-    values its implementation reads from a group (`from_group`). A setting's group key is its flag
-    with underscores (--polar-dtype: `polar_dtype`), so the method has one name on the command line
-    and in the groups that checkpoints hold; an absent key is the default (older groups load)."""
+    values its implementation reads from a group (`from_group`). A setting's group key is its dotted
+    key below `optim.` (`optim.polar.dtype`: `polar.dtype`; group_key), NAMESPACE being where the run
+    config holds the section (tests/config checks it); an absent key is the default."""
+
+    NAMESPACE: ClassVar[str]  # the section's dotted key below `optim.` (the run config's field name)
 
     @classmethod
     def group_keys(cls) -> dict[str, str]:
         """{field: group key}."""
-        return {f.name: (f.metadata.get("flag") or f.name).replace("-", "_") for f in dataclasses.fields(cls)}
+        return {f.name: group_key(cls.NAMESPACE, f.name) for f in dataclasses.fields(cls)}
 
     @classmethod
     def group_defaults(cls) -> dict[str, Any]:
@@ -132,7 +141,8 @@ def _type_hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-GROUP_PREFIX = "prepolar_"  # a conditioner's field `tau` is the muon group key `prepolar_tau`
+PREPOLAR = "prepolar"  # the run config's `optim.prepolar`: a conditioner's field `tau` is the group key `prepolar.tau`
+GROUP_PREFIX = group_key(PREPOLAR, "")
 
 
 class PrePolar:
@@ -141,12 +151,12 @@ class PrePolar:
     (`option(default, help, range=...)`, or a plain field with a docstring below it), any other check
     (`__post_init__`, raising ValueError, calling PrePolar's: it checks the ranges). Every field
     is a setting (`--prepolar-f`, `optim.prepolar.f`) unless declared `fixed(default, why)`. A field
-    `f` is read from a muon group's key `prepolar_f`.
+    `f` is read from a muon group's key `prepolar.f` (its dotted key below `optim.`).
 
     Class attributes:
         STACKED_STATE: state keys holding one slice per matrix [n, ...] (sliced by a name scope,
             sharded with the matrices by DistMuonAdamW).
-        WHOLE_GROUPS_ONLY: refuse a `prepolar_scope` selecting a strict subset of a stack.
+        WHOLE_GROUPS_ONLY: refuse a `prepolar.scope` selecting a strict subset of a stack.
     Hooks (None: the stage is skipped; all run inside the possibly compiled step):
         before_momentum(raw_grads, inputs): reads the raw gradient, before the Nesterov update.
         condition(G, inputs, ctx) -> G: G is the fp32 Nesterov tensor [n, m, k] of the selected
@@ -208,12 +218,12 @@ class PrePolar:
         return stages
 
 
-_RESERVED_OPTIONS = ("kind", "scope", "step")  # the pre-polar point's own names (STEP_KEY is prepolar_step)
+_RESERVED_OPTIONS = ("kind", "scope", "step")  # the pre-polar point's own names (prepolar.kind, .scope; STEP_KEY)
 
 
 def register_prepolar(name: str, cls: type[PrePolar], *, paper: str, tests=(), summary: str = "",
                       replace: bool = False) -> type[PrePolar]:
-    """Make `cls` selectable with a muon group's `prepolar=name` (`--prepolar name`). Its options
+    """Make `cls` selectable with a muon group's `prepolar.kind` = name (`--prepolar name`). Its options
     share one namespace with the other conditioners' (`--prepolar-<field>`): a name another
     conditioner already declares must keep its type and default."""
     if not (isinstance(cls, type) and issubclass(cls, PrePolar) and dataclasses.is_dataclass(cls)):

@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from muonlab.optim import method_points, muon_variant
+from muonlab.optim.legacy_group_keys import refuse_old_keys, renamed_group
 from muonlab.optim.steps import adamw_step, muon_step
 
 ADAMW_DEFAULTS = dict(betas=(0.8, 0.95), eps=1e-10, weight_decay=0.0)
@@ -54,8 +55,9 @@ class MuonAdamW(torch.optim.Optimizer):
         param_groups: dicts with `params`, `kind` ('muon', 'adamw' or a registered kind),
             `lr`, and optionally the kind's hyperparameters (defaults: ADAMW_DEFAULTS /
             MUON_DEFAULTS / the kind's). All params of a muon group must share one 2-D shape
-            (they are stacked). Add-on options are read with their defaults when absent, so
-            older checkpoints' groups load unchanged.
+            (they are stacked). A method's options are its settings' dotted keys below `optim.`
+            (`prepolar.kind`, `polar.dtype`), read with their defaults when absent; a checkpoint
+            of an earlier release, whose keys were the flat names, loads renamed.
         compile: wrap the step functions in torch.compile. None (default) compiles on CUDA,
             where it pays, and runs eagerly elsewhere.
     """
@@ -65,6 +67,7 @@ class MuonAdamW(torch.optim.Optimizer):
         groups = []
         for group in param_groups:
             group = dict(group)
+            refuse_old_keys(group)
             kind = group.get("kind")
             if kind not in ("muon", "adamw", *kinds):
                 raise ValueError(f"every param group needs kind in {('muon', 'adamw', *kinds)}, got {kind!r}")
@@ -102,6 +105,7 @@ class MuonAdamW(torch.optim.Optimizer):
             self.visit_counts[p] = c
 
     def load_state_dict(self, state_dict):
+        state_dict = {**state_dict, "param_groups": [renamed_group(g) for g in state_dict["param_groups"]]}
         super().load_state_dict(state_dict)
         # torch casts loaded state to its param's dtype; fp32 state of a low-precision param
         # (an fp32 master copy and its moments) must stay fp32 to resume exactly

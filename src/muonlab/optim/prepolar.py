@@ -1,8 +1,8 @@
 """The pre-polar extension point of the Muon step: which conditioner, on which matrices.
 
 A muon param group picks a registered conditioner (extensions.register_prepolar; the built-in
-ones live in addons/) with `prepolar` (None: off, the upstream step, bitwise) and restricts it
-with `prepolar_scope`: "all" (default), "square_only" (rows == cols: the 32 attention matrices
+ones live in addons/) with `prepolar.kind` (None: off, the upstream step, bitwise) and restricts it
+with `prepolar.scope`: "all" (default), "square_only" (rows == cols: the 32 attention matrices
 at depth 8, seed 000 exp47), "rect_only" (its complement), or any other string: a regular
 expression searched (re.search) in each matrix's name, read from the group's `param_names`
 (torch's own key, aligned with `params`; torch then wants names on every group). A name filter
@@ -30,11 +30,10 @@ from muonlab.optim import extensions
 from muonlab.settings import METHOD_OFF, MethodInfo, MethodSection, OpenSection, opened_values, option_settings, setting
 
 SCOPES = ("all", "square_only", "rect_only")
-STEP_KEY = "prepolar_step"  # completed updates of the group (only present with a conditioner on)
-_POINT_KEYS = ("prepolar", "prepolar_scope")
-# group keys of earlier releases, refused with their new names (CLI runs never wrote them: they
-# were defaults, and a group at the defaults carries no option key)
-_RENAMED = {"zeta_beta2": "prepolar_beta2", "zeta_eps": "prepolar_eps", "aol_reuse_gram": "prepolar_reuse_gram"}
+STEP_KEY = "prepolar_step"  # a state key (not a group key): completed updates of the group, with a conditioner on
+KIND_KEY = extensions.group_key(extensions.PREPOLAR, "kind")  # the group keys are the settings' dotted keys below optim.
+SCOPE_KEY = extensions.group_key(extensions.PREPOLAR, "scope")
+_POINT_KEYS = (KIND_KEY, SCOPE_KEY)
 
 
 def names() -> tuple[str, ...]:
@@ -46,34 +45,31 @@ def validate_group(group: dict) -> None:
     """Raise ValueError naming the first bad pre-polar option of a muon group: an unknown
     conditioner, an option key no chosen conditioner reads, a bad value, a bad scope."""
     registered = extensions.prepolars()
-    name = group.get("prepolar")
+    name = group.get(KIND_KEY)
     if name is not None and name not in registered:
-        raise ValueError(f"prepolar must be None or one of {tuple(registered)}, got {name!r}")
-    renamed = next((k for k in _RENAMED if k in group), None)
-    if renamed:
-        raise ValueError(f"{renamed} is now {_RENAMED[renamed]}")
+        raise ValueError(f"{KIND_KEY} must be None or one of {tuple(registered)}, got {name!r}")
     known = set(_POINT_KEYS) | (set(registered[name].group_defaults()) if name is not None else set())
     stray = sorted(k for k in group if k.startswith(extensions.GROUP_PREFIX) and k not in known)
     if stray:
-        raise ValueError(f"{stray[0]} is not an option of prepolar={name!r}")
+        raise ValueError(f"{stray[0]} is not an option of {KIND_KEY}={name!r}")
     if name is not None:
         registered[name].from_group(group)
-    scope = group.get("prepolar_scope", "all")
+    scope = group.get(SCOPE_KEY, "all")
     if name is None or scope in SCOPES:
         return
     group_names = group.get("param_names")
     if group_names is None or len(group_names) != len(group["params"]):
-        raise ValueError(f"prepolar_scope {scope!r} is a name filter: the group needs `param_names`")
+        raise ValueError(f"{SCOPE_KEY} {scope!r} is a name filter: the group needs `param_names`")
     picked = selected_indices(group, 0, len(group_names))
     if registered[name].WHOLE_GROUPS_ONLY and 0 < len(picked) < len(group_names):
-        raise ValueError(f"prepolar={name!r} acts on whole groups; scope {scope!r} "
+        raise ValueError(f"{KIND_KEY}={name!r} acts on whole groups; scope {scope!r} "
                          f"selects {len(picked)} of {len(group_names)} matrices")
     re.compile(scope)
 
 
 def selected_indices(group: dict, start: int, stop: int) -> list[int]:
     """Indices (relative to `start`) of the matrices [start, stop) of the group in scope."""
-    scope = group.get("prepolar_scope", "all")
+    scope = group.get(SCOPE_KEY, "all")
     rows, cols = group["params"][0].shape
     if scope == "all" or (scope == "square_only" and rows == cols) or (scope == "rect_only" and rows != cols):
         return list(range(stop - start))
@@ -85,8 +81,8 @@ def selected_indices(group: dict, start: int, stop: int) -> list[int]:
 
 def conditioner(group: dict) -> tuple[extensions.PrePolar | None, bool]:
     """(the group's conditioner, whether it acts on a strict subset of the stack); (None, False)
-    when `prepolar` is off or the scope leaves the whole group out."""
-    name = group.get("prepolar")
+    when `prepolar.kind` is off or the scope leaves the whole group out."""
+    name = group.get(KIND_KEY)
     if name is None:
         return None, False
     n = len(group["params"])
@@ -168,8 +164,8 @@ class PrepolarSettings(OpenSection, MethodSection):
         cond = self.conditioner(first_t)
         if cond is None:
             return {}
-        scope = {} if self.scope == "all" else {"prepolar_scope": self.scope}
-        return {"prepolar": self.kind, **scope, **cond.group_options()}
+        scope = {} if self.scope == "all" else {SCOPE_KEY: self.scope}
+        return {KIND_KEY: self.kind, **scope, **cond.group_options()}
 
 
 def registry_state() -> tuple:

@@ -5,15 +5,15 @@ Seed 000 §3.3 (credited there to [20]), per matrix of the stacked fp32 Nesterov
     r_i = sqrt(mean_j G_ij^2 + eps), r_bar = mean_i r_i  (c, c_bar likewise over rows),
     a_t = min(t / tau, 1)^2, eps = 1e-10, statistics recomputed after each half-step.
 
-Options (muon group keys): `prepolar_tau` (80: seed 000; 25: seed 002 §2.1 (Tier 1), whose "exponent"
+Options (muon group keys): `prepolar.tau` (80: seed 000; 25: seed 002 §2.1 (Tier 1), whose "exponent"
 form is only the spec's guess: seed 000's explicit equation is used for both papers; tau = 0
-means a_t = 1, the undamped BiEq of exp56/50/57), `prepolar_passes` (2), `prepolar_sides`
-("both"; "row" with passes=1 is the 1-pass one-sided row-RMS control exp51), `prepolar_eps`
-(1e-10), `prepolar_first_t` (1). Step index (unstated for BiEq, seed 000 §3.3 gives only a_t = min(t/80, 1)^2): the one
-convention of muonlab.optim.homotopy, t = the group's completed updates + `prepolar_first_t`, so
+means a_t = 1, the undamped BiEq of exp56/50/57), `prepolar.passes` (2), `prepolar.sides`
+("both"; "row" with passes=1 is the 1-pass one-sided row-RMS control exp51), `prepolar.eps`
+(1e-10), `prepolar.first_t` (1). Step index (unstated for BiEq, seed 000 §3.3 gives only a_t = min(t/80, 1)^2): the one
+convention of muonlab.optim.homotopy, t = the group's completed updates + `prepolar.first_t`, so
 t = 1 at the first update (a_1 = 1/tau^2: 1.6e-4 at tau 80, 1.6e-3 at tau 25, still almost the
 baseline's step: the Step-0 stability seed 000 Table 4B credits the homotopy with);
-`prepolar_first_t` 0 gives a_0 = 0. Stateless (0 bytes).
+`prepolar.first_t` 0 gives a_0 = 0. Stateless (0 bytes).
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ class HBiEq(PrePolar):
     def __post_init__(self):
         super().__post_init__()
         if self.sides not in ("both", "row"):
-            raise ValueError(f"prepolar_sides must be 'both' or 'row', got {self.sides!r}")
+            raise ValueError(f"prepolar.sides must be 'both' or 'row', got {self.sides!r}")
 
     def step_inputs(self, state, t, stack_shape, device) -> dict:
         return {"alpha_t": torch.tensor(homotopy_alpha(homotopy_t(t, self.first_t), self.tau), dtype=torch.float32)}

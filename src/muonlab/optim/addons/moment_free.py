@@ -19,7 +19,7 @@ whitening.py (called, not re-implemented) applied to the [|V|, w] matrix of visi
 before the RMS normalisation (spec-assumed order: NG, then RMS, then the update).
 
 As a param-group kind (`kind="oe_mfree"`, registered here): options `lr`, `weight_decay` (0:
-none), `table_whiten` (None or "neumann": table-Neumann) and `table_whiten_tau` (80); the tables'
+none), `table_whiten.kind` (None or "neumann": table-Neumann) and `table_whiten.tau` (80); the tables'
 visit counts come from MuonAdamW.attach_visit_counts. Under DistMuonAdamW the tables are
 replicated: gradients and counts are summed across ranks, then every rank applies the update.
 
@@ -49,7 +49,7 @@ import torch
 
 from muonlab.errors import UsageError
 from muonlab.optim.addons.neumann_whitening import neumann_whiten
-from muonlab.optim.extensions import GroupSection
+from muonlab.optim.extensions import GroupSection, group_key
 from muonlab.optim.homotopy import HOMOTOPY_FIRST_T, homotopy_alpha, homotopy_t
 from muonlab.settings import METHOD_OFF, NON_NEGATIVE, MethodInfo, setting
 
@@ -96,7 +96,9 @@ def moment_free_step(table: torch.Tensor, grad: torch.Tensor | None, counts: tor
 @dataclass(frozen=True)
 class TableNeumann(GroupSection):
     """Seed 002 §4.3 item 1: Neumann-Gram whitening of the Over-Encoding tables' visited rows. The run
-    config's `optim.table_whiten` section and the Over-Encoding group's `table_whiten*` keys."""
+    config's `optim.table_whiten` section and the Over-Encoding group's `table_whiten.*` keys."""
+
+    NAMESPACE: ClassVar[str] = "table_whiten"
 
     METHOD: ClassVar[MethodInfo] = MethodInfo('table_neumann', 'seed 002 §4.3 item 1', __name__, ('tests/papers/test_table_update.py',), 'kind', None)
 
@@ -110,7 +112,7 @@ class TableNeumann(GroupSection):
         """The Over-Encoding tables' group (named by its model variant) takes table-Neumann's keys."""
         if self.kind is None:
             return {}
-        return {"over_encoding": dict(self.group_values(), table_whiten_first_t=optim.homotopy_first_t)}
+        return {"over_encoding": {**self.group_values(), FIRST_T: optim.homotopy_first_t}}
 
     def check_with(self, cfg) -> None:
         if self.kind is not None and cfg.model.oe.m == 0:
@@ -118,19 +120,21 @@ class TableNeumann(GroupSection):
 
 
 # seed 002 §2.1 (Family A): no weight decay, no moments; table-Neumann (§4.3 item 1) off (t = 1 first)
-OE_MFREE_DEFAULTS = dict(lr=0.0, weight_decay=0.0, **TableNeumann.group_defaults(), table_whiten_first_t=HOMOTOPY_FIRST_T)
+KIND, TAU = TableNeumann.group_keys()["kind"], TableNeumann.group_keys()["tau"]
+FIRST_T = group_key(TableNeumann.NAMESPACE, "first_t")
+OE_MFREE_DEFAULTS = {"lr": 0.0, "weight_decay": 0.0, **TableNeumann.group_defaults(), FIRST_T: HOMOTOPY_FIRST_T}
 
 
 def table_neumann_beta(group: dict, optimizer_state, p) -> float | None:
     """beta_t of the optional table-Neumann (advances the table's step counter); None when off
     (then the table has no optimizer state at all). t = the table's completed steps +
-    `table_whiten_first_t` (muonlab.optim.homotopy's convention: t = 1 at the first update)."""
-    if group["table_whiten"] is None:
+    `table_whiten.first_t` (muonlab.optim.homotopy's convention: t = 1 at the first update)."""
+    if group[KIND] is None:
         return None
     state = optimizer_state[p]
     completed = state.get("step", 0)
     state["step"] = completed + 1
-    return homotopy_alpha(homotopy_t(completed, int(group["table_whiten_first_t"])), group["table_whiten_tau"])
+    return homotopy_alpha(homotopy_t(completed, int(group[FIRST_T])), group[TAU])
 
 
 class MomentFreeKind:
@@ -142,8 +146,8 @@ class MomentFreeKind:
     defaults = OE_MFREE_DEFAULTS
 
     def validate(self, group: dict) -> None:
-        if group["table_whiten"] not in (None, "neumann"):
-            raise ValueError(f"table_whiten must be None or 'neumann', got {group['table_whiten']!r}")
+        if group[KIND] not in (None, "neumann"):
+            raise ValueError(f"{KIND} must be None or 'neumann', got {group[KIND]!r}")
 
     def counts(self, optimizer, p) -> torch.Tensor:
         counts = optimizer.visit_counts.get(p)

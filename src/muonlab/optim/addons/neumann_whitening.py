@@ -17,14 +17,14 @@ Computed in fp32 (the paper: "executing Neumann-Gram in FP32 on the fly inside a
 Choices where the paper is silent (seed 002 §2.1 gives only the U_w formula), all options:
 - where: the whitened tensor replaces the gradient *before* the moment updates
   (grad <- U_w [+ 1 g_bar^T]; then the unchanged `adamw_step`). p.grad itself is not modified.
-- mean add-back (`whiten_mean_addback`, default False = the paper's formula read literally: the
+- mean add-back (`whiten.mean_addback`, default False = the paper's formula read literally: the
   update is U_w, the common-mode row is dropped); True adds 1 g_bar^T back.
 - step index: the one convention of muonlab.optim.homotopy, t = the parameter's completed AdamW
   updates (`state["step"]` before its increment, the counter of Adam's bias correction, the only
-  one a fused AdamW step has) + `whiten_first_t` (1: t = 1 at the first update; 0: beta_0 = 0).
+  one a fused AdamW step has) + `whiten.first_t` (1: t = 1 at the first update; 0: beta_0 = 0).
   No extra state: the counter round-trips through state_dict with the Adam moments.
-- `whiten_tau` (80.0; 0 means beta = 1 from the first step, like prepolar.homotopy_alpha).
-- `whiten_terms` (1 = the paper): K > 1 keeps K terms of the binomial series
+- `whiten.tau` (80.0; 0 means beta = 1 from the first step, like prepolar.homotopy_alpha).
+- `whiten.terms` (1 = the paper): K > 1 keeps K terms of the binomial series
   (I + beta C_hat)^{-1/2} = sum_k binom(-1/2, k) (beta C_hat)^k, converging to the exact inverse
   square root as K grows (conditionally at beta ||C_hat||_2 = 1). An extension, not in the paper.
 - dtype: the result stays fp32; the AdamW step casts it once, to fp32 moments under master32 (seed
@@ -41,7 +41,7 @@ from typing import Callable, ClassVar, Literal
 
 import torch
 
-from muonlab.optim.extensions import GroupSection
+from muonlab.optim.extensions import GroupSection, group_key
 from muonlab.optim.homotopy import HOMOTOPY_FIRST_T, homotopy_alpha, homotopy_t
 from muonlab.settings import METHOD_OFF, NON_NEGATIVE, POSITIVE_COUNT, MethodInfo, setting
 
@@ -87,7 +87,9 @@ def neumann_whiten(G: torch.Tensor, beta, terms: int = 1, mean_addback: bool = F
 @dataclass(frozen=True)
 class NeumannWhitening(GroupSection):
     """Seed 002 §2.1 (Tier 1): right-projected Neumann-Gram whitening of wte, lm_head and value-embedding
-    updates. The run config's `optim.whiten` section and the adamw groups' `whiten*` keys."""
+    updates. The run config's `optim.whiten` section and the adamw groups' `whiten.*` keys."""
+
+    NAMESPACE: ClassVar[str] = "whiten"
 
     METHOD: ClassVar[MethodInfo] = MethodInfo('neumann_whitening', 'seed 002 §2.1 (Tier 1)', __name__, ('tests/optim/test_whitening.py',), 'kind', None)
 
@@ -105,13 +107,15 @@ class NeumannWhitening(GroupSection):
         """The vocabulary tables' AdamW groups' keys (the homotopy's first t is the optimizer's)."""
         if self.kind is None:
             return {}
-        keys = dict(self.group_values(), whiten_first_t=optim.homotopy_first_t)
+        keys = {**self.group_values(), FIRST_T: optim.homotopy_first_t}
         return {"lm_head": keys, "wte": dict(keys), "value_embeds": dict(keys)}
 
 
 # every option an adamw group may carry, with its default (absent == default): the settings' keys,
 # the homotopy's first t (the run's optim.homotopy_first_t) and the Gram norm's epsilon
-WHITEN_DEFAULTS = dict(NeumannWhitening.group_defaults(), whiten_first_t=HOMOTOPY_FIRST_T, whiten_eps=1e-30)
+KIND, TAU, TERMS, MEAN_ADDBACK = (NeumannWhitening.group_keys()[f] for f in ("kind", "tau", "terms", "mean_addback"))
+FIRST_T, EPS = group_key(NeumannWhitening.NAMESPACE, "first_t"), group_key(NeumannWhitening.NAMESPACE, "eps")
+WHITEN_DEFAULTS = {**NeumannWhitening.group_defaults(), FIRST_T: HOMOTOPY_FIRST_T, EPS: 1e-30}
 
 
 def options(group: dict) -> dict:
@@ -121,13 +125,13 @@ def options(group: dict) -> dict:
 def validate_group(group: dict) -> None:
     """Raise ValueError naming the first bad whitening option of an adamw group."""
     opt = options(group)
-    if opt["whiten"] is None:
+    if opt[KIND] is None:
         return
-    if opt["whiten_tau"] < 0 or int(opt["whiten_terms"]) < 1:
-        raise ValueError("whiten_tau must be >= 0 and whiten_terms >= 1")
+    if opt[TAU] < 0 or int(opt[TERMS]) < 1:
+        raise ValueError(f"{TAU} must be >= 0 and {TERMS} >= 1")
     bad = [tuple(p.shape) for p in group["params"] if p.dim() != 2]
     if bad:
-        raise ValueError(f"whiten={opt['whiten']!r} acts on 2-D tables; the group has shapes {bad}")
+        raise ValueError(f"{KIND}={opt[KIND]!r} acts on 2-D tables; the group has shapes {bad}")
 
 
 def whiten_grad(grad: torch.Tensor, step: int, group: dict) -> torch.Tensor:
@@ -135,15 +139,14 @@ def whiten_grad(grad: torch.Tensor, step: int, group: dict) -> torch.Tensor:
     else the whitened full-table gradient (fp32). `step` = state["step"] after
     its increment (1 at the first update)."""
     opt = options(group)
-    if opt["whiten"] is None:
+    if opt[KIND] is None:
         return grad
     return _whitened(grad, step, opt)
 
 
 def _whitened(grad: torch.Tensor, step: int, opt: dict) -> torch.Tensor:
-    beta = homotopy_alpha(homotopy_t(step - 1, int(opt["whiten_first_t"])), float(opt["whiten_tau"]))
-    out = neumann_whiten(grad, beta, terms=int(opt["whiten_terms"]),
-                         mean_addback=bool(opt["whiten_mean_addback"]), eps=float(opt["whiten_eps"]))
+    beta = homotopy_alpha(homotopy_t(step - 1, int(opt[FIRST_T])), float(opt[TAU]))
+    out = neumann_whiten(grad, beta, terms=int(opt[TERMS]), mean_addback=bool(opt[MEAN_ADDBACK]), eps=float(opt[EPS]))
     return out  # fp32: the AdamW step casts it to its state's precision
 
 
@@ -168,7 +171,7 @@ class AdamWTransform:
 
 # the whole averaged table: the Gram and the mean row are over every row
 NEUMANN = AdamWTransform(
-    key="whiten", options={k: v for k, v in WHITEN_DEFAULTS.items() if k != "whiten"},
+    key=KIND, options={k: v for k, v in WHITEN_DEFAULTS.items() if k != KIND},
     apply=lambda grad, step, group: _whitened(grad, step, options(group)),
     validate=validate_group, whole_tensor=True)
 

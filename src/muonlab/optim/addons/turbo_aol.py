@@ -4,12 +4,12 @@ Boissin et al. 2025, adapted on seed 000's common backbone (5-step Polar Express
 A0 = X^T X (m > n) or X X^T (m <= n), s_i = (sum_j |A0_ij|)^(-1/2) / 1.02, and X <- X diag(s)
 (tall, columns) or diag(s) X (otherwise, rows). Unstated in the paper (seed 000 §3.3),
 chosen here: A0 is formed in the iteration dtype (it replaces a line acting on the bf16 X);
-the first iteration reuses it (`reuse_gram`, group key `prepolar_reuse_gram`, default True, as Turbo-Muon does: the Gram of
+the first iteration reuses it (`reuse_gram`, group key `prepolar.reuse_gram`, default True, as Turbo-Muon does: the Gram of
 the scaled X is diag(s) A0 diag(s), so AOL costs no extra matmul; seed 000's Turbo runs were
 also timed faster than its unconditioned baseline, consistent with reuse); False forms that
 Gram again (same math, different bf16 rounding); the L1 row sum is clamped at the dtype's
 smallest normal number, which only changes an all-zero row/column (kept zero instead of
-0 * inf = NaN). Selected with `prepolar="turbo_aol"`; stateless; whole groups only.
+0 * inf = NaN). Selected with `prepolar.kind` = "turbo_aol"; stateless; whole groups only.
 """
 
 from __future__ import annotations

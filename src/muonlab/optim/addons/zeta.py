@@ -4,7 +4,7 @@
     G  <- G / (sqrt(V_t / (1 - b2^t)) + eps)
 
 t = 1 at the first update (paper: "Step 0 (t=1)"), b2 = `beta2` (0.99), eps = `eps` (1e-8), the
-muon group keys `prepolar_beta2` and `prepolar_eps`, set in Python only (a run keeps the paper's).
+muon group keys `prepolar.beta2` and `prepolar.eps`, set in Python only (a run keeps the paper's).
 State: `zeta_buffer` [N, m, n] fp32, 4 bytes per matrix element (the whole stack's layout even
 when a name scope selects some of its matrices). Not reproduced (as in the paper):
 Zeta's scalar step-size rule and LR warmup.
@@ -39,7 +39,7 @@ class Zeta(PrePolar):
     def __post_init__(self):
         super().__post_init__()
         if not 0 <= self.beta2 < 1:
-            raise ValueError(f"prepolar_beta2 must be in [0, 1), got {self.beta2}")
+            raise ValueError(f"prepolar.beta2 must be in [0, 1), got {self.beta2}")
 
     def step_inputs(self, state, t, stack_shape, device) -> dict:
         if "zeta_buffer" not in state:
