@@ -1,8 +1,17 @@
 import os
 from pathlib import Path
 
-import pytest
-import torch
+# Under pytest-xdist every core has its worker, each on one thread (below), and so is every process a test starts
+# (a run, a sweep's runs, torchrun's ranks, SLURM's tasks): torch reads OMP_NUM_THREADS at import, inductor its
+# compile workers when its config loads. Their default, a thread per core, oversubscribed the cores the workers
+# already fill (the files that start runs took a fifth more CPU and a third more time, measured). A user's own
+# values are kept; a test of the product's thread defaults clears them (tests/lab/test_sweep_slots.py).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 # every run imports torch._dynamo (with sympy), even uncompiled (muonlab.lab.warm_start says why): ~2 s of a core,
 # imported once here, so that no test's CPU budget pays it by being its worker's first run
 import torch._dynamo  # noqa: F401
