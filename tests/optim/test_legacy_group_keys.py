@@ -65,7 +65,46 @@ def test_every_new_name_is_a_group_key_of_todays_methods():
 
 @pytest.mark.parametrize("old, new", [("prepolar_tau", "prepolar.tau"), ("prepolar", "prepolar.kind"),
                                       ("post_polar_dtype", "polar.post_dtype"), ("prepolar_p", "prepolar.p")])
-def test_a_group_made_in_code_with_an_old_name_is_refused_naming_the_new_one(old, new):
+def test_a_group_made_in_code_with_an_old_name_is_refused_naming_the_new_one(old, new, plugin_power):
     p = torch.nn.Parameter(torch.randn(4, 4))
     with pytest.raises(ValueError, match=rf"^{old} is now {new.replace('.', '[.]')} "):
         MuonAdamW([{"kind": "muon", "params": [p], "lr": 0.02, old: "hbieq"}])
+
+
+@pytest.mark.parametrize("key", ["prepolar_tua", "prepolar_step"])
+def test_a_prepolar_key_that_never_was_an_option_is_not_given_a_new_name(key):
+    p = torch.nn.Parameter(torch.randn(4, 4))
+    with pytest.raises(ValueError, match=rf"^{key} is not a group key"):
+        MuonAdamW([{"kind": "muon", "params": [p], "lr": 0.02, key: 1.0}])
+
+
+@pytest.fixture
+def plugin_power():
+    """A plug-in conditioner with an option `p` (its old group key was prepolar_p)."""
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True)
+    class Power(extensions.PrePolar):
+        p: float = extensions.option(0.5, "the power of |G|")
+
+    extensions.register_prepolar("test_legacy_power", Power, paper="none (test plug-in)")
+    yield
+    extensions.unregister_prepolar("test_legacy_power")
+
+
+def test_a_checkpoint_in_the_earlier_format_is_read_and_one_in_no_known_format_is_refused(tmp_path, monkeypatch):
+    """A run writes muonlab-checkpoint/2 (the dotted group keys), so a release that reads /1 alone refuses it instead
+    of running the methods at their defaults; /1, what 6e2a25b wrote (its groups renamed on load), is still read."""
+    from muonlab.errors import MuonlabError
+    from muonlab.train import checkpoint
+
+    assert checkpoint.CHECKPOINT_FORMAT == "muonlab-checkpoint/2"
+    for fmt, readable in (("muonlab-checkpoint/1", True), ("muonlab-checkpoint/0", False)):
+        monkeypatch.setattr(checkpoint, "CHECKPOINT_FORMAT", fmt)  # what that release writes, sidecar and payload
+        path = checkpoint.save_checkpoint(tmp_path / fmt.replace("/", "-"), 3, {"x": torch.ones(2)})
+        monkeypatch.undo()
+        if readable:
+            assert checkpoint.load_checkpoint(path)["step"] == 3
+        else:
+            with pytest.raises(MuonlabError, match="unknown checkpoint format 'muonlab-checkpoint/0'"):
+                checkpoint.load_checkpoint(path)

@@ -120,12 +120,12 @@ def test_an_addon_reads_back_from_a_group_what_it_wrote(cls):
 
 
 def test_an_addon_refuses_a_bad_group_value_naming_its_key():
-    with pytest.raises(ValueError, match="polar.dtype must be one of bf16, fp32"):
+    with pytest.raises(ValueError, match=r"polar\.dtype must be one of bf16, fp32"):
         PolarPrecision.from_group({"polar.dtype": "fp16"})
-    with pytest.raises(ValueError, match="whiten.terms"):
+    with pytest.raises(ValueError, match=r"whiten\.terms"):
         NeumannWhitening.from_group({"whiten.kind": "neumann", "whiten.terms": 0})
     p = torch.nn.Parameter(torch.randn(4, 4))
-    with pytest.raises(ValueError, match="polar.post_dtype"):
+    with pytest.raises(ValueError, match=r"polar\.post_dtype"):
         MuonAdamW([{"kind": "muon", "params": [p], "lr": 0.02, "momentum": 0.95, "ns_steps": 5, "beta2": 0.95,
                     "weight_decay": 0.0, "polar.post_dtype": "fp8"}])
 

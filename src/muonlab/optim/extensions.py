@@ -86,6 +86,11 @@ class GroupSection(MethodSection):
 
     NAMESPACE: ClassVar[str]  # the section's dotted key below `optim.` (the run config's field name)
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if not isinstance(getattr(cls, "NAMESPACE", None), str):
+            raise TypeError(f"{cls.__name__}: a GroupSection names its NAMESPACE, where the run config holds it")
+
     @classmethod
     def group_keys(cls) -> dict[str, str]:
         """{field: group key}."""

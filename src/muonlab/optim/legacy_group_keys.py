@@ -43,7 +43,14 @@ def renamed_group(group: dict[str, Any]) -> dict[str, Any]:
 
 
 def refuse_old_keys(group: dict[str, Any]) -> None:
-    """ValueError naming the first old key of a group made in code, and its name now."""
-    old = next((key for key in group if new_name(key)), None)
-    if old is not None:
-        raise ValueError(f"{old} is now {new_name(old)} (a method's group key is its dotted key below optim.)")
+    """ValueError naming the first old key of a group made in code and its name now (a `prepolar_` key only where
+    a registered conditioner has that option: a misspelt one was never a name)."""
+    from muonlab.optim.extensions import prepolars  # noqa: PLC0415  (the registry, at the call)
+
+    for key in group:
+        new = new_name(key)
+        if new is None:
+            continue
+        if key in RENAMED or any(new in cls.group_defaults() for cls in prepolars().values()):
+            raise ValueError(f"{key} is now {new} (a method's group key is its dotted key below optim.)")
+        raise ValueError(f"{key} is not a group key (a conditioner's option `x` is the group key prepolar.x)")

@@ -56,7 +56,8 @@ class MuonAdamW(torch.optim.Optimizer):
             `lr`, and optionally the kind's hyperparameters (defaults: ADAMW_DEFAULTS /
             MUON_DEFAULTS / the kind's). All params of a muon group must share one 2-D shape
             (they are stacked). A method's options are its settings' dotted keys below `optim.`
-            (`prepolar.kind`, `polar.dtype`), read with their defaults when absent; a checkpoint
+            (`prepolar.kind`, `polar.dtype`; the values a method carries beside them in its
+            namespace, e.g. `prepolar.first_t`), read with their defaults when absent; a checkpoint
             of an earlier release, whose keys were the flat names, loads renamed.
         compile: wrap the step functions in torch.compile. None (default) compiles on CUDA,
             where it pays, and runs eagerly elsewhere.

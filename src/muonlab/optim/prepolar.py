@@ -159,8 +159,8 @@ class PrepolarSettings(OpenSection, MethodSection):
         return {"muon": keys} if keys else {}
 
     def group_options(self, first_t: int | None = None) -> dict[str, Any]:
-        """A muon group's pre-polar keys: none when off; the defaults are left out, so a group
-        holds exactly what earlier releases recorded in checkpoints."""
+        """A muon group's pre-polar keys: none when off; the defaults are left out (a group at the defaults
+        carries no key, as in every release's checkpoints)."""
         cond = self.conditioner(first_t)
         if cond is None:
             return {}

@@ -27,7 +27,11 @@ import torch
 from muonlab.atomic import atomic_open, write_json
 from muonlab.errors import MuonlabError
 
-CHECKPOINT_FORMAT = "muonlab-checkpoint/1"
+# /2: a method's optimizer group keys are its settings' dotted keys (`whiten.tau`; /1 wrote `whiten_tau`), so a
+# release that reads /1 alone refuses a /2 checkpoint instead of running its methods at their defaults; /1 is read,
+# its groups renamed on load (muonlab.optim.legacy_group_keys)
+CHECKPOINT_FORMAT = "muonlab-checkpoint/2"
+READABLE_FORMATS = ("muonlab-checkpoint/1", CHECKPOINT_FORMAT)
 
 
 class _HashingWriter:
@@ -153,7 +157,7 @@ def verify_checkpoint(path: Path) -> str | None:
     meta = _sidecar(path)
     if isinstance(meta, str):
         return meta
-    if meta.get("format") != CHECKPOINT_FORMAT:
+    if meta.get("format") not in READABLE_FORMATS:
         return f"unknown checkpoint format {meta.get('format')!r}"
     size = path.stat().st_size
     if size != meta.get("bytes"):
@@ -172,8 +176,8 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     if problem:
         raise MuonlabError(f"checkpoint {path} refused: {problem}")
     state = torch.load(path, map_location="cpu", weights_only=True)
-    if state.get("format") != CHECKPOINT_FORMAT:
-        raise MuonlabError(f"checkpoint {path} has format {state.get('format')!r}, not {CHECKPOINT_FORMAT}")
+    if state.get("format") not in READABLE_FORMATS:
+        raise MuonlabError(f"checkpoint {path} has format {state.get('format')!r}, not one of {', '.join(READABLE_FORMATS)}")
     return state
 
 
