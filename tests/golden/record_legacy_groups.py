@@ -32,12 +32,17 @@ SETTINGS = {"prepolar": "hbieq", "prepolar_tau": 25.0, "prepolar_passes": 1, "pr
             "embedding_state": "master32"}
 
 
-def param_groups():
-    """The groups of the config's optimizer as its state_dict records them."""
+def optimizer():
+    """The config's optimizer, as a run builds it."""
     torch.manual_seed(0)
     cfg = resolve_config("baseline", "cpu-tiny", SETTINGS)
     model = build_model(cfg, 300, Runtime(torch.device("cpu"), "fp32"))
-    return build_optimizer(model, cfg, compile_step=False).state_dict()["param_groups"]
+    return build_optimizer(model, cfg, compile_step=False)
+
+
+def param_groups():
+    """The groups of the config's optimizer as its state_dict records them."""
+    return optimizer().state_dict()["param_groups"]
 
 
 def main() -> int:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from muonlab.optim.extensions import GROUP_PREFIX, prepolars
+
 # what earlier releases wrote (frozen: history, not derived from today's classes); every name on the right is a
 # group key of today's methods (tests/optim/test_legacy_group_keys.py)
 RENAMED = {
@@ -24,8 +26,7 @@ RENAMED = {
     # the conditioners' own prefixes before `prepolar_` (only ever set in Python: runs kept the defaults)
     "zeta_beta2": "prepolar.beta2", "zeta_eps": "prepolar.eps", "aol_reuse_gram": "prepolar.reuse_gram",
 }
-# a conditioner's option `f` (a plug-in's too) was `prepolar_f`
-OLD_PREPOLAR_PREFIX, PREPOLAR_PREFIX = "prepolar_", "prepolar."
+OLD_PREPOLAR_PREFIX = "prepolar_"  # a conditioner's option `f` (a plug-in's too) was `prepolar_f`, now GROUP_PREFIX + f
 
 
 def new_name(key: str) -> str | None:
@@ -33,7 +34,7 @@ def new_name(key: str) -> str | None:
     if key in RENAMED:
         return RENAMED[key]
     if key.startswith(OLD_PREPOLAR_PREFIX):
-        return PREPOLAR_PREFIX + key.removeprefix(OLD_PREPOLAR_PREFIX)
+        return GROUP_PREFIX + key.removeprefix(OLD_PREPOLAR_PREFIX)
     return None
 
 
@@ -45,8 +46,6 @@ def renamed_group(group: dict[str, Any]) -> dict[str, Any]:
 def refuse_old_keys(group: dict[str, Any]) -> None:
     """ValueError naming the first old key of a group made in code and its name now (a `prepolar_` key only where
     a registered conditioner has that option: a misspelt one was never a name)."""
-    from muonlab.optim.extensions import prepolars  # noqa: PLC0415  (the registry, at the call)
-
     for key in group:
         new = new_name(key)
         if new is None:
