@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # the exact tested set (requirements/lock.txt) and the tested torch (requirements/torch.txt)
 LOCK := -c requirements/lock.txt -c requirements/torch.txt
 
-.PHONY: demo test test-fast test-busy gpu-check bench lock clean
+.PHONY: demo test test-fast test-tiers test-busy gpu-check bench lock clean
 
 $(STAMP): pyproject.toml requirements/lock.txt requirements/torch.txt
 	@test -n "$(PYTHON)" || { echo "error: no Python 3.11-3.13 found (make PYTHON=/path/to/python3.X)"; exit 2; }
@@ -32,10 +32,16 @@ test: $(STAMP)
 	$(BYTECODE)
 	$(PYTEST) -q -n auto --dist loadfile
 
-# the suite less the slow and multi-process tests (about a minute on 2 cores)
+# the suite less the slow, multi-process and SLURM tiers (about a minute on 2 cores; gpu tests skip without CUDA)
 test-fast: $(STAMP)
 	$(BYTECODE)
-	$(PYTEST) -q -n auto --dist loadfile -m "not slow and not multiprocess"
+	$(PYTEST) -q -n auto --dist loadfile -m "not slow and not multiprocess and not slurm"
+
+# the whole suite, recording each test's tier from what it did (tests/suite/tiers.json, tests/support/tiers.py):
+# run it when a test changes tier (the session that sees a test trained or started a process outside its tier says so)
+test-tiers: $(STAMP)
+	$(BYTECODE)
+	MUONLAB_TEST_TIERS=write $(PYTEST) -q -n auto --dist loadfile
 
 # the whole suite beside four CPU-bound processes (a laptop busy with other work): it must pass so, only slower
 test-busy: $(STAMP)

@@ -81,6 +81,13 @@ def one_thread(monkeypatch):
         yield
 
 
+@pytest.fixture
+def cuda() -> torch.device:
+    """The CUDA device: a test that asks for it, itself or through a fixture, is the gpu tier (support.tiers),
+    skipped where no CUDA device exists."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    return torch.device("cuda")
 
 
 @pytest.fixture
@@ -145,7 +152,7 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(config, items):
     heaviest_units_first(items, config.rootpath)
-    if not torch.cuda.is_available():
+    if not torch.cuda.is_available():  # before a gpu test's fixtures are set up (a run some of them train)
         skip = pytest.mark.skip(reason="needs a CUDA device")
         for item in items:
             if "gpu" in item.keywords:

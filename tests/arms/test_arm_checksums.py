@@ -90,7 +90,6 @@ def test_arms_of_one_config_share_one_golden_checksum():
     assert sum(len(m) for m in GROUPS.values()) == len(_registered_arms())
 
 
-
 # Settings no code branches on, read from where each acts: AF-Muon's tied rate lr * rho * s / d (optim/af_muon.py,
 # eq. 6), the vector and AdamW groups' learning rates, the shared denominator's eps inside its rsqrt (seed 002's 12do)
 MULTIPLY_OR_ADD = {"optim.scale", "optim.rho", "optim.vector_lr", "optim.adamw_lr", "model.routing.eps"}
@@ -122,7 +121,6 @@ def test_one_code_path_is_config_groups_apart_only_in_float_values():
         assert path(apart) != path({"optim.rho": 5.0, "k": 2}), apart
     assert path({"optim.cap": 2.0}) != path({"optim.cap": 10.0})
 
-@pytest.mark.slow
 @pytest.mark.parametrize("arm_name", sorted(CODE_PATHS))
 def test_arm_trains_to_its_golden_checksum(arm_name, data_cache, shared_cache, tmp_path, monkeypatch):
     from muonlab.arms import ARMS

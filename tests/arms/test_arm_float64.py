@@ -92,7 +92,6 @@ def test_the_comparison_tells_a_changed_figure_from_rounding():
     assert figures_script.differences(missing, recorded) == ["tensor b missing"]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("arm_name", sorted(CODE_PATHS))
 def test_arm_matches_its_float64_figures(arm_name, data_cache, shared_cache, tmp_path, monkeypatch):
     monkeypatch.setenv("MUONLAB_CACHE", str(shared_cache))  # prepare each preset's data once
@@ -101,7 +100,6 @@ def test_arm_matches_its_float64_figures(arm_name, data_cache, shared_cache, tmp
     assert not differences, f"{arm_name}: {len(differences)} figures differ, e.g. {differences[:3]}"
 
 
-@pytest.mark.slow
 def test_normuon_off_by_1e_4_fails_the_float64_check(data_cache, shared_cache, tmp_path, monkeypatch):
     """The check must catch a small change of the math on a machine without a bitwise set: NorMuon's output
     scaled by 1 + 1e-4 (a change bf16 Polar Express output would round away) moves the baseline's figures."""
@@ -116,8 +114,6 @@ def test_normuon_off_by_1e_4_fails_the_float64_check(data_cache, shared_cache, t
     assert not any(d.startswith("loss at step 0") for d in differences)  # step 0's loss comes before any update
 
 
-@pytest.mark.slow
-@pytest.mark.multiprocess
 def test_a_machine_without_a_bitwise_set_still_compares_numbers(tmp_path):
     """The path a new machine takes, on every machine: the arm tests pointed at an empty golden file skip
     the bit comparison with the reason, and the float64 figures are still compared (and pass)."""

@@ -37,7 +37,6 @@ def test_top_level_help_version_and_usage_import_no_torch(argv, code, text):
     assert text in result["out"] + result["err"], result
 
 
-@pytest.mark.slow
 def test_a_verbs_help_still_shows_its_config_flags_with_their_preset_defaults():
     result = probe(["train", "--preset", "cpu-tiny", "--help"])
     text = " ".join(result["out"].split())

@@ -71,7 +71,6 @@ def _refused(capsys, argv, root: Path, *needles: str) -> None:
     assert {p for p in root.rglob("*")} == before, argv  # nothing written
 
 
-@pytest.mark.slow
 @settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.sampled_from(LEAVES), st.integers(min_value=0, max_value=1000))
 def test_a_malformed_number_is_refused_in_one_line(clean_cwd, capsys, leaf, pick):
@@ -106,7 +105,6 @@ LIST_SETTING_BAD = ["1,,2", ",1", "1,", " , ", ",", "0,,"]
 INT_LIST_BAD = ["-1", "1,-3", "a", "1.5", "1,x"]
 
 
-@pytest.mark.slow
 @settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.sampled_from(LIST_SETTINGS), st.integers(min_value=0, max_value=1000))
 def test_malformed_list_settings_are_refused_in_one_line(clean_cwd, capsys, list_setting, pick):
@@ -147,7 +145,6 @@ def _out_of_range(kind, pick: int) -> str:
     return bad[pick % len(bad)]
 
 
-@pytest.mark.slow
 @settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.sampled_from(VERB_OPTIONS), st.integers(min_value=0, max_value=1000))
 def test_a_malformed_verb_option_is_refused_in_one_line(clean_cwd, capsys, option, pick):

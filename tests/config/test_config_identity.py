@@ -7,7 +7,6 @@ import importlib.util
 import json
 from pathlib import Path
 
-import pytest
 
 GOLDEN_DIR = Path(__file__).parents[1] / "golden"
 
@@ -19,7 +18,6 @@ def _maker():
     return module
 
 
-@pytest.mark.slow
 def test_every_arm_preset_identity_and_flag_is_the_recorded_one():
     maker = _maker()
     recorded = json.loads((GOLDEN_DIR / "config_identity.json").read_text())

@@ -203,7 +203,6 @@ def test_the_method_catalogue_points_at_real_modules_tests_and_arms(capsys):
     assert "exp44_hbieq_bf16" in hbieq["arms"] and "exp58_zeta_bf16" not in hbieq["arms"]
 
 
-@pytest.mark.slow
 def test_the_run_asks_its_family_for_data_and_evaluation(monkeypatch, capsys):
     """Families behind one interface: the run prepares data and scores the model through the family."""
     import dataclasses

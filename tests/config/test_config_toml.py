@@ -18,7 +18,6 @@ def _config(capsys, *argv) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
-@pytest.mark.slow
 def test_the_printed_toml_is_a_config_that_resolves_to_the_same_hash_and_trains(tmp_path, capsys):
     flags = ["--preset", "cpu-tiny", "--num-steps", "2", "--prepolar", "hbieq", "--prepolar-tau", "10",
              "--runs-dir", str(tmp_path / "runs")]

@@ -201,7 +201,6 @@ def test_server_errors_exhaust_retries(server, cache, monkeypatch):
     assert server["hits"][before:] == ["shard_06542.parquet"]
 
 
-@pytest.mark.slow
 def test_a_dropped_download_resumes_where_it_stopped(server, cache, shard_dir):
     server["modes"]["shard_06542.parquet"] = "drop"
     prepare_data(config(server), log=lambda s: None)

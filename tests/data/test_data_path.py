@@ -123,7 +123,6 @@ def _tiny(num_steps: int, total_batch: int = 1024, **settings):
     return cfg, runtime, vocab, model, build_optimizer(model, cfg, compile_step=False)
 
 
-@pytest.mark.slow
 def test_a_step_whose_loader_keeps_ahead_never_waits_for_data():
     from muonlab.train.loop import train_loop
     from support.compile_check import fixed_batches
@@ -146,7 +145,6 @@ def test_a_step_whose_loader_keeps_ahead_never_waits_for_data():
     assert len(records) == 4 and all(r["data_wait"] >= 0 for r in records)
 
 
-@pytest.mark.slow
 def test_a_training_step_reads_the_device_once(monkeypatch):
     """The losses and the gradient norm come back in one read a step (`.tolist()`); no `.item()`, `.cpu()`,
     `.numpy()` or tensor truth value inside the loop besides."""
@@ -171,7 +169,6 @@ def test_a_training_step_reads_the_device_once(monkeypatch):
     assert reads == ["tolist"] * steps, reads
 
 
-@pytest.mark.slow
 def test_a_run_with_its_batches_made_ahead_is_the_run_without(tmp_path, capsys):
     """In the training thread, on a prefetching thread, and with the documents tokenized in worker processes."""
     import json
@@ -205,7 +202,6 @@ def test_document_batches_encoded_ahead_on_threads_pack_the_same_rows():
         assert _same(next(one), next(again))
 
 
-@pytest.mark.slow
 def test_each_step_records_where_its_time_goes_and_the_check_reads_it(tmp_path, capsys):
     """The phases follow each other from the step's start to its end: none negative, the data wait inside the
     forward + backward phase, their sum within the step's time; the GPU check's breakdown reads them."""

@@ -204,7 +204,6 @@ def test_usage_errors(cache, tmp_path, kw, match):
         prepare_data(DataConfig(**kw), log=lambda s: None)
 
 
-@pytest.mark.slow
 def test_stdlib_corpus_end_to_end(cache):
     data = prepare_data(DataConfig(source="stdlib", vocab_size=512, tokenizer_max_chars=500_000), log=lambda s: None)
     m = data.manifest["splits"]

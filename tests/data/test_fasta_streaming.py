@@ -66,7 +66,6 @@ def test_the_streamed_split_is_the_in_memory_split(tmp_path):
     assert not (tmp_path / "out" / ".staging").exists()
 
 
-@pytest.mark.slow
 def test_memory_stays_far_below_the_sequences(tmp_path):
     records = _proteome(12_000, 2, max_len=500)  # about 3M residues
     residues = sum(len(s) for _, s in records)

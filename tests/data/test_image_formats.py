@@ -91,7 +91,6 @@ def test_a_glob_names_one_split_of_a_download(tmp_path):
         count_images(data / "labels.parquet")
 
 
-@pytest.mark.slow
 def test_imagegpt_trains_on_parquet_splits_from_the_command_line(tmp_path, capsys):
     """The paper's layout (train and validation parquet shards) reaches the ImageGPT through --path and
     --eval-path globs; the token files hold exactly the images' RGB554 codes."""

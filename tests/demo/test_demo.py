@@ -9,8 +9,6 @@ import muonlab.demo as demo
 from muonlab.cli import build_parser
 from muonlab.record.ledger import read_records
 
-pytestmark = pytest.mark.slow  # trains a tokenizer and a few steps (~10 s)
-
 
 @pytest.mark.parametrize("native, expected", [(True, "bf16"), (False, "fp32")])
 def test_demo_trains_in_bf16_only_where_the_cpu_multiplies_bf16(monkeypatch, native, expected):

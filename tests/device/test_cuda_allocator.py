@@ -41,7 +41,6 @@ def test_other_devices_are_left_alone(settings_calls):
     assert settings_calls == []
 
 
-@pytest.mark.slow
 def test_a_run_asks_before_it_joins_a_group(monkeypatch, capsys):
     order = []
     real_init = run_module.init_from_env

@@ -58,7 +58,6 @@ def test_the_users_own_glibc_tunables_are_left_alone():
     assert probed["retained"] is False and probed["faults"] > PAGES // 2, probed
 
 
-@pytest.mark.slow
 def test_a_cpu_run_retains_freed_memory(monkeypatch):
     calls = []
     monkeypatch.setattr(run_module, "retain_freed_host_memory", lambda: calls.append("retain"))

@@ -35,7 +35,6 @@ def _json(capsys, argv):
     return json.loads(capsys.readouterr().out)
 
 
-@pytest.mark.slow
 def test_audit_tables_are_the_single_run_audits_averaged(runs, capsys):
     root, dirs = runs
     res = _json(capsys, ["diagnose", "audit", "--ledger", str(root / "runs" / "ledger.jsonl"), "--arms", ",".join(ARMS)])
@@ -70,7 +69,6 @@ def test_the_printed_excess_is_the_papers():
     assert round(100 * excess_change(oe["high"], dense["high"]), 1) == -62.9
 
 
-@pytest.mark.slow
 def test_trajectory_table_is_the_runs_rows_averaged(runs, capsys):
     root, dirs = runs
     res = _json(capsys, ["diagnose", "trajectory", "--ledger", str(root / "runs" / "ledger.jsonl"),
@@ -82,7 +80,6 @@ def test_trajectory_table_is_the_runs_rows_averaged(runs, capsys):
     assert arm["loss"][1:] == [None, None] and arm["paper"] is None  # steps 40, 80 not reached; arm not in 4B
 
 
-@pytest.mark.slow
 def test_selection_refusals_and_left_out_runs(runs, capsys, tmp_path):
     root, dirs = runs
     ledger = str(root / "runs" / "ledger.jsonl")
@@ -104,7 +101,6 @@ def test_selection_refusals_and_left_out_runs(runs, capsys, tmp_path):
     assert res["protocols"][0]["table4"][0]["seeds"] == [41]
 
 
-@pytest.mark.slow
 def test_audit_refuses_a_run_of_another_family(tmp_path, capsys):
     assert main(["train", "--preset", "tied-cpu", "--num-steps", "2", "--quiet", "--runs-dir", str(tmp_path / "runs"),
                  "--cache-dir", str(tmp_path / "cache")]) == 0

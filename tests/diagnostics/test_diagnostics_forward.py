@@ -63,7 +63,6 @@ def test_gains_equivalence_rows():
     assert rows["gate_scaled"]["output_rel_l2"] > 1e-4  # the control is not equivalent
 
 
-@pytest.mark.slow  # trains the exp17 run once
 def test_trajectory_is_recorded_and_matches_the_checkpoint(exp17_run):
     res = trajectory.read_trajectory(exp17_run)
     assert res["steps"] == [0, 5, 11]
@@ -84,7 +83,6 @@ def test_geometry_measures():
     assert geometry.row_norm_cv(w) == pytest.approx(2 / 3)
 
 
-@pytest.mark.slow  # trains the exp17 run once
 def test_geometry_reports_variant_scalars(exp17_run):
     geo = geometry.run(exp17_run)
     assert geo["arm"] == "exp17_pair_tied_stopexp" and len(geo["layers"]) == 2
@@ -151,7 +149,6 @@ DIAGNOSE_CHECKS = {"trajectory": _check_trajectory, "geometry": _check_geometry,
 
 
 @pytest.mark.parametrize("tool", list(DIAGNOSE_CHECKS))
-@pytest.mark.slow  # trains the exp17 run once
 def test_diagnose_cli(tool, exp17_run, capsys):
     run = ["--run", exp17_run] if tool in ("trajectory", "geometry", "replay", "audit") else []
     assert main(["diagnose", tool, "--json", *run]) == 0
@@ -160,7 +157,6 @@ def test_diagnose_cli(tool, exp17_run, capsys):
     assert commands()[tool].format(result).strip()  # the text view of the same numbers
 
 
-@pytest.mark.slow
 def test_diagnose_accounting_cli(capsys):
     assert main(["diagnose", "accounting", "--arms", "10_oe_native,12_oe_joint", "--preset", "gpu-d8", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]

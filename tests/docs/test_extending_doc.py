@@ -43,7 +43,6 @@ def conditioner_example(tmp_path, monkeypatch, forget_plugins):
     return _example("A pre-polar conditioner (optimizer side)", tmp_path, monkeypatch)
 
 
-@pytest.mark.slow
 def test_the_conditioner_example_runs_as_written(conditioner_example, capsys):
     trains = [argv for argv in conditioner_example if argv[1] == "train"]
     methods = [argv for argv in conditioner_example if argv[1] == "methods"]
@@ -60,7 +59,6 @@ def test_the_conditioner_example_runs_as_written(conditioner_example, capsys):
     assert [s["flag"] for s in listed[name]["settings"]] == ["--prepolar-p"]
 
 
-@pytest.mark.slow
 def test_the_model_variant_example_runs_as_written(tmp_path, monkeypatch, forget_plugins, capsys):
     commands = _example("A model variant (model side)", tmp_path, monkeypatch)
     assert len(commands) == 2 and all(argv[1] == "train" for argv in commands)

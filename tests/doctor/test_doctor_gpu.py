@@ -213,7 +213,6 @@ def test_the_throughput_run_must_lower_its_loss_without_recompiling(tmp_path, mo
         **good, "tokens_per_second": 1.0, "seconds": 1.0})
 
 
-@pytest.mark.slow
 def test_the_attention_timing_runs_in_a_child_and_says_how_it_ended(tmp_path, monkeypatch):
     assert gpu.attention_timing(60.0, tmp_path)["status"] == "skipped"  # the real child, here without CUDA
     ends = {"stopped": runs.Finished(None, "", "", 20.0), "crashed": runs.Finished(1, "", "RuntimeError: boom\n", 1.0),
@@ -268,8 +267,6 @@ def test_a_continuation_is_judged_bit_for_bit_at_its_first_step():
     assert "logged steps" in resume.judge_continuation(full, {4: full[4]}, 4, 8)[1][0]
 
 
-@pytest.mark.slow
-@pytest.mark.multiprocess
 def test_the_torchrun_resume_runs_on_gloo_bit_for_bit(tmp_path, monkeypatch):
     """The distributed section's own code on CPU: a torchrun world of one joins a gloo group,
     DistMuonAdamW checkpoints, resumes and continues bit for bit (CPU kernels are deterministic).
@@ -297,7 +294,6 @@ def test_a_run_outside_the_expected_group_fails_the_case(tmp_path, monkeypatch):
     assert entry["status"] == "failed" and entry["error"] == "the run did not join a nccl group (process_group None)"
 
 
-@pytest.mark.slow
 def test_a_training_run_is_read_back_and_a_failed_one_says_why(tmp_path):
     entry = runs.training_run("cpu-tiny", 3, 300.0, tmp_path / "cache", device="cpu", compile_mode="off",
                               data_flags=())
@@ -320,7 +316,6 @@ def test_a_stopped_run_says_how_far_it_got(tmp_path):
     assert runs.progress(run_dir, 13) == "after its last step (12), in the final evaluation"
 
 
-@pytest.mark.slow
 def test_a_child_past_its_limit_is_stopped():
     start = time.monotonic()
     done = runs.run_process([sys.executable, "-c", "import time; time.sleep(60)"], 1.0)
@@ -356,7 +351,6 @@ def test_junit_counts_failures_and_skip_reasons(tmp_path):
 IMAGE_LACKS = ("rustbpe", "kernels", "submitit", "importlinter", "grimp")  # a common GPU image's gaps
 
 
-@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks what the section reports where every gpu test skips")
 def test_the_gpu_tests_collect_without_what_a_gpu_image_lacks_and_every_one_skips(tmp_path, monkeypatch):
     """The section collects only the files holding gpu tests, so an image without the layer tests'
@@ -378,17 +372,22 @@ def test_the_gpu_tests_collect_without_what_a_gpu_image_lacks_and_every_one_skip
 
 def test_the_pytest_section_collects_the_files_that_hold_gpu_tests():
     chosen = {Path(p).name for p in gpu.gpu_test_files(TESTS)}
-    marked = re.compile(r"^(@pytest\.mark\.gpu\b|pytestmark = .*pytest\.mark\.gpu\b)", re.MULTILINE)
-    holding = {p.name for p in TESTS.rglob("test_*.py") if marked.search(p.read_text())}
+    # a def whose parameters name the cuda fixture, or a usefixtures("cuda") (support.tiers: the gpu tier)
+    asking = re.compile(r"^\s*def \w+\((?:[^()]*[,*]\s*)?cuda\s*[,):]|^pytestmark = .*usefixtures\(\"cuda\"\)",
+                        re.MULTILINE)
+    holding = {p.name for p in TESTS.rglob("test_*.py") if asking.search(p.read_text())}
     assert chosen == holding and {"test_gpu_acceptance.py", "test_model.py"} <= chosen
     assert "test_layers.py" not in chosen and "test_doctor_gpu.py" not in chosen
 
 
-def test_a_gpu_mark_counts_in_code_only(tmp_path):
-    (tmp_path / "test_decorated.py").write_text("import pytest\n\n@pytest.mark.gpu\ndef test_x():\n    pass\n")
-    (tmp_path / "test_module.py").write_text("import pytest\n\npytestmark = [pytest.mark.gpu]\n")
-    (tmp_path / "test_mentions.py").write_text('# pytest.mark.gpu in a comment\nTEXT = "@pytest.mark.gpu"\n')
-    assert [Path(p).name for p in gpu.gpu_test_files(tmp_path)] == ["test_decorated.py", "test_module.py"]
+def test_asking_for_the_cuda_fixture_counts_in_code_only(tmp_path):
+    (tmp_path / "test_asks.py").write_text("def test_x(tmp_path, cuda):\n    pass\n")
+    (tmp_path / "test_fixture.py").write_text("import pytest\n\n@pytest.fixture\ndef on_gpu(*, cuda):\n    pass\n")
+    (tmp_path / "test_module.py").write_text('import pytest\n\npytestmark = [pytest.mark.usefixtures("cuda")]\n')
+    (tmp_path / "test_mentions.py").write_text('# def test_x(cuda) in a comment\nTEXT = "usefixtures(\'cuda\')"\n'
+                                               "def test_y(cudas):\n    cuda = 1\n")
+    assert [Path(p).name for p in gpu.gpu_test_files(tmp_path)] == ["test_asks.py", "test_fixture.py",
+                                                                    "test_module.py"]
 
 
 def test_without_a_tests_folder_the_pytest_section_is_skipped_and_says_why(tmp_path, monkeypatch):
@@ -428,7 +427,6 @@ def test_the_compile_check_covers_every_method_arm_group_and_model_family():
     assert selection.small_preset("autoresearch") == "cpu-tiny" and selection.small_preset("tied") == "tied-cpu"
 
 
-@pytest.mark.slow
 def test_the_compile_harness_is_deterministic_and_its_losses_move(one_thread):
     from muonlab.arms import resolve_config
 
@@ -440,7 +438,6 @@ def test_the_compile_harness_is_deterministic_and_its_losses_move(one_thread):
     assert max(abs(x - first[0]) for x in first[1:]) > 0.1, first
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("case", selection.representative_arms(), ids=lambda c: f"{c.arm}@{c.preset}")
 def test_the_compile_harness_feeds_every_case_of_the_gpu_test(case, one_thread):
     """tests/doctor/test_gpu_acceptance.py's compiled-against-eager cases, eager on the CPU (fp32) for the
@@ -524,7 +521,6 @@ def test_the_first_distributed_case_gets_all_but_what_the_next_one_needs(monkeyp
     assert deadlines == [95.0 - resume.CASE_RESERVE_S, 95.0] and deadlines[0] > 95.0 / 2
 
 
-@pytest.mark.slow
 def test_a_sigterm_to_the_check_stops_its_children(tmp_path):
     """The children run in sessions of their own (so that a stop reaches a compile's workers); `timeout`'s
     SIGTERM to the check must still stop them, or a rerun shares the GPU with orphans."""

@@ -37,7 +37,7 @@ from muonlab.errors import MuonlabError
 from muonlab.model.attention import causal_attention, resolve_backend
 from muonlab.optim.lmo import clipped_row_lmo, lmo_objective
 
-pytestmark = pytest.mark.gpu
+pytestmark = pytest.mark.usefixtures("cuda")  # every test here is the gpu tier (support.tiers)
 DEVICE = torch.device("cuda")
 
 # ------------------------------------------------------------------------------ (a) FA3 vs SDPA

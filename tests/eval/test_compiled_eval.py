@@ -19,7 +19,7 @@ from muonlab.families import FAMILIES, get_family
 from muonlab.train.run import evaluate_splits
 
 # torch's own compile stack calls its deprecated torch.jit.script_method; nothing here uses TorchScript
-pytestmark = [pytest.mark.slow, pytest.mark.spread,
+pytestmark = [pytest.mark.spread,
               pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")]
 
 PRESETS = ["cpu-tiny", "tied-moe-cpu", "hf-cpu", "imagegpt-cpu", "reuse-cpu", "t5-cpu"]

@@ -8,7 +8,6 @@ from pathlib import Path
 
 from muonlab.cli import main
 
-import pytest
 
 STUDY = ["--preset", "cpu-tiny", "--num-steps", "6", "--checkpoint-every", "2", "--checkpoint-keep", "5", "--json"]
 
@@ -18,7 +17,6 @@ def _train(runs: Path, capsys, *argv) -> Path:
     return Path(json.loads(capsys.readouterr().out)["run_dir"])
 
 
-@pytest.mark.slow
 def test_eval_every_gives_report_at_step_what_periodic_evaluation_would_have(tmp_path, capsys):
     # the truth: the same run, evaluating every 2 steps as it trains (a ledger of its own)
     evaluated = _train(tmp_path / "with", capsys, "--eval-every", "2", "--seed", "7")
@@ -51,7 +49,6 @@ def test_eval_every_gives_report_at_step_what_periodic_evaluation_would_have(tmp
     assert len((plain / "evals.jsonl").read_text().splitlines()) == 2
 
 
-@pytest.mark.slow
 def test_eval_every_without_kept_checkpoints_says_what_to_run(tmp_path, capsys):
     assert main(["train", "--preset", "cpu-tiny", "--num-steps", "3", "--runs-dir", str(tmp_path / "runs"),
                  "--json"]) == 0

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
 import torch
 
 from muonlab.arms import resolve_config
@@ -13,8 +12,6 @@ from muonlab.lab.report import build_report
 from muonlab.lab.report.loading import load_curve
 from muonlab.record.ledger import read_records
 from muonlab.train import run_training
-
-pytestmark = pytest.mark.slow  # trains cpu-tiny runs (~3 s each)
 
 
 def _train(runs, arm="baseline", seed=1, **settings):

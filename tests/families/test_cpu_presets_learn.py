@@ -29,7 +29,6 @@ def test_the_muon_lr_is_the_papers_scaled_by_the_square_root_of_the_batch_ratio(
     assert math.isclose(lr, PAPER_MATRIX_LR * math.sqrt(batch / paper_batch), rel_tol=1e-12)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", CPU_PRESETS)
 def test_every_table1_arm_lowers_its_validation_loss(tmp_path, name):
     steps = all_presets()[name]["train.num_steps"]

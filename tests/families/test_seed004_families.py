@@ -51,7 +51,6 @@ def _train(tmp_path, preset, arm="t1_afmuon", **settings):
     return cfg, result, rows, record
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("preset", ["t5-cpu", "imagegpt-cpu", "hf-cpu", "protein-cpu"])
 def test_cpu_preset_trains_and_records_the_family_metric(tmp_path, preset):
     cfg, result, rows, record = _train(tmp_path, preset, eval_every=3)
@@ -69,7 +68,6 @@ def test_cpu_preset_trains_and_records_the_family_metric(tmp_path, preset):
         assert math.isfinite(m["holdout_ce"])
 
 
-@pytest.mark.slow
 def test_hf_val_loss_equals_an_independent_pass_over_the_val_file(tmp_path):
     cfg, result, _, record = _train(tmp_path, "hf-cpu")
     from muonlab.families import get_family
@@ -109,7 +107,6 @@ def test_untied_t5_refuses_an_optimizer_that_needs_a_tie(tmp_path, capsys):
     assert "untied T5 control" in err and "\n" not in err
 
 
-@pytest.mark.slow
 def test_untied_arm_trains_under_the_t5_preset(tmp_path):
     cfg, _, _, record = _train(tmp_path, "t5-cpu", arm="t15_untied_hybrid")
     assert cfg.model.tied is False and record["status"] == "ok"
@@ -123,7 +120,6 @@ def test_a_family_refuses_data_it_cannot_read(tmp_path, capsys):
     assert "does not read data source 'stdlib'" in err and "\n" not in err
 
 
-@pytest.mark.slow
 def test_memmap_source_trains_the_tied_gpt_on_the_users_token_files(tmp_path):
     rng = np.random.default_rng(0)
     folder = tmp_path / "cache_in"

@@ -312,7 +312,6 @@ def k9_run(tmp_path_factory):
     return run_dir
 
 
-@pytest.mark.slow
 def test_the_arm_trains_the_papers_optimizer_on_the_shared_model(k9_run):
     from muonlab.diagnostics.runs import load_run
 
@@ -325,7 +324,6 @@ def test_the_arm_trains_the_papers_optimizer_on_the_shared_model(k9_run):
     assert loaded.runtime.precision == "fp32" and loaded.cfg.runtime.precision == "fp32"  # no autocast
 
 
-@pytest.mark.slow
 def test_run_reads_the_pending_batch_and_the_runs_ns_steps(k9_run):
     from muonlab.diagnostics.runs import load_run
 
@@ -340,7 +338,6 @@ def test_run_reads_the_pending_batch_and_the_runs_ns_steps(k9_run):
     assert str(k9_run) in table and "0.7408" in table and f"{res['down']['kappa']:.4f}" in table
 
 
-@pytest.mark.slow
 def test_diagnose_reuse_from_the_command_line(k9_run, tmp_path, capsys):
     import json
 
@@ -352,7 +349,6 @@ def test_diagnose_reuse_from_the_command_line(k9_run, tmp_path, capsys):
     assert all(res[n]["split_error"] < 1e-6 for n in ("up", "down"))  # sum of per-use gradients = shared
 
 
-@pytest.mark.slow
 def test_run_rejects_a_model_that_is_not_the_shared_mlp(tmp_path, capsys):
     from muonlab.cli import main
 

@@ -112,7 +112,6 @@ def test_untied_t5gemma2_is_refused(tmp_path, capsys):
     assert "T5Gemma2 is trained tied only" in err and "\n" not in err
 
 
-@pytest.mark.slow
 def test_cpu_preset_trains_from_the_command_line_and_a_diagnostic_reads_it(tmp_path, capsys):
     runs = tmp_path / "runs"
     assert main(["train", "--preset", "t5gemma2-cpu", "--arm", "t1_afmuon", "--num-steps", "6", "--eval-every", "3",

@@ -80,7 +80,6 @@ def test_the_layer_compiles_once_for_every_routing():
     assert counter.frame_count == 1  # ... one graph (the eager dispatch: a graph per token count)
 
 
-@pytest.mark.slow
 def test_the_tied_moe_model_compiles_once_and_matches_eager():
     torch.manual_seed(0)
     model = build_tied_model("tied-tiny-moe").train()
@@ -168,7 +167,6 @@ def test_eagerly_an_unchosen_expert_has_no_gradient_and_the_hook_changes_nothing
     assert all(p.grad is grads[n] for n, p in moe.named_parameters())
 
 
-@pytest.mark.slow
 def test_the_tied_family_hooks_moe_models_only():
     hooks = get_family("tied").step_hooks(None, torch.compile(build_tied_model("tied-tiny-moe")))
     assert len(hooks) == 1 and len(hooks[0].layers) == build_tied_model("tied-tiny-moe").config.n_layer

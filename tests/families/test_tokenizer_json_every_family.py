@@ -29,7 +29,6 @@ def text_and_tokenizer(tmp_path_factory):
     return root / "corpus.txt", root / "tok.json", 151
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(CPU_PRESETS))
 def test_every_family_reading_local_text_trains_on_the_tokenizer_it_is_given(family, text_and_tokenizer, tmp_path,
                                                                             capsys):

@@ -107,7 +107,6 @@ def test_dry_run_lists_every_run_and_writes_nothing(tmp_path, capsys):
     assert not (tmp_path / "runs").exists()
 
 
-@pytest.mark.slow
 def test_an_experiment_sweeps_resumes_and_reports_exactly_its_runs(tmp_path, capsys):
     path = write_study(tmp_path, seeds="[1]")
     assert main(["sweep", "--experiment", str(path), "--json"]) == 0
@@ -131,7 +130,6 @@ def test_an_experiment_sweeps_resumes_and_reports_exactly_its_runs(tmp_path, cap
     assert report["studies"][0]["counts"]["records"] == 3  # not the fourth line, of another protocol
 
 
-@pytest.mark.slow
 def test_arm_name_records_the_method_settings_as_the_arm_and_refuses_a_reused_name(tmp_path, capsys):
     runs = str(tmp_path / "runs")
     common = ["--preset", "cpu-tiny", "--num-steps", "2", "--runs-dir", runs, "--json"]

@@ -75,7 +75,6 @@ def test_gpus_per_run_and_nodes_shape_each_task(tmp_path, fake_sbatch, shape, wa
     assert not [line for line in lines for option in unwanted if option in line], lines
 
 
-@pytest.mark.multiprocess
 @pytest.mark.parametrize("option", ["slurm_partiton=gpu", "partition=gpu", "requeue=maybe"])
 def test_bad_option_is_a_usage_error_before_any_work(tmp_path, capsys, option):
     assert main(["sweep", "--preset", "cpu-tiny", "--arms", "baseline", "--seeds", "1", "--executor", "slurm",
@@ -85,7 +84,6 @@ def test_bad_option_is_a_usage_error_before_any_work(tmp_path, capsys, option):
     assert not (tmp_path / "cache" / "runs").exists()
 
 
-@pytest.mark.slow
 def test_requeued_task_continues_its_run(tmp_path, monkeypatch, one_thread):
     overrides = {"train.num_steps": 6, "record.checkpoint_every": 2, "record.quiet": True, "runtime.device": "cpu"}
     (job,) = plan_sweep(["baseline"], [1], "cpu-tiny", overrides)

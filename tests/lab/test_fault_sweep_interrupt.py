@@ -59,8 +59,6 @@ def wait_for_first_checkpoint(runs: Path, proc: subprocess.Popen, timeout: float
     raise AssertionError(f"no checkpoint appeared (sweep exit {proc.poll()}): {out}")
 
 
-@pytest.mark.slow
-@pytest.mark.multiprocess
 def test_interrupted_sweep_is_recorded_interrupted_and_resumes_bitwise(tmp_path, one_thread, capsys):
     runs = tmp_path / "cache" / "runs"  # MUONLAB_CACHE (conftest), inherited by the processes
     # its own process group, as a terminal's foreground job: the terminal's Ctrl-C goes to the whole
@@ -185,7 +183,6 @@ def test_select_continues_interrupted_runs_and_leaves_failed_ones(tmp_path):
     assert [(o.job.seed, o.action) for o in skipped] == [(4, "skipped-failed")]
 
 
-@pytest.mark.slow
 def test_ctrl_c_while_the_outcome_is_written_waits_for_the_ledger_line(tmp_path, monkeypatch, capsys, one_thread,
                                                                       terminal_ctrl_c):
     import muonlab.record.ledger as ledger

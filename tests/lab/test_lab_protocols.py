@@ -116,7 +116,6 @@ def test_recorded_protocol_reads_the_line_or_its_config():
     assert recorded_protocol({"protocol": None, "config": {"family": "x"}}) is None
 
 
-@pytest.mark.slow
 def test_real_runs_record_their_protocol_and_two_depths_are_two_studies(tmp_path):
     from muonlab.train import run_training
     from muonlab.record.ledger import read_records

@@ -80,7 +80,6 @@ def within(x: float, printed: str, digits: float = 1.0) -> bool:
 
 
 # ---------------------------------------------------------------------------- within one protocol
-@pytest.mark.slow
 def test_dod_from_the_command_line_is_seed002s_table3_row(capsys, d6_ledger):
     out = report(capsys, d6_ledger, "--where", "depth=6", "--dod", f"{OPT_OE},{OPT_DENSE}",
                  "--dod", "01_dense_opt_lr141:00_dense_native_lr141,01_dense_opt:00_dense_native")
@@ -100,7 +99,6 @@ def test_dod_from_the_command_line_is_seed002s_table3_row(capsys, d6_ledger):
     assert oe_opt["decision"] == lr["decision"] == "inconclusive"
 
 
-@pytest.mark.slow
 def test_table5b_contrast_e_and_an_extra_contrast(capsys, d6_ledger):
     out = report(capsys, d6_ledger, "--metric", "holdout_bpb",
                  "--dod", "02m_dense_masked_qk:02_dense_joint,12m_oe_masked_qk:12_oe_joint",
@@ -114,7 +112,6 @@ def test_table5b_contrast_e_and_an_extra_contrast(capsys, d6_ledger):
     assert within(d["mean_delta"], "-0.001084") and within(d["sd_delta"], "0.000549")
 
 
-@pytest.mark.slow
 def test_retention_ratios_from_the_command_line(capsys, seed002_ledger):
     # Table 3: Opt|OE retains 105.9 % of Opt|Dense at d8 and 48.6 % at d6 (held-out)
     out = report(capsys, seed002_ledger, "--where", "depth=8", "--metric", "holdout_bpb",
@@ -129,7 +126,6 @@ def test_retention_ratios_from_the_command_line(capsys, seed002_ledger):
 
 
 # ---------------------------------------------------------------------------- across protocols
-@pytest.mark.slow
 def test_the_same_contrast_across_depth_6_and_8(capsys, seed002_ledger):
     out = report(capsys, seed002_ledger, "--dod", OPT_OE, "--retention", OPT_OE, "--across", "depth")
     assert len(out["studies"]) == 2  # both depths reported, each its own study

@@ -56,7 +56,6 @@ def test_parse_seeds():
             parse_seeds(bad)
 
 
-@pytest.mark.slow
 def test_sweep_runs_and_resumes(tmp_path, capsys):
     assert main(SWEEP + ["--json"]) == 0
     first = json.loads(capsys.readouterr().out)["runs"]
@@ -95,8 +94,6 @@ def test_sweep_runs_and_resumes(tmp_path, capsys):
     assert (tmp_path / "results.tsv").read_text().splitlines()[0].startswith("commit\t")
 
 
-@pytest.mark.slow
-@pytest.mark.multiprocess
 def test_failed_runs_are_retried_only_when_asked(tmp_path, capsys):
     args = ["sweep", "--preset", "cpu-tiny", "--arms", "baseline", "--seeds", "1", "--max-loss", "0.5"]
     assert main(args) == 1  # diverges at step 0
@@ -114,8 +111,6 @@ def test_failed_runs_are_retried_only_when_asked(tmp_path, capsys):
     assert [r["status"] for r in read_records(ledger_of(tmp_path))] == ["diverged", "diverged"]
 
 
-@pytest.mark.slow
-@pytest.mark.multiprocess
 def test_slurm_executor_through_submitit_local(tmp_path, capsys):
     args = ["sweep", "--preset", "cpu-tiny", "--arms", "baseline", "--seeds", "4",
             "--executor", "slurm", "--slurm", "cluster=local", "--json"]
@@ -138,7 +133,6 @@ def test_tolerant_reader_reports_line_numbers(tmp_path):
         append_record(path, {"run_id": "c", "status": "weird"})
 
 
-@pytest.mark.slow
 def test_metric_sinks_mirror_steps(tmp_path, monkeypatch):
     """Sinks are optional: a fake TensorBoard writer receives every step and the summary."""
     import importlib.util

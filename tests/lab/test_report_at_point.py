@@ -61,7 +61,6 @@ def test_only_val_metrics_and_one_point(ledger, capsys):
     assert main(["report", "--ledger", str(ledger), "--at-tokens", "lots"]) == 2
 
 
-@pytest.mark.slow
 def test_a_run_records_its_periodic_evaluations_in_its_ledger_line(tmp_path):
     assert main(["train", "--preset", "cpu-tiny", "--num-steps", "4", "--eval-every", "2", "--runs-dir",
                  str(tmp_path), "--json"]) == 0

@@ -22,7 +22,6 @@ def run_dir(tmp_path_factory):
     return path
 
 
-@pytest.mark.slow
 def test_the_final_weights_score_what_the_run_recorded(run_dir, capsys):
     capsys.readouterr()
     assert main(["eval", str(run_dir), "--json"]) == 0
@@ -33,7 +32,6 @@ def test_the_final_weights_score_what_the_run_recorded(run_dir, capsys):
     assert set(out["recorded"]) >= {"val_bpb", "val_ce", "holdout_bpb", "holdout_ce"}
 
 
-@pytest.mark.slow
 def test_a_checkpoint_scores_the_periodic_evaluation_of_its_step(run_dir, capsys):
     capsys.readouterr()
     assert main(["eval", str(run_dir), "--step", "2", "--splits", "val", "--json"]) == 0
@@ -43,7 +41,6 @@ def test_a_checkpoint_scores_the_periodic_evaluation_of_its_step(run_dir, capsys
     assert out["scores"]["val_bpb"] != json.loads((run_dir / "summary.json").read_text())["val_bpb"]
 
 
-@pytest.mark.slow
 def test_weights_that_are_not_the_runs_are_not_equal(run_dir, tmp_path, capsys):
     other = tmp_path / run_dir.name
     other.mkdir()

@@ -22,14 +22,13 @@ from support.slurm import go_on_once_pending, hold_past, release, squeue, start_
 
 from muonlab.record.ledger import read_records
 
-pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 
 STEPS = 30  # each interrupted run is held (SIGSTOP) from its 8th step until its signal is on its way
 HELD_AT = 8
 
 
 @pytest.fixture(scope="module")
-def slurm():
+def slurm_cluster():
     env = start_local_slurm()
     version = env.pop("_version")
     saved = os.environ.get("SLURM_CONF")
@@ -108,7 +107,7 @@ class Lab:
 
 
 @pytest.fixture
-def lab(tmp_path, slurm, references):
+def lab(tmp_path, slurm_cluster, references):
     return Lab(tmp_path, references)
 
 
@@ -122,7 +121,7 @@ def job_of(lab) -> tuple[str, Path]:
     return sub["job_id"], Path(sub["run_dir"])
 
 
-def test_a_detached_sweep_returns_at_once_and_its_runs_land_in_the_ledger(lab, slurm):
+def test_a_detached_sweep_returns_at_once_and_its_runs_land_in_the_ledger(lab, slurm_cluster):
     out = lab.sweep("--detach", arms="baseline,adamw_only", seeds="1,2", steps=6)
     assert "submitted 4 task(s) as job array" in out.stdout and "detached" in out.stdout
     subs = lab.submissions()
@@ -147,7 +146,7 @@ def test_a_detached_sweep_returns_at_once_and_its_runs_land_in_the_ledger(lab, s
     assert all(r["state"] == "done" and "val_bpb" in r["detail"] for r in lab.status().values())
     rerun = lab.sweep("--detach", arms="baseline,adamw_only", seeds="1,2", steps=6)
     assert rerun.stdout.count("skipped-ok") == 4 and len(lab.submissions()) == 4
-    print(f"SLURM: {slurm}")
+    print(f"SLURM: {slurm_cluster}")
 
 
 def requeued_mid_run(lab):
@@ -206,7 +205,7 @@ SCENARIOS = {"requeued": requeued_mid_run, "cancelled": cancelled, "usr2": warne
 
 
 @pytest.fixture(scope="module")
-def interruptions(slurm, references, tmp_path_factory) -> dict[str, BaseException | None]:
+def interruptions(slurm_cluster, references, tmp_path_factory) -> dict[str, BaseException | None]:
     """The three interruption scenarios, each in a sweep folder of its own, played at once (each waits on its
     own job's states, so together they take about as long as the longest, not the sum): what each raised."""
     labs = {name: Lab(tmp_path_factory.mktemp(name), references) for name in SCENARIOS}

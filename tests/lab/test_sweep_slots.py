@@ -59,7 +59,6 @@ def test_the_sweeps_own_thread_settings_are_kept(machine, monkeypatch):
     assert (env["OMP_NUM_THREADS"], env["TORCHINDUCTOR_COMPILE_THREADS"]) == ("2", "1")
 
 
-@pytest.mark.multiprocess
 def test_a_run_started_with_its_slots_environment_applies_the_caps(machine):
     machine(2)  # this machine's 2 cores over 2 slots: 1 thread each
     env = LocalExecutor(gpus=["0", "1"])._env("0")
@@ -124,8 +123,6 @@ def test_gpus_per_run_is_refused_where_it_cannot_act(machine):
     assert LocalExecutor(gpus=[]).launcher() == [sys.executable, "-m", "muonlab"]
 
 
-@pytest.mark.slow
-@pytest.mark.multiprocess
 def test_a_two_process_run_in_a_sweep_is_the_direct_torchrun_run(tmp_path, capsys):
     """`--device cpu --gpus-per-run 2`: the sweep launches the run on 2 gloo processes, which gives
     the weights of the same configuration launched by torchrun directly, bit for bit."""

@@ -96,7 +96,6 @@ def test_without_squeue_a_submitted_run_is_submitted_with_the_reason(tmp_path, m
         sweep_status(ledger, {}, None)
 
 
-@pytest.mark.slow
 def test_report_and_paper_say_what_is_still_out(tmp_path, queue, capsys, one_thread):
     runs = tmp_path / "runs"
     ledger = runs / "ledger.jsonl"

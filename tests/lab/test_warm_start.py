@@ -18,7 +18,6 @@ from muonlab.record.ledger import read_records
 pytestmark = pytest.mark.skipif(not warm_start.available(), reason="no forkserver on this platform")
 
 
-@pytest.mark.multiprocess  # starts the warm server, an interpreter that imports what a run imports
 def test_a_warm_child_has_its_own_session_environment_log_threads_and_exit_status(tmp_path):
     from support.warm_child import report
 
@@ -62,7 +61,6 @@ def _sweep(where: Path, capsys, monkeypatch, warm: bool):
     return started, records, curves
 
 
-@pytest.mark.slow
 def test_a_warm_run_is_the_run_a_new_interpreter_makes(tmp_path, capsys, monkeypatch):
     started, warm, warm_curves = _sweep(tmp_path / "warm", capsys, monkeypatch, warm=True)
     assert len(started) == 1  # the run forked from the server
@@ -76,7 +74,6 @@ def test_a_warm_run_is_the_run_a_new_interpreter_makes(tmp_path, capsys, monkeyp
         assert warm[arm]["config_hash"] == fresh[arm]["config_hash"]
 
 
-@pytest.mark.multiprocess
 def test_a_warm_run_imports_nothing_the_server_did_not_and_inherits_its_objects_frozen(tmp_path):
     """In a fresh interpreter (a test process's fork server may have been started with another preload): a CPU run
     forked from the sweep's server imports no module of muonlab and no installed package the server had not

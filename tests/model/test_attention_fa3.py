@@ -141,7 +141,6 @@ def _fa3_model(**kw) -> GPT:
     return model
 
 
-@pytest.mark.slow
 def test_fa3_model_compiles_to_one_graph(stub_kernel):
     model = _fa3_model()
     assert stub_kernel == [(9, 0)]  # loaded once, when the backend was resolved
@@ -268,7 +267,6 @@ def test_local_kernel_directory_uses_the_local_loader(monkeypatch, on_hopper, tm
     inspect.signature(real).bind(calls[0])
 
 
-@pytest.mark.slow
 def test_run_records_its_attention_backend(tmp_path, capsys):
     assert main(["train", "--preset", "cpu-tiny", "--json", "--num-steps", "2"]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -279,7 +277,6 @@ def test_run_records_its_attention_backend(tmp_path, capsys):
     assert record["status"] == "ok" and record["attention_backend"] == "sdpa"
 
 
-@pytest.mark.slow
 def test_a_run_trained_on_explicit_fa3_is_read_back_on_sdpa_off_cuda(capsys):
     assert main(["train", "--preset", "cpu-tiny", "--json", "--num-steps", "2"]) == 0
     run_dir = Path(json.loads(capsys.readouterr().out)["run_dir"])

@@ -104,7 +104,6 @@ def _model(backend: str) -> GPT:
     return model
 
 
-@pytest.mark.slow
 @torch.no_grad()
 def test_the_model_on_flex_gives_the_sdpa_logits():
     idx = torch.randint(0, 64, (2, 300), generator=torch.Generator().manual_seed(1))
@@ -113,7 +112,6 @@ def test_the_model_on_flex_gives_the_sdpa_logits():
     torch.testing.assert_close(_model("flex")(idx), _model("sdpa")(idx), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.slow
 @torch.no_grad()
 def test_flex_traces_into_one_graph():
     """Under torch.compile the block mask is built inside the graph: no graph break per layer."""

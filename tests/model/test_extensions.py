@@ -297,7 +297,6 @@ STAGE_OPTIONS = [{"prepolar.kind": "hbieq", "prepolar.tau": 2.0},
                  {"prepolar.kind": "hbieq", "prepolar.scope": r"\.0$"}]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("opts", STAGE_OPTIONS)
 def test_variant_step_traces_as_one_graph(opts):
     """torch.compile(fullgraph=True) of the composed step (dynamo, eager backend: no C compiler
@@ -324,7 +323,6 @@ def test_variant_step_traces_as_one_graph(opts):
     assert torch.equal(*out)
 
 
-@pytest.mark.slow
 def test_compiled_optimizer_gives_the_eager_bits(monkeypatch):
     """MuonAdamW(compile=True) wraps each step function in torch.compile(fullgraph=True): every
     stage combination (and the upstream and AdamW steps) traces as one graph; with dynamo's

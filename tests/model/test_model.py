@@ -136,14 +136,13 @@ def test_build_model_precisions():
     assert bf16.transformer.wte.weight.dtype == torch.bfloat16
 
 
-@pytest.mark.gpu
-def test_gpu_d8_builds_and_steps_on_cuda():
+def test_gpu_d8_builds_and_steps_on_cuda(cuda):
     cfg = preset("gpu-d8")
-    runtime = Runtime(torch.device("cuda"), "bf16")
+    runtime = Runtime(cuda, "bf16")
     model = build_model(cfg, 8192, runtime)
     assert model.num_scaling_params()["total"] == 50_332_176
     opt = model.setup_optimizer(matrix_lr=0.04, embedding_lr=0.6, weight_decay=0.2)
-    x = torch.randint(0, 8192, (2, 2048), device="cuda")
+    x = torch.randint(0, 8192, (2, 2048), device=cuda)
     with runtime.autocast():
         loss = model(x, x)
     loss.backward()

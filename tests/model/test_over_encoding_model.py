@@ -146,8 +146,6 @@ def _oe_worker(rank, world, steps):
     return [t.detach().clone() for t in tables]
 
 
-@pytest.mark.multiprocess
-@pytest.mark.slow
 def test_distributed_moment_free_equals_one_process(tmp_path):
     """Gradients averaged and visit counts summed over ranks: the same update as one process."""
     steps = 2
@@ -175,7 +173,6 @@ SEED002_BF16_ARMS = ["10_oe_native", "12_oe_joint", "3b_oe_table_neumann_joint",
                      "12do_shared_denom", "12d_bf16_shared_denom", "12do_nostep0_all", "12do_mom_only_nodisp"]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("arm", SEED002_BF16_ARMS)
 def test_seed002_arm_trains_on_cpu_preset(arm, capsys):
     """Seed-002 arms through the CLI on cpu-tiny in bf16 (so master32 has bf16 tables to act on)."""
@@ -190,7 +187,6 @@ def test_seed002_arm_trains_on_cpu_preset(arm, capsys):
     assert ("oe_params_M" in out["summary"]) == ("model.oe.m" in ARMS[arm].overrides)
 
 
-@pytest.mark.slow
 def test_oe_run_resumes_bitwise_from_a_checkpoint(tmp_path, capsys):
     """OE tables, routing scalars, table-Neumann counters and q_tau all survive a checkpoint:
     resuming from the step-4 checkpoint reproduces the uninterrupted run's final weights."""

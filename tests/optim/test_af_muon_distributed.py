@@ -17,8 +17,6 @@ from muonlab.optim.af_muon_distributed import DistAFMuon
 from muonlab.families.tied.model import build_tied_model
 from support.ranks import run_ranks  # tests/ is on sys.path
 
-pytestmark = pytest.mark.multiprocess
-
 
 def _model():
     torch.manual_seed(0)
@@ -115,7 +113,6 @@ def _train(tmp_path, name, nproc, arm):
     return json.loads(done.stdout), tmp_path / "cache" / "runs" / name
 
 
-@pytest.mark.slow
 def test_torchrun_af_muon_run_equals_the_one_process_run(tmp_path):
     """`torchrun --nproc_per_node 2 -m muonlab train --preset tied-cpu` (gloo; grad clip 1.0, one micro-batch
     per rank) gives the 1-process run's weights, checkpointed state and val loss bit for bit."""

@@ -19,7 +19,6 @@ def _state_bytes(opt) -> int:
                if isinstance(v, torch.Tensor))
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name,extra_mib", [("gpu-d6", 96.0), ("gpu-d8", 160.0)])
 def test_master32_memory_matches_the_analysis(name, extra_mib):
     """+8 B per wte/value-embedding parameter: 96.0 MiB at depth 6, 160.0 MiB at depth 8 (seed 002 §2.1, §3 item 3)."""
@@ -108,8 +107,6 @@ def _dist_worker(rank, world, steps):
     return {"history": history, "full": opt.full_state_dict(), "shard": copy.deepcopy(opt.state_dict())}
 
 
-@pytest.mark.multiprocess
-@pytest.mark.slow
 def test_distributed_master32_equals_one_process(tmp_path):
     steps = 3
     results = run_ranks(_dist_worker, 2, tmp_path / "ranks", steps)

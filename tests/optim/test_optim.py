@@ -191,7 +191,6 @@ def test_muon_group_without_gradients_is_skipped():
     assert torch.equal(p.detach(), torch.ones(4, 4)) and not opt.state
 
 
-@pytest.mark.slow
 def test_the_raised_recompile_limit_is_the_optimizer_steps_own(monkeypatch):
     """Twelve Muon shape groups are twelve graphs of muon_step: more than dynamo's default limit
     of 8, which fullgraph turns into an error. The compiled step raises the limit for its own

@@ -65,8 +65,6 @@ def gpt_run(tmp_path_factory):
     return run_ranks(_gpt_worker, 2, tmp_path_factory.mktemp("gpt") / "ranks", 20)
 
 
-@pytest.mark.multiprocess
-@pytest.mark.slow
 def test_two_rank_step_equals_one_rank_step(gpt_run):
     """Bitwise, for 3 steps, against MuonAdamW fed the averaged rank gradients (g0 + g1) / 2.
 
@@ -97,8 +95,6 @@ def test_two_rank_step_equals_one_rank_step(gpt_run):
         assert err < 1e-2, err.item()
 
 
-@pytest.mark.multiprocess
-@pytest.mark.slow
 def test_ranks_stay_bitwise_in_sync(gpt_run):
     start = flat(_gpt().parameters())
     for step in range(20):
@@ -197,8 +193,6 @@ def test_ownership_partitions_every_stack():
     assert not adamw_is_sharded(torch.zeros(8), 2) and not adamw_is_sharded(torch.zeros(64, 32), 1)
 
 
-@pytest.mark.multiprocess
-@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3])
 def test_padding_when_world_does_not_divide_the_stack(world, tmp_path):
     steps = 3
@@ -211,8 +205,6 @@ def test_padding_when_world_does_not_divide_the_stack(world, tmp_path):
         assert_state_equal(res["full"], ref_opt.state_dict())
 
 
-@pytest.mark.multiprocess
-@pytest.mark.slow
 def test_parameter_without_gradient_on_one_rank(tmp_path):
     """Rank 1 has no gradient for a muon matrix, a row-sharded and a replicated adamw param;
     documented semantics: it contributes zeros, the average is still sum / W. The frozen
@@ -279,8 +271,6 @@ def _resume_reference(full, params_k, world, k, extra, opt_cls=MuonAdamW):
         return opt, history
 
 
-@pytest.mark.multiprocess
-@pytest.mark.slow
 def test_checkpoints_shard_full_and_resume_with_another_world_size(tmp_path):
     k, extra = 3, 2
     results = run_ranks(_state_worker, 2, tmp_path / "w2", k, extra)

@@ -14,10 +14,8 @@ from muonlab.train.build import build_model, build_optimizer
 from muonlab.train.loop import train_loop
 from support.compile_check import fixed_batches
 
-import pytest
 
 
-@pytest.mark.slow
 def test_one_graph_per_shape_group_and_no_recompile_as_the_schedule_moves(monkeypatch):
     counter = torch._dynamo.testing.CompileCounter()
     real = torch.compile

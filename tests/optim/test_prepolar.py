@@ -415,8 +415,6 @@ def _dist_worker(rank, world, steps):
             "reloaded": opt2.state_dict()}
 
 
-@pytest.mark.multiprocess
-@pytest.mark.slow
 def test_distributed_with_stateful_conditioners_equals_one_process(tmp_path):
     steps = 3
     results = run_ranks(_dist_worker, 2, tmp_path / "ranks", steps)

@@ -58,7 +58,6 @@ def test_arm_overrides_reach_the_model_and_optimizer(arm):
             assert got == value, key
 
 
-@pytest.mark.slow
 def test_diagnose_conditioning_cli(capsys):
     code = main(["diagnose", "conditioning", "--seeds", "8", "--json"])
     result = json.loads(capsys.readouterr().out)
@@ -75,7 +74,6 @@ def test_diagnose_conditioning_cli(capsys):
             assert 1 <= row["kappa"] < rules["raw"]["kappa"], name
 
 
-@pytest.mark.slow
 def test_whitening_reaches_only_the_vocabulary_tables():
     cfg = resolve_config("baseline", "cpu-tiny", {"whiten": "neumann", "whiten_tau": 25.0})
     model = build_model(cfg, 300, Runtime(torch.device("cpu"), "fp32"))
@@ -90,7 +88,6 @@ def test_whitening_reaches_only_the_vocabulary_tables():
     assert main(["train", "--preset", "cpu-tiny", "--whiten", "neumann", "--num-steps", "3"]) == 0
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("arm", ["00_dense_native", "00_dense_native_lr141", "01_dense_opt", "01_dense_opt_lr141"])
 def test_seed002_arms_train(arm, capsys):
     assert ARMS[arm].seeds == (41, 42, 47)

@@ -309,8 +309,6 @@ def _dist_worker(rank, world, steps):
     return {"history": history, "full": opt.full_state_dict(), "shard": copy.deepcopy(opt.state_dict())}
 
 
-@pytest.mark.multiprocess
-@pytest.mark.slow
 def test_distributed_whitening_equals_one_process(tmp_path):
     steps = 3
     assert adamw_is_sharded(_dist_params()[0], 2) and not adamw_is_sharded(_dist_params()[1], 2)

@@ -70,7 +70,6 @@ for blocked in BLOCKED_SETS:
 """
 
 
-@pytest.mark.slow
 def test_every_module_imports_and_every_help_prints_without_each_optional_package(tmp_path):
     sets = [EVERY, *((name,) for name in OPTIONAL)]
     code = f"BLOCKED_SETS = {sets!r}\nEVERY = {EVERY!r}\n" + IMPORT_ALL_AND_HELP
@@ -79,7 +78,6 @@ def test_every_module_imports_and_every_help_prints_without_each_optional_packag
     assert proc.returncode == 0 and done == [",".join(s) for s in sets], (done, proc.stderr[-3000:])
 
 
-@pytest.mark.slow
 def test_a_run_trains_from_token_memmaps_without_any_optional_package(tmp_path):
     from muonlab.data.memmap_format import write_token_memmap
 
@@ -190,7 +188,6 @@ def feature_results(tmp_path_factory) -> dict[str, dict]:
     return {"root": root, **json.loads(results.read_text())}
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("package", sorted(CLI_FEATURES))
 def test_a_verb_that_needs_a_missing_package_says_what_to_install(package, feature_results):
     _, extra = CLI_FEATURES[package]
@@ -202,7 +199,6 @@ def test_a_verb_that_needs_a_missing_package_says_what_to_install(package, featu
     assert not runs.exists() or not any(runs.iterdir())
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("package", sorted(LIBRARY_FEATURES))
 def test_a_library_feature_that_needs_a_missing_package_says_what_to_install(package, feature_results):
     _, extra = LIBRARY_FEATURES[package]
@@ -211,7 +207,6 @@ def test_a_library_feature_that_needs_a_missing_package_says_what_to_install(pac
     assert _hint(package, extra) in result["stdout"] and "\n" not in result["stdout"].strip(), result["stdout"]
 
 
-@pytest.mark.slow
 def test_the_suite_collects_without_the_optional_packages(tmp_path):
     # --assert=plain: what is checked is that every module imports; rewriting its asserts is most of a collection's time
     code = (f"import pytest\nraise SystemExit(pytest.main(['--collect-only', '-q', '-p', 'no:cacheprovider', "

@@ -118,7 +118,6 @@ def test_q_tau_by_hand(s):
     assert got["persistent_bytes"] == 16 * n_tau  # fp32 param, grad and two Adam moments
 
 
-@pytest.mark.slow
 def test_routing_by_hand(s):
     """6 FLOPs per routed term and token-channel: forward multiply-add; backward the anchor's gradient and its
     accumulation, the scalar's product and sum over tokens. One more layer, or out_lambdas' two terms."""
@@ -184,7 +183,6 @@ def test_compare_by_hand():
     assert A.compare(5.0, None) == {"derived": 5.0, "printed": None}
 
 
-@pytest.mark.slow
 def test_printed_values_stand_beside_the_derived_ones():
     r = A.arm_accounting("10_oe_native", "gpu-d8")
     f, m = r["flops"], r["memory"]

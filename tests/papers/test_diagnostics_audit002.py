@@ -200,7 +200,6 @@ def test_audit_model_without_oe_or_qtau():
     assert "oe_tables" in A.format_audit_table(A.audit_model(model))
 
 
-@pytest.mark.slow
 def test_run_audit_on_a_trained_run(tmp_path):
     from muonlab.cli import main
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):

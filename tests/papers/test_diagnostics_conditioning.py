@@ -63,7 +63,6 @@ def test_calibration_hits_the_printed_raw_kappa(result):
     assert result["cells"][0]["rule"] == "raw" and result["cells"][0]["within"]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["bf16", "fp32"])
 def test_defect_and_cosine_are_of_polar_express_at_the_precision_against_the_cores_polar_factor(precision, result):
     """The compared cells: Polar Express (5 steps) at `precision` on each rule's rounded input, its

@@ -38,7 +38,6 @@ def _state(loaded):
     return tensors
 
 
-@pytest.mark.slow
 def test_replay_leaves_weights_and_optimizer_state_bitwise_unchanged(run_dir):
     loaded = load_run(run_dir)
     before = _state(loaded)
@@ -54,7 +53,6 @@ def test_replay_leaves_weights_and_optimizer_state_bitwise_unchanged(run_dir):
     assert out["weights_unchanged"] and out["losses_bitwise_equal"]
 
 
-@pytest.mark.slow
 def test_batches_are_the_checkpoints_next_step(run_dir):
     loaded = load_run(run_dir)
     batches = R.capture_batches(loaded)
@@ -66,7 +64,6 @@ def test_batches_are_the_checkpoints_next_step(run_dir):
     assert len(three) == 3 and all(torch.equal(a[0], b[0]) for a, b in zip(batches, three))
 
 
-@pytest.mark.slow
 def test_branch_tangent_changes_gradient_and_direction_with_exact_controls(result):
     assert result["losses_bitwise_equal"] is True and result["weights_unchanged"] is True
     assert result["step"] == 4 and result["micro_batches"] == 2 and result["tokens"] == 2 * 4 * 64
@@ -84,7 +81,6 @@ def test_branch_tangent_changes_gradient_and_direction_with_exact_controls(resul
     assert result["reset_both_vs_mature"] > 0.05 and result["reset_momentum_vs_mature"] > 0.05
 
 
-@pytest.mark.slow
 def test_ordinary_against_ordinary_is_zero(run_dir):
     out = R.run_replay(run_dir, rule="ordinary")
     assert out["gradient_rel_change"] == 0.0 and out["direction_rel_change"] == 0.0
@@ -96,7 +92,6 @@ def test_ordinary_against_ordinary_is_zero(run_dir):
         R.run_replay(run_dir, micro_batches=0)
 
 
-@pytest.mark.slow
 def test_direction_equals_what_the_optimizer_step_does(run_dir):
     a, b = load_run(run_dir), load_run(run_dir)
     batches = R.capture_batches(a)
@@ -132,7 +127,6 @@ def test_pooled_relative_change_is_over_the_concatenation():
     assert R.pooled_rel_change(b, b) == 0.0
 
 
-@pytest.mark.slow
 def test_guards_raise_on_a_changed_forward_or_weights(run_dir, monkeypatch):
     forward = GPT.forward
 
@@ -157,7 +151,6 @@ def test_guards_raise_on_a_changed_forward_or_weights(run_dir, monkeypatch):
         R.replay_loaded(loaded, batches)
 
 
-@pytest.mark.slow
 def test_table_lists_ours_and_the_papers(result):
     table = R.format_replay_table(result)
     assert "14.186% / 13.453%" in table and "12.176% / 12.348%" in table and "22.014%" in table
@@ -174,7 +167,6 @@ def test_trained_precision_resolves_auto_on_the_training_device():
     assert R.trained_precision("fp32", "auto", ("cuda",)) == "fp32" and R.trained_precision("bf16", "cpu", ()) == "bf16"
 
 
-@pytest.mark.slow
 def test_default_precision_is_the_runs_own(run_dir, tmp_path):
     assert R.recorded_precision(run_dir) == "fp32"  # cpu-tiny trains at fp32
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
@@ -188,7 +180,6 @@ def test_default_precision_is_the_runs_own(run_dir, tmp_path):
     assert "on cpu at bf16 (the run's precision)" in R.format_replay_table(out)
 
 
-@pytest.mark.slow
 def test_bf16_replay_of_an_fp32_run_runs_under_cpu_autocast(run_dir, result, monkeypatch):
     seen = []
     real_load = R.load_run
@@ -210,7 +201,6 @@ def test_bf16_replay_of_an_fp32_run_runs_under_cpu_autocast(run_dir, result, mon
     assert 0 < out["gradient_rel_change"] < 1 and out["deterministic"]
 
 
-@pytest.mark.slow
 def test_batches_are_moved_to_the_replay_device(run_dir):
     from muonlab.device import Runtime
 
@@ -220,7 +210,6 @@ def test_batches_are_moved_to_the_replay_device(run_dir):
         assert x.device.type == y.device.type == "meta"
 
 
-@pytest.mark.slow
 def test_cli_passes_device_and_precision(run_dir, capsys):
     assert main(["diagnose", "replay", "--run", str(run_dir), "--precision", "bf16", "--device", "cpu", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -230,7 +219,6 @@ def test_cli_passes_device_and_precision(run_dir, capsys):
         assert main(["diagnose", "replay", "--run", str(run_dir), "--device", "cuda"]) == 2
 
 
-@pytest.mark.slow
 def test_a_nondeterministic_floor_is_reported_as_measured(run_dir, monkeypatch):
     """As on a GPU in bf16 (seed 003: 2.04%): the ordinary repeat's change is reported, not zeroed."""
     real, calls = R.accumulate, []
@@ -251,8 +239,7 @@ def test_a_nondeterministic_floor_is_reported_as_measured(run_dir, monkeypatch):
     assert "nondeterministic" in table and f"{100 * out['repeat_direction_rel_change']:.3f}%" in table
 
 
-@pytest.mark.gpu
-def test_replay_on_cuda_in_bf16(run_dir, monkeypatch):
+def test_replay_on_cuda_in_bf16(run_dir, monkeypatch, cuda):
     """On the GPU the ordinary repeat may be nonzero (the floor); it is reported, whatever it is."""
     before, devices = torch.get_float32_matmul_precision(), []
     real_step = R.muon_step

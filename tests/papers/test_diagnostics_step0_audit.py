@@ -63,7 +63,6 @@ class _Spy:
         return self.real(cfg, model, optimizer, tap(), *args, **kwargs)
 
 
-@pytest.mark.slow
 def test_init_batches_and_steps_are_those_of_muonlab_train(monkeypatch, capsys):
     """The harness's init weights and step-0 micro-batches are bitwise a real run's, and with a
     step-0 mode set by the audit its losses and final scalars are the run's with that mode."""
@@ -96,7 +95,6 @@ def test_init_batches_and_steps_are_those_of_muonlab_train(monkeypatch, capsys):
     assert [r["loss"] for r in T.first_steps(from_run, 3).records] == losses
 
 
-@pytest.mark.slow
 def test_device_and_precision_reach_the_tensors(cache):
     s = T.setup(arm=ARM, seed=SEED, settings=SMALL, device="cpu", precision="bf16")
     st = T.first_steps(s, 1, keep_init=True)
@@ -143,7 +141,6 @@ def _f64(result, family, label):
     return torch.tensor(result["families"][family]["float64"][label], dtype=torch.float64)
 
 
-@pytest.mark.slow
 def test_learning_rates_are_the_optimizer_groups(audit):
     """resid_lambdas step at 0.01 scalar_lr = 0.005, the routing scalars at scalar_lr = 0.5
     (upstream's setup_optimizer, seed 002 §2.1 Tier 3): columns and the optimizer's own step agree."""
@@ -161,7 +158,6 @@ def test_learning_rates_are_the_optimizer_groups(audit):
             assert d == pytest.approx(-lr * g / (abs(g) + 1e-10), rel=1e-12)
 
 
-@pytest.mark.slow
 def test_learning_rates_follow_the_config(cache):
     r = A.run_step0_audit(arm=ARM, seed=SEED, settings={**SMALL, "scalar_lr": "0.3"}, precision="bf16")
     assert r["families"]["resid_lambdas"]["lr"] == pytest.approx(0.003)
@@ -169,7 +165,6 @@ def test_learning_rates_follow_the_config(cache):
     assert abs(r["families"]["x0_lambdas"]["displacement"]["optimizer"][0]) == pytest.approx(0.3, rel=1e-4)
 
 
-@pytest.mark.slow
 def test_eps0_gradient_vanishes_by_scale_invariance(audit):
     ref = audit["lm_head_grad_max"]["0"]
     assert ref > 1e-4  # the reference gradient itself is far from zero
@@ -178,7 +173,6 @@ def test_eps0_gradient_vanishes_by_scale_invariance(audit):
     assert abs(audit["dL_dalpha"]["0"]) < 1e-10 * ref
 
 
-@pytest.mark.slow
 def test_eps_gradient_is_nonzero_linear_and_matches_the_reduced_derivative(audit):
     """dN/dalpha = eps x0 / (alpha^2 q + eps)^(3/2): linear in a small eps (x8.39); sublayers are off at
     step 0, so every x0/wte/out gradient is dL/dalpha and resid_lambdas[i]'s is (1 + 0.1 i) dL/dalpha."""
@@ -196,7 +190,6 @@ def test_eps_gradient_is_nonzero_linear_and_matches_the_reduced_derivative(audit
     assert audit["passed"] and len(audit["checks"]) == 5
 
 
-@pytest.mark.slow
 def test_measured_gradient_is_rounding_noise_that_sets_the_step0_sign(audit):
     for family in ROUTING:
         fam = audit["families"][family]
@@ -210,7 +203,6 @@ def test_measured_gradient_is_rounding_noise_that_sets_the_step0_sign(audit):
         assert fam["ratio"]["2^-23"] == pytest.approx((meas / true).tolist())
 
 
-@pytest.mark.slow
 def test_shared_denominator_and_dense_arms(cache):
     """shden's anchor (fp32 inside the model) is float64 in the copy: eps = 0 still vanishes; a dense
     arm has resid/x0 lambdas only."""
@@ -231,7 +223,6 @@ def test_shared_denominator_and_dense_arms(cache):
     assert dense["loss"]["logged_last_micro_batch"] == per[-1]  # the loop logs the last micro-batch's loss
 
 
-@pytest.mark.slow
 def test_displacement_check_can_fail(audit):
     broken = json.loads(json.dumps(audit))
     broken["families"]["x0_lambdas"]["displacement"]["optimizer"][0] *= 1.001
@@ -239,7 +230,6 @@ def test_displacement_check_can_fail(audit):
     assert all(c["passed"] for c in A._checks(audit))
 
 
-@pytest.mark.slow
 def test_lm_head_gradient_matches_finite_difference_at_eps0(cache):
     st = T.first_steps(T.setup(arm=ARM, seed=SEED, settings=SMALL), 1, keep_init=True)
     m64 = A.float64_model(st.init)
@@ -282,7 +272,6 @@ def test_norm_eps_patches_and_restores():
     assert gpt_module.norm is original
 
 
-@pytest.mark.slow
 def test_rng_untouched_and_the_table(audit):
     state = torch.get_rng_state()
     T.first_steps(T.setup(arm=ARM, seed=SEED, settings=SMALL), 1)
@@ -302,7 +291,6 @@ def _fam(traj, mode, step, family):
     return traj["modes"][mode]["steps"][step]["families"][family]
 
 
-@pytest.mark.slow
 def test_trajectory_every_mode_step0_semantics(traj):
     """Seed 002 §4.5 item 2 read off the raw records (b1 = 0.96, b2 = 0.95: m0 = 0.04 g0, v0 = 0.05 g0^2)."""
     assert list(traj["modes"]) == list(T.STEP0_MODES) and traj["passed"]
@@ -336,7 +324,6 @@ def test_trajectory_every_mode_step0_semantics(traj):
         assert _fam(traj, "nostep0", 0, name)["value"] == _fam(traj, "none", 0, name)["value"]
 
 
-@pytest.mark.slow
 def test_trajectory_step1_multipliers(traj):
     """Step 1 on the controlled scalars: t = 2 on zero moments gives sqrt(1.95)/1.96 = 0.7125 lr
     (the paper's number); a cleared state gives t = 1, multiplier 1."""
@@ -347,7 +334,6 @@ def test_trajectory_step1_multipliers(traj):
                 assert abs(p1 - p0) / f["lr"] == pytest.approx(expected, abs=1e-4), (mode, name)
 
 
-@pytest.mark.slow
 def test_trajectory_modes_share_step0(traj):
     ref = traj["modes"]["none"]["steps"][0]
     for m in traj["modes"].values():
@@ -365,7 +351,6 @@ def test_trajectory_modes_share_step0(traj):
     ("disp_only_nomom", 1, "wte_lambdas", "state_step", 2.0),  # counter not cleared
     ("none", 2, "x0_lambdas", "exp_avg", [0.5, 0.5]),  # not AdamW's moment
 ])
-@pytest.mark.slow
 def test_trajectory_checks_fail_on_broken_records(traj, mode, step, family, key, value):
     broken = json.loads(json.dumps(traj["modes"]))
     f = broken[mode]["steps"][step]["families"][family]
@@ -377,7 +362,6 @@ def test_trajectory_checks_fail_on_broken_records(traj, mode, step, family, key,
     assert all(c["passed"] for c in T.mode_checks(traj["modes"]))
 
 
-@pytest.mark.slow
 def test_trajectory_table_and_cli(traj, cache, capsys):
     text = T.format_trajectory_table(traj)
     for mode in T.STEP0_MODES:
@@ -392,7 +376,6 @@ def test_trajectory_table_and_cli(traj, cache, capsys):
     capsys.readouterr()
 
 
-@pytest.mark.slow
 def test_step0_cli_json(cache, capsys):
     assert main(["diagnose", "step0", "--set", "oe-m=1009", "--seed", "42", "--precision", "bf16", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)

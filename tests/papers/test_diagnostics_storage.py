@@ -23,7 +23,6 @@ from muonlab.model.variants.presub_gains import PresubGainsConfig
 from muonlab.model.variants.qk_scale import QKScaleConfig
 from muonlab.model.gpt import has_ve
 
-slow = pytest.mark.slow  # the CLI fixture compiles every implementation (~60 s on 2 busy cores)
 
 IMPLS = ("none", "unfused_slice", "unfused_contig", "weight_fused")
 L = 3  # layers 0 and 2 have value embeddings, layer 1 none (cheaper to compile than 4)
@@ -47,12 +46,10 @@ def _n(result, impl, mode, key="full"):
     return result["models"][impl][mode][key]
 
 
-@slow
 def test_audit_has_two_value_embedding_layers(result):
     assert result["setup"]["n_ve"] == 2 == sum(has_ve(i, L) for i in range(L))
 
 
-@slow
 def test_compiled_shows_one_pinned_full_buffer_per_value_embedding_layer(result):
     n_ve = result["setup"]["n_ve"]
     assert _n(result, "unfused_slice", "compiled") - _n(result, "weight_fused", "compiled") == n_ve
@@ -68,7 +65,6 @@ def test_compiled_shows_one_pinned_full_buffer_per_value_embedding_layer(result)
     assert r["bytes_full"] == 2 * 48 * 128 * 4 and r["bytes_gate"] == 2 * 48 * 32 * 4
 
 
-@slow
 def test_hooks_see_exactly_what_the_compiled_backward_receives(result):
     for impl in IMPLS:
         r = result["models"][impl]["compiled"]
@@ -78,7 +74,6 @@ def test_hooks_see_exactly_what_the_compiled_backward_receives(result):
         assert r["backend"] == "aot_eager"
 
 
-@slow
 def test_eager_hides_the_pinning(result):
     """Eager saves the unscaled x_hat for the gain's gradient in every unfused variant."""
     assert _n(result, "unfused_slice", "eager") == _n(result, "unfused_contig", "eager")
@@ -86,7 +81,6 @@ def test_eager_hides_the_pinning(result):
     assert _n(result, "unfused_slice", "eager") > _n(result, "weight_fused", "eager")
 
 
-@slow
 def test_single_block_has_ve_pins_one_buffer_plain_block_none(result):
     ve, plain = result["blocks"]["has_ve"], result["blocks"]["no_ve"]
     assert ve["unfused_slice"]["full"] - ve["weight_fused"]["full"] == 1
@@ -94,7 +88,6 @@ def test_single_block_has_ve_pins_one_buffer_plain_block_none(result):
     assert all(r["bw_matches_hooks"] for b in (ve, plain) for r in b.values())
 
 
-@slow
 def test_bf16_autocast_shows_the_paper_pattern():
     """bf16 autocast, n_layer=2 (one value-embedding layer): slice +1 full, gate-scaled +1 gate copy
     (the autocast cast of the fp32 x_hat * gain slice is compact), as in the paper's 97/0 vs 93/4."""
@@ -117,7 +110,6 @@ def test_predicted_delta_matches_the_paper():
     assert storage.predicted_slice_delta(cfg(8, 512), 32, 2048, itemsize=4) == 512.0
 
 
-@slow
 def test_table_lists_every_row_beside_the_paper(result):
     text = storage.format_storage_table(result)
     for impl in IMPLS:
@@ -169,7 +161,6 @@ def test_rejects_unknown_mode_dtype_and_backend():
         storage.audit_storage(cfg, 2, 48, backend="eager")
 
 
-@slow  # > 30 s with a cold Inductor cache
 @pytest.mark.skipif(storage.cxx_compiler() is None, reason="Inductor on CPU needs a C++ compiler")
 def test_inductor_backward_graph_receives_exactly_the_hooked_storages():
     """Through the real Inductor compile (compile_fx with its backward compile observed): the
@@ -281,9 +272,7 @@ def test_a_preset_model_is_what_is_audited():
     assert r["bytes_full"] == 2 * 16 * 64 * 4 and r["full"] > 0 and (2, 16, 64) in r["full_shapes"]
 
 
-@pytest.mark.gpu
-@slow
-def test_cuda_peak_memory_profile():
+def test_cuda_peak_memory_profile(cuda):
     """The peak-memory path (CUDA only): peaks measured after a warm-up, the delta vs "none" and
     the slice's extra peak, which should be about the pinned buffers (n_ve x B T d x 2 bytes)."""
     setup = storage.resolve_setup(depth=2, batch=16, seq_len=512, device="cuda")
@@ -306,7 +295,6 @@ def test_cuda_peak_memory_profile():
     assert storage.NO_PEAK not in storage.format_storage_table(res)
 
 
-@slow
 def test_the_audit_gives_a_verdict_against_the_papers_counts(result):
     """The paper's claim (the slice pins one activation per value-embedding layer, .contiguous() a gate-sized copy,
     weight fusion neither) holds at the CPU shape. gate_scaled, muonlab's reading of a control the paper describes

@@ -40,7 +40,6 @@ def test_each_missing_run_is_priced_from_its_model_and_tokens(tmp_path, capsys):
     assert priced["total_gpu_hours"] == pytest.approx(sum(r["gpu_hours"] for r in priced["runs"]), rel=1e-12)
 
 
-@pytest.mark.slow
 def test_runs_already_done_are_not_priced(tmp_path, capsys):
     assert main(["train", "--preset", "tied-cpu", "--arm", "t1_sign", "--seed", "43", "--num-steps", "2",
                  "--eval-every", "1", "--quiet", "--runs-dir", str(tmp_path / "runs"),

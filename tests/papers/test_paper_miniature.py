@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from support.paper_miniature import run_table_in_miniature
 
-pytestmark = [pytest.mark.slow, pytest.mark.spread]  # each test a unit of work of its own (support.budget.work_unit)
+pytestmark = pytest.mark.spread  # each test a unit of work of its own (support.budget.work_unit)
 
 
 # one table a paper: seed 000's depth-6 transfer (two seeds, one arm at one), seed 002's depth-8 factorial (34 runs;

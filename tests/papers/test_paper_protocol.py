@@ -83,7 +83,6 @@ def test_k5s_miniature_keeps_its_batches_one_to_sixteen_at_one_token_count():
 
 @pytest.mark.parametrize("table_id, paper_runs, grid", [("003-t1", 8, 12), ("000-t1", 7, 8), ("002-d6", 64, 66),
                                                          ("002-d8", 34, 36), ("004-k8", 3, 3)])
-@pytest.mark.slow
 def test_paper_run_makes_the_runs_the_paper_made(table_id, paper_runs, grid, tmp_path, capsys):
     """Seeds per arm as printed (seed 002's #3b/#3c: one seed); --full-grid asks for every arm at every seed."""
     for extra, want in (([], paper_runs), (["--full-grid"], grid)):

@@ -81,7 +81,6 @@ def _ledger(shift: dict[str, float] | None = None, preset_of=lambda t: t.preset)
     return lines
 
 
-@pytest.mark.slow
 def test_the_papers_own_numbers_score_zero_deviation():
     card = _card(list(TABLES.values()), _ledger())
     for t in card["tables"]:
@@ -192,7 +191,6 @@ def test_usage_errors_are_one_line(capsys):
     assert main(["paper", "tables"]) == 0 and "004-t1-t5gemma2" in capsys.readouterr().out
 
 
-@pytest.mark.slow
 def test_paper_run_launches_the_missing_runs_then_scores(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("MUONLAB_CACHE", str(tmp_path))
     argv = ["paper", "run", "004-k8", "--preset", "tied-cpu", "--num-steps", "4", "--json"]  # a short CPU check

@@ -165,7 +165,6 @@ def afmuon_run(tmp_path_factory):
     return run_dir
 
 
-@pytest.mark.slow
 def test_a_tied_run_records_every_metric_the_new_tables_read(afmuon_run):
     (record,) = [json.loads(line) for line in open(afmuon_run.parent / "ledger.jsonl")]
     read = {TABLES[tid].metric for tid in NEW}
@@ -178,7 +177,6 @@ def _line(text: str, key: str) -> list[str]:
     return line.split()
 
 
-@pytest.mark.slow
 def test_diagnose_tied_prints_table13s_gradient_norm_beside_the_measured_one(afmuon_run, capsys, monkeypatch):
     from muonlab.diagnostics.runs import capture_batches
     from muonlab.diagnostics.runs import load_run
@@ -207,7 +205,6 @@ def test_diagnose_tied_prints_table13s_gradient_norm_beside_the_measured_one(afm
     assert "paper grad_norm: Table 13" in text
 
 
-@pytest.mark.slow
 def test_diagnose_afmuon_prints_the_models_table_row_beside_the_measured_one(afmuon_run, capsys, monkeypatch):
     assert main(["diagnose", "afmuon", "--run", str(afmuon_run)]) == 0
     plain = capsys.readouterr().out

@@ -84,7 +84,6 @@ def moe_run(tmp_path_factory):
     return run_dir
 
 
-@pytest.mark.slow
 def test_a_tied_run_records_table3_and_router_statistics_per_evaluation(moe_run):
     rows = [json.loads(line) for line in open(moe_run / "metrics.jsonl")]
     evals = [r for r in rows if "val_ce" in r]
@@ -99,7 +98,6 @@ def test_a_tied_run_records_table3_and_router_statistics_per_evaluation(moe_run)
     assert {k: m[k] for k in want} == want and {k: summary[k] for k in want} == want
 
 
-@pytest.mark.slow
 def test_diagnose_tied_measures_a_full_step_of_the_run(moe_run, capsys):
     from muonlab.diagnostics.runs import capture_batches
     from muonlab.diagnostics.runs import load_run
@@ -117,7 +115,6 @@ def test_diagnose_tied_measures_a_full_step_of_the_run(moe_run, capsys):
     assert 0 < res["router_entropy"] <= 1 and res["paper"]["tied_rms"] == pytest.approx(0.3855, abs=1e-4)
 
 
-@pytest.mark.slow
 def test_diagnose_tied_refuses_an_untied_run(tmp_path, capsys):
     runs = tmp_path / "runs"
     assert main(["train", "--preset", "reuse-cpu", "--num-steps", "2", "--cache-dir", str(tmp_path / "cache"),
@@ -146,7 +143,6 @@ def test_overhead_state_is_one_fp32_buffer_per_tensor_plus_adamws_second_moment(
     assert res["state_ratio"] == pytest.approx(want["t1_afmuon"] / want["t1_hybrid"], rel=1e-12)
 
 
-@pytest.mark.slow  # three Hugging Face models built (and transformers imported, in a fresh process): 2.8 CPU s alone
 def test_overhead_at_the_paper_shapes_beside_table27():
     """Qwen2.5-0.5B and Llama-3.2-1B: the saving the paper prints follows from the shapes (our
     check); NanoGPT's printed sizes do not, and the table names the difference."""
@@ -166,7 +162,6 @@ def test_overhead_refuses_negative_steps(capsys):
 
 
 # --- records that tell the truth -----------------------------------------------------------------
-@pytest.mark.slow
 def test_the_record_gives_the_optimizer_as_built(moe_run):
     (record,) = [json.loads(line) for line in open(moe_run.parent / "ledger.jsonl")]
     groups = {g["part"]: g for g in record["optimizer_groups"]}

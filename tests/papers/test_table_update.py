@@ -186,12 +186,11 @@ def test_learning_rate_and_state_bytes():
     assert total == 4 * 603432 and round(total / 2**20, 2) == 2.30
 
 
-@pytest.mark.gpu
-def test_cuda_matches_cpu():
+def test_cuda_matches_cpu(cuda):
     grad = torch.randn(ROWS, W).to(torch.bfloat16)
     counts = torch.randint(0, 3, (ROWS,)).float()
     cpu = torch.randn(ROWS, W).to(torch.bfloat16)
-    gpu = cpu.cuda()
+    gpu = cpu.to(cuda)
     moment_free_step(cpu, grad, counts.clone(), torch.tensor(0.5), neumann_beta=0.5)
-    moment_free_step(gpu, grad.cuda(), counts.cuda(), torch.tensor(0.5), neumann_beta=0.5)
+    moment_free_step(gpu, grad.to(cuda), counts.to(cuda), torch.tensor(0.5), neumann_beta=0.5)
     assert_within_ulp(gpu.cpu(), cpu.double())

@@ -85,7 +85,6 @@ def _plan(study: Path, capsys) -> dict[str, str]:
     return {p["arm"]: p["action"] for p in json.loads(capsys.readouterr().out)["runs"]}
 
 
-@pytest.mark.slow
 def test_an_edited_plugin_runs_again_and_the_report_keeps_the_two_versions_apart(tmp_path, capsys):
     plugin, study = _study(tmp_path)
     assert main(["sweep", "--experiment", str(study), "--json"]) == 0
@@ -110,7 +109,6 @@ def test_an_edited_plugin_runs_again_and_the_report_keeps_the_two_versions_apart
     assert md.startswith(f"# Experiment report: study ({study})")  # titled by the experiment, not the ledger
 
 
-@pytest.mark.slow
 def test_eval_and_resume_refuse_a_run_whose_plugin_changed(tmp_path, capsys):
     plugin = tmp_path / "mine.py"
     plugin.write_text(MIX)

@@ -75,7 +75,6 @@ VARIANT = textwrap.dedent('''
 ''')
 
 
-@pytest.mark.slow
 def test_a_plugin_model_variant_trains_from_the_command_line(tmp_path, capsys):
     plugin = tmp_path / "my_variant.py"
     plugin.write_text(VARIANT)
@@ -94,7 +93,6 @@ def _train(argv, capsys) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
-@pytest.mark.slow
 def test_a_plugin_conditioner_trains_from_the_command_line(tmp_path, capsys):
     plugin = tmp_path / "my_conditioner.py"
     plugin.write_text(CONDITIONER)
@@ -123,7 +121,6 @@ def test_a_missing_plugin_is_a_usage_error(tmp_path, capsys):
     assert "plug-in file not found" in capsys.readouterr().err
 
 
-@pytest.mark.slow
 def test_a_plugin_option_is_a_flag_a_dotted_key_and_hashed(tmp_path, capsys):
     """--prepolar-p of a plug-in conditioner: two values train to different weights, each recorded
     and hashed; it is refused where it does not act, checked by the plug-in's own rule, listed
@@ -158,7 +155,6 @@ def test_a_plugin_option_is_a_flag_a_dotted_key_and_hashed(tmp_path, capsys):
                                                    "help": "the power of |G| (1: the Nesterov tensor, 0: its sign)"}]
 
 
-@pytest.mark.slow
 def test_a_plugin_variant_option_is_a_flag_a_dotted_key_and_hashed(tmp_path, capsys):
     """--plugin-branch-scale-lr-mult of a plug-in model variant: two values give two AdamW learning
     rates for its parameter and other trained weights; refused while the variant is off; listed."""
@@ -184,7 +180,6 @@ def test_a_plugin_variant_option_is_a_flag_a_dotted_key_and_hashed(tmp_path, cap
     assert [s["flag"] for s in listed["plugin_branch_scale"]["settings"]] == ["--plugin-branch-scale-lr-mult"]
 
 
-@pytest.mark.slow
 def test_a_plugin_whose_methods_the_run_does_not_select_is_refused(tmp_path, capsys):
     """Issue 32: --plugin F that registers a conditioner the run never selects would not act."""
     plugin = tmp_path / "unused_conditioner.py"
@@ -197,7 +192,6 @@ def test_a_plugin_whose_methods_the_run_does_not_select_is_refused(tmp_path, cap
     assert err.count("\n") == 1 and not runs.exists()
     assert main(["train", "--preset", "cpu-tiny", "--num-steps", "1", "--plugin", str(plugin), "--prepolar",
                  "plugin_sign_unused", "--runs-dir", str(runs), "--quiet"]) == 0  # selected: it acts
-
 
 
 def test_a_sweep_with_a_plugin_no_arm_selects_is_refused(tmp_path, capsys):
@@ -232,7 +226,6 @@ PLAIN = textwrap.dedent('''
 ''')
 
 
-@pytest.mark.slow
 def test_a_plugins_plain_field_is_a_setting_with_its_docstring_as_help(tmp_path, capsys):
     """`p: float = 0.5` is --prepolar-p (help: its docstring) and optim.prepolar.p, hashed; a field declared
     `fixed` is not a flag; a field no flag can carry is refused at registration in one line."""

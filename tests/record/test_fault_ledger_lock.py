@@ -31,7 +31,6 @@ def _append_many(path, writer: int, count: int, start) -> None:
         append_record(path, record(writer, i))
 
 
-@pytest.mark.multiprocess
 def test_concurrent_multi_chunk_appends_stay_whole(tmp_path):
     path = tmp_path / "ledger.jsonl"
     writers, count = 4, 24
@@ -66,7 +65,6 @@ def _append_pausing_mid_record(path, remove_lock: bool, mid_write, probed) -> No
     append_record(path, record(0, 0))
 
 
-@pytest.mark.multiprocess
 @pytest.mark.parametrize("remove_lock", [False, True], ids=["writer", "writer-without-lock"])
 def test_lock_is_held_from_first_chunk_to_last(tmp_path, remove_lock):
     from filelock import FileLock, Timeout

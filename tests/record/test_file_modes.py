@@ -39,8 +39,6 @@ def test_atomic_and_appended_files_take_the_umask(mask, mode, tmp_path):
     assert not list(tmp_path.glob(".*.tmp"))  # no temp file left beside them
 
 
-@pytest.mark.slow
-@pytest.mark.multiprocess
 def test_every_kind_of_file_a_run_a_sweep_prepare_and_report_write_is_0644_under_umask_022(tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     monkeypatch.setenv("MUONLAB_CACHE", str(cache))

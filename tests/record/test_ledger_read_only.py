@@ -41,7 +41,6 @@ def _train_one_step(tmp_path, runs, *extra: str, program=("-m", "muonlab")) -> s
                           env={**os.environ, "MUONLAB_CACHE": str(tmp_path / "cache")}, **_held_to_permission_bits())
 
 
-@pytest.mark.slow
 def test_a_read_only_ledger_is_refused_before_anything_runs(tmp_path):
     runs = tmp_path / "runs"
     runs.mkdir()
@@ -56,7 +55,6 @@ def test_a_read_only_ledger_is_refused_before_anything_runs(tmp_path):
     assert sorted(tmp_path.rglob("*")) == before  # no run directory, no corpus
 
 
-@pytest.mark.slow
 def test_a_writable_ledger_in_a_read_only_folder_is_refused_for_its_lock(tmp_path):
     """The ledger's lock file is created beside it: a folder that refuses it would lose the line at the end."""
     runs = tmp_path / "runs"
@@ -72,7 +70,6 @@ def test_a_writable_ledger_in_a_read_only_folder_is_refused_for_its_lock(tmp_pat
     assert sorted(p.name for p in runs.iterdir()) == ["ledger.jsonl"]
 
 
-@pytest.mark.slow
 def test_a_ledger_the_process_can_write_runs(tmp_path):
     """The same command on a writable ledger trains and appends (the refusal above is the mode's doing)."""
     runs = tmp_path / "runs"
@@ -94,7 +91,6 @@ sys.exit(main(sys.argv[2:]))
 """
 
 
-@pytest.mark.slow
 def test_a_ledger_that_turns_read_only_keeps_the_finished_run_for_recover(tmp_path):
     runs = tmp_path / "runs"
     runs.mkdir()

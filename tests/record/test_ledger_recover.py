@@ -11,10 +11,8 @@ from muonlab.cli import main
 from muonlab.errors import MuonlabError
 from muonlab.record import ledger
 
-import pytest
 
 
-@pytest.mark.slow
 def test_a_line_the_ledger_refused_is_kept_and_recovered_once(tmp_path, capsys, monkeypatch):
     runs = tmp_path / "runs"
     real = ledger.append_record

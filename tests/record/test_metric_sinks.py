@@ -8,8 +8,6 @@ import importlib.machinery
 import sys
 import types
 
-import pytest
-
 from muonlab.cli import main
 
 
@@ -51,7 +49,6 @@ def _module(name, **attrs):
     return module
 
 
-@pytest.mark.slow
 def test_wandb_and_tensorboard_get_the_runs_group_tags_and_hyperparameters(tmp_path, monkeypatch):
     runs = []
     monkeypatch.setitem(sys.modules, "wandb", _module("wandb", init=lambda **kw: runs.append(FakeWandbRun(**kw))

@@ -23,7 +23,6 @@ def run_dir(tmp_path_factory):
     return path
 
 
-@pytest.mark.slow
 def test_the_final_weights_are_also_safetensors_with_what_rebuilds_the_model(run_dir):
     state, metadata = load_safetensors(run_dir / "model.safetensors")
     pickled = torch.load(run_dir / "model.pt", weights_only=True)
@@ -33,7 +32,6 @@ def test_the_final_weights_are_also_safetensors_with_what_rebuilds_the_model(run
     assert metadata["config_hash"] == config["config_hash"] and int(metadata["vocab_size"]) == 300
 
 
-@pytest.mark.slow
 def test_load_run_returns_the_trained_model(run_dir):
     model = muonlab.load_run(run_dir)
     pickled = torch.load(run_dir / "model.pt", weights_only=True)

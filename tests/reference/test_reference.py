@@ -107,7 +107,6 @@ def test_full_attention_instead_of_window_is_caught(fp32_reference_bundle, monke
     assert not report.checks()["loss"]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("precision,shape", [
     ("fp32", dict(sequence_len=24, vocab_size=96, n_layer=3, n_head=2, n_kv_head=1, n_embd=64, window_pattern="SL")),
     ("bf16", dict(sequence_len=16, vocab_size=64, n_layer=4, n_head=4, n_kv_head=2, n_embd=128, window_pattern="L")),

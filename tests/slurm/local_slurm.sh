@@ -20,7 +20,9 @@ install() {
 write_conf() {
   mkdir -p "$DIR/state" "$DIR/spool" "$DIR/munge"
   local host cpus mem
-  host=$(hostname -s); cpus=$(nproc); mem=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 * 3 / 4 ))
+  # every core, not the one thread the suite's workers ask of OpenMP (nproc honours OMP_NUM_THREADS: a node of one CPU
+  # leaves a two-task job pending for ever)
+  host=$(hostname -s); cpus=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc); mem=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 * 3 / 4 ))
   cat > "$CONF" <<CONF
 ClusterName=muonlab-local
 SlurmctldHost=$host(127.0.0.1)

@@ -3,13 +3,14 @@
 Each test's call is measured in CPU seconds (this process's user + system time, plus its waited-for
 children's and the sweep runs its warm server forked): on a machine busy with other work a test's wall time grows with the load, its CPU time
 hardly does, so the check holds on a loaded laptop and still catches a test that got expensive. A test's
-tier is what its markers say (gpu, slurm, multiprocess, slow; else fast); a test over its tier's budget
-(TIER_BUDGET_CPU_S: fast, multiprocess and slurm) fails the session, so no tier but slow can grow costlier tests
-unnoticed: mark the test slow, or make it cheaper. What a test uses decides its tier too: a test that runs the training
-loop in its own process (muonlab.train.loop.train_loop, in its body or in a fixture it uses, whichever test set the
-fixture up: `main(["train", ...])`, `run_training`, a diagnostic that takes steps) is not fast, whatever it costs here,
-and an unmarked one fails the session (`make test-fast`, the tier a developer runs on every change, trains nothing). A
-run in a child process (a sweep's local run, torchrun's ranks) is not counted as one: its CPU is, against the budget.
+tier is derived (support.tiers: what it uses, and what it did when the suite last measured it); a test over its
+tier's budget (TIER_BUDGET_CPU_S: fast, multiprocess and slurm) fails the session, so no tier but slow can grow
+costlier tests unnoticed. Each run measures what each test does again: how many times it entered the training loop
+(muonlab.train.loop.train_loop, in its body or in a fixture it uses, whichever test set the fixture up:
+`main(["train", ...])`, `run_training`, a diagnostic that takes steps) and how many processes it started; a test
+the record calls fast that did either fails the session, named, with the command that records its tier
+(`make test-fast`, the tier a developer runs on every change, trains nothing and starts no process).
+MUONLAB_TEST_TIERS=write (`make test-tiers`) rewrites the record from the run instead.
 The terminal summary lists the slowest tests by wall time with their CPU time.
 
 MUONLAB_TEST_BUDGET_SCALE multiplies the budget (a slower machine class than the 2-core machines it was
@@ -29,11 +30,13 @@ from pathlib import Path
 
 import pytest
 
+from support import tiers as tiers_module
+from support.tiers import TIERS, Measured, measured_tier
+
 FAST_BUDGET_CPU_S = 2.0  # the fast tier's limit per test: `make test-fast` runs that tier in about a minute on 2 cores
 # Every tier but slow (whose tests are the suite's long end-to-end checks) and gpu (not run on these machines) has
 # a limit per test, about twice the costliest such test on the 2-core machines: none can creep up unnoticed.
 TIER_BUDGET_CPU_S = {"fast": FAST_BUDGET_CPU_S, "multiprocess": 60.0, "slurm": 40.0}
-TIERS = ("gpu", "slurm", "multiprocess", "slow")  # the first marker a test carries names its tier
 SHOWN = 10
 
 
@@ -68,6 +71,47 @@ class TrainingLoops:
         for module in list(sys.modules.values()):  # muonlab's and the test modules' (their names' dicts alone)
             if getattr(module, "__dict__", {}).get("train_loop") is original:
                 module.train_loop = counted
+
+
+# Programs the product and torch run for a fact or a compile (provenance's git, platform's uname, inductor's C++
+# compiler): a moment each, and not a process of the test's own; every other start counts
+HELPER_PROGRAMS = frozenset({"git", "uname", "ldconfig", "cc", "c++", "gcc", "g++", "clang", "clang++", "nvidia-smi"})
+
+
+class ProcessStarts:
+    """How many processes this process started: every way the product and the tests start one ends in one of these
+    (subprocess.Popen: torchrun, a command line in a new interpreter, SLURM's commands; multiprocessing's
+    Process.start: gloo ranks, a sweep's runs forked from the warm server), a helper program aside."""
+
+    count = 0
+
+    @classmethod
+    def install(cls) -> None:
+        import multiprocessing.process
+        import subprocess
+
+        if getattr(subprocess.Popen._execute_child, "_counted", False):
+            return
+        execute_child, start = subprocess.Popen._execute_child, multiprocessing.process.BaseProcess.start
+
+        @functools.wraps(execute_child)
+        def counted_child(self, args, executable, *rest, **kwargs):
+            if _program(args, executable) not in HELPER_PROGRAMS:
+                cls.count += 1
+            return execute_child(self, args, executable, *rest, **kwargs)
+
+        @functools.wraps(start)
+        def counted_start(self):
+            cls.count += 1
+            return start(self)
+
+        counted_child._counted = True
+        subprocess.Popen._execute_child, multiprocessing.process.BaseProcess.start = counted_child, counted_start
+
+
+def _program(args, executable) -> str:
+    first = executable or (args.split()[0] if isinstance(args, (str, bytes)) else args[0])
+    return os.path.basename(os.fsdecode(first))
 
 
 def _cpu_seconds() -> float:
@@ -148,31 +192,55 @@ def _fixture_defs(item) -> list:
     return [defs[name][-1] for name in getattr(item, "fixturenames", ()) if defs.get(name)]
 
 
+def _budgets() -> dict[str, float]:
+    return {name: budget_s(name) for name in TIER_BUDGET_CPU_S}
+
+
 class TierBudget:
     """The pytest plug-in (registered by conftest.py): works in xdist workers and in the controller."""
 
-    def __init__(self) -> None:
+    def __init__(self, record: Path | None = None) -> None:
+        self.record_path = record or tiers_module.RECORD
+        # read once and taken out of the environment, so that a session a test starts (a pytest in a new interpreter,
+        # the float64 check's mutation runs) writes neither file: only the session that was asked to does
+        self.writing_record = os.environ.pop("MUONLAB_TEST_TIERS", None) == "write"
+        self.writing_costs = os.environ.pop("MUONLAB_TEST_COSTS", None) == "write"
         self.seen: list[tuple[str, str, float, float]] = []  # (nodeid, tier, wall s, cpu s)
         self.phases: list[tuple[str, str, float, float | None]] = []  # (nodeid, phase, wall s, cpu s or None)
-        self.trained: list[str] = []  # fast tests that ran the training loop (their fixtures' setup included)
-        self._loops_before_setup = 0
-        # fixtures whose setup entered the training loop: a module or session fixture is set up by the first test
-        # that asks for it, so a later test using it trained as much, whichever test ran first
-        self._trained_fixtures: set = set()  # their FixtureDefs (two fixtures may share a name)
+        self.measured: dict[str, Measured] = {}  # every test that ran, but a gpu or slurm one (their tier is static)
+        self.unrecorded: list[tuple[str, str]] = []  # (nodeid, what it did): fast tests that did a slower tier's work
+        self._before_setup = (0, 0)
+        # what each fixture's setup did: a module fixture is set up by the first test that asks for it, so a later
+        # test using it did as much, whichever test ran first
+        self._fixture_costs: dict = {}  # FixtureDef (two may share a name) -> (training loops, processes, CPU s)
+        self._set_up_here: set = set()  # the FixtureDefs set up since this test's setup began (counted as its own)
+
+    @staticmethod
+    def _counts() -> tuple[int, int]:
+        return TrainingLoops.count, ProcessStarts.count
+
+    @pytest.hookimpl(tryfirst=True)  # before -m selects by the tiers and conftest.py orders by them
+    def pytest_collection_modifyitems(self, session, config, items) -> None:
+        errors = tiers_module.assign(items, tiers_module.read_record(self.record_path))
+        if errors:
+            raise pytest.UsageError("\n".join(errors))
 
     @pytest.hookimpl(wrapper=True)
     def pytest_fixture_setup(self, fixturedef, request):
-        before = TrainingLoops.count
+        before, start = self._counts(), _cpu_seconds()
+        self._set_up_here.add(fixturedef)
         try:
             return (yield)
         finally:
-            if TrainingLoops.count > before:
-                self._trained_fixtures.add(fixturedef)
+            loops, processes = (after - b for after, b in zip(self._counts(), before))
+            self._fixture_costs[fixturedef] = (loops, processes, _cpu_seconds() - start)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_setup(self, item):
         TrainingLoops.install()
-        self._loops_before_setup = TrainingLoops.count
+        ProcessStarts.install()
+        self._before_setup = self._counts()
+        self._set_up_here = set()
         return (yield)
 
     @pytest.hookimpl(wrapper=True)
@@ -181,24 +249,49 @@ class TierBudget:
         try:
             return (yield)
         finally:
-            item.user_properties.append(("cpu_s", _cpu_seconds() - start))
-            item.user_properties.append(("tier", tier(item)))
-            item.user_properties.append(("training_loops", TrainingLoops.count - self._loops_before_setup
-                                         + len(self._trained_fixtures.intersection(_fixture_defs(item)))))
+            cpu_s = _cpu_seconds() - start
+            loops, processes = (after - b for after, b in zip(self._counts(), self._before_setup))
+            fixtures_cpu_s = 0.0
+            for fixturedef in set(_fixture_defs(item)):
+                fixture_loops, fixture_processes, fixture_cpu_s = self._fixture_costs.get(fixturedef, (0, 0, 0.0))
+                fixtures_cpu_s += fixture_cpu_s
+                if fixturedef not in self._set_up_here:  # set up by an earlier test: what it did counts here too
+                    loops, processes = loops + fixture_loops, processes + fixture_processes
+            item.user_properties += [("cpu_s", cpu_s), ("tier", tier(item)), ("training_loops", loops),
+                                     ("processes", processes), ("fixtures_cpu_s", fixtures_cpu_s)]
 
     def pytest_runtest_logreport(self, report) -> None:
         props = dict(report.user_properties)
         self.phases.append((report.nodeid, report.when, report.duration,
                             props.get("cpu_s") if report.when == "call" else None))
-        if report.when != "call":
+        if report.when != "call" or "cpu_s" not in props:
             return
-        if "cpu_s" in props:
-            self.seen.append((report.nodeid, props["tier"], report.duration, props["cpu_s"]))
-            if props["tier"] == "fast" and props.get("training_loops"):
-                self.trained.append(report.nodeid)
+        self.seen.append((report.nodeid, props["tier"], report.duration, props["cpu_s"]))
+        if props["tier"] in ("gpu", "slurm"):
+            return
+        m = self.measured[report.nodeid] = Measured(props["cpu_s"] + props["fixtures_cpu_s"], props["training_loops"],
+                                                    props["processes"])
+        did = [f"{what} {count}" for what, count in (("trained", m.training_loops), ("started processes", m.processes))
+               if count]
+        if props["fixtures_cpu_s"] > budget_s("fast") and props["cpu_s"] <= budget_s("fast"):
+            did.append(f"its fixtures took {props['fixtures_cpu_s']:.1f} CPU s")
+        if props["tier"] == "fast" and did:
+            self.unrecorded.append((report.nodeid, ", ".join(did)))
 
     def over_budget(self) -> list[tuple[str, str, float, float]]:
+        if self.writing_record:  # the run that records the tiers fails none by the record it replaces
+            return []
         return [row for row in self.seen if row[1] in TIER_BUDGET_CPU_S and row[3] > budget_s(row[1])]
+
+    def failed_tiers(self) -> list[tuple[str, str]]:
+        return [] if self.writing_record else self.unrecorded
+
+    def write_record(self) -> None:
+        """The record, rewritten: each test that ran, its measured tier; a test that did not run here keeps its
+        entry (a skipped test, or one left out by -k)."""
+        recorded = {n: t for n, t in tiers_module.read_record(self.record_path).items() if n not in self.measured}
+        recorded |= {n: measured_tier(m, _budgets()) for n, m in self.measured.items()}
+        tiers_module.write_record({n: t for n, t in recorded.items() if t != "fast"}, self.record_path)
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if not self.seen or hasattr(terminalreporter.config, "workerinput"):
@@ -207,13 +300,16 @@ class TierBudget:
             with open(os.environ["MUONLAB_TEST_TIMES"], "w") as f:
                 f.writelines(f"{nodeid}\t{phase}\t{wall:.3f}\t{'' if cpu is None else f'{cpu:.3f}'}\n"
                              for nodeid, phase, wall, cpu in self.phases)
-        if os.environ.get("MUONLAB_TEST_COSTS") == "write":
+        if self.writing_costs:
             costs: dict[str, float] = {}
             for nodeid, _phase, wall, _cpu in self.phases:
                 unit = work_unit(nodeid, terminalreporter.config.rootpath)
                 costs[unit] = costs.get(unit, 0.0) + wall
             UNIT_COSTS.write_text(json.dumps({k: round(v, 1) for k, v in sorted(costs.items())}, indent=0) + "\n")
         write = terminalreporter.write_line
+        if self.writing_record:
+            self.write_record()
+            write(f"the tiers of {len(self.measured)} tests measured, recorded in {self.record_path}")
         write(f"slowest {SHOWN} tests (wall s, CPU s, tier):")
         for nodeid, name, wall, cpu in sorted(self.seen, key=lambda r: -r[2])[:SHOWN]:
             write(f"  {wall:7.1f} {cpu:7.1f}  {name:<12} {nodeid}")
@@ -222,17 +318,18 @@ class TierBudget:
             rows = [row for row in over if row[1] == name]
             if rows:
                 write(f"{len(rows)} {name} test(s) over the {name} tier's budget of {budget_s(name):.1f} CPU s "
-                      f"(mark them slow, or make them cheaper):")
+                      f"(record their tiers with `{tiers_module.RECORD_COMMAND}`, or make them cheaper):")
                 for nodeid, _, wall, cpu in sorted(rows, key=lambda r: -r[3]):
                     write(f"  {cpu:7.1f} CPU s  {nodeid}")
-        if self.trained:
-            write(f"{len(self.trained)} fast test(s) ran the training loop (mark them slow):")
-            for nodeid in sorted(self.trained):
-                write(f"  {nodeid}")
+        if self.failed_tiers():
+            write(f"{len(self.failed_tiers())} fast test(s) trained, started a process or set up costly fixtures "
+                  f"(record their tiers with `{tiers_module.RECORD_COMMAND}`):")
+            for nodeid, did in sorted(self.failed_tiers()):
+                write(f"  {nodeid} ({did})")
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session, exitstatus) -> None:
         if hasattr(session.config, "workerinput") or os.environ.get("MUONLAB_TEST_BUDGET") == "off":
             return
-        if (self.over_budget() or self.trained) and session.exitstatus == 0:
+        if (self.over_budget() or self.failed_tiers()) and session.exitstatus == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED

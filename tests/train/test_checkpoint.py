@@ -74,7 +74,6 @@ def _wait_for_steps(run_dir: Path, n: int, proc, timeout=120):
     raise AssertionError(f"run did not reach {n} steps (exit {proc.poll()})")
 
 
-@pytest.mark.slow
 def test_killed_run_resumes_bitwise(tmp_path, reference_run, capsys):
     ref_dir, ref_summary = reference_run
     proc = _start(tmp_path, "killed")
@@ -96,7 +95,6 @@ def test_killed_run_resumes_bitwise(tmp_path, reference_run, capsys):
     assert [r["status"] for r in rec] == ["ok"] and rec[0]["resumed_from_step"] % 4 == 0
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR2])  # a preemption; SLURM's notice before one
 def test_sigterm_checkpoints_and_resumes(tmp_path, reference_run, capsys, monkeypatch, sig):
     ref_dir, _ = reference_run
@@ -116,7 +114,6 @@ def test_sigterm_checkpoints_and_resumes(tmp_path, reference_run, capsys, monkey
     assert [r["status"] for r in ledger(tmp_path) if r["run_id"] == "preempted"] == ["interrupted", "ok"]
 
 
-@pytest.mark.slow
 def test_a_checkpoint_interval_in_minutes_checkpoints_by_wall_time(tmp_path, monkeypatch, capsys):
     """checkpoint_minutes: a checkpoint after the first step that ends that much wall time after the
     last; the clock is the loop's own (time.monotonic), stepped 40 s per read here."""
@@ -135,7 +132,6 @@ def test_a_checkpoint_interval_in_minutes_checkpoints_by_wall_time(tmp_path, mon
     assert_same_weights(runs(tmp_path) / "by-minutes", runs(tmp_path) / "by-end")  # checkpoints move no number
 
 
-@pytest.mark.slow
 def test_damaged_checkpoint_is_refused_and_fallback_works(tmp_path, reference_run, capsys):
     ref_dir, _ = reference_run
     newest = list_checkpoints(ref_dir)[-1]
@@ -155,7 +151,6 @@ def test_damaged_checkpoint_is_refused_and_fallback_works(tmp_path, reference_ru
     assert verify_checkpoint(flipped) == "checksum mismatch (corrupted)"
 
 
-@pytest.mark.slow
 def test_divergence_keeps_last_good_checkpoint(tmp_path, monkeypatch, capsys):
     real_forward = GPT.forward
     calls = {"n": 0}
@@ -174,7 +169,6 @@ def test_divergence_keeps_last_good_checkpoint(tmp_path, monkeypatch, capsys):
     assert kept and kept[-1].name == "step-000004.pt" and verify_checkpoint(kept[-1]) is None
 
 
-@pytest.mark.slow
 def test_out_of_memory_is_reported_with_the_batch_shape(tmp_path, monkeypatch, capsys):
     def oom(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
@@ -187,7 +181,6 @@ def test_out_of_memory_is_reported_with_the_batch_shape(tmp_path, monkeypatch, c
     assert rec["status"] == "failed" and rec["error_kind"] == "oom"
 
 
-@pytest.mark.slow
 def test_disk_full_during_checkpoint_keeps_the_previous_one(tmp_path, monkeypatch, capsys):
     real_save = torch.save
     saves = {"n": 0}

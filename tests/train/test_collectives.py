@@ -42,7 +42,6 @@ def _distributed_calls(path: Path) -> list[str]:
     return found
 
 
-@pytest.mark.slow
 def test_every_collective_in_muonlab_goes_through_the_helper():
     root = Path(muonlab.__file__).resolve().parent
     outside = [call for path in sorted(root.rglob("*.py")) if path.resolve() != HELPER

@@ -12,8 +12,6 @@ from muonlab.arms import resolve_config
 from muonlab.device import Runtime
 from muonlab.train.build import build_model, build_optimizer
 
-pytestmark = pytest.mark.multiprocess  # a process group (of one) in this process
-
 
 @pytest.fixture
 def world_of_one(tmp_path):

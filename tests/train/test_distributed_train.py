@@ -10,7 +10,7 @@ import pytest
 import torch
 from support.models import assert_trained
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.spread]  # each test a unit of work of its own (support.budget.work_unit)
+pytestmark = pytest.mark.spread  # each test a unit of work of its own (support.budget.work_unit)
 
 ARGS = ["train", "--preset", "cpu-tiny", "--num-steps", "16", "--json"]
 PEAK = 1e15  # what every device reports under the fixed_peak plug-in, so CPU runs have an MFU
@@ -26,7 +26,6 @@ def _run(tmp_path, argv, nproc=None, threads="1"):
     return done
 
 
-@pytest.mark.slow
 def test_two_ranks_match_one_process(tmp_path):
     single = _run(tmp_path, ARGS + FIXED_PEAK + ["--run-name", "single"])
     assert single.returncode == 0, single.stderr
@@ -63,7 +62,6 @@ def test_two_ranks_match_one_process(tmp_path):
 TEARDOWN_REPEATS = 3
 
 
-@pytest.mark.slow
 def test_a_two_rank_run_ends_cleanly_every_time(tmp_path):
     """Issue 46: rank 1 of a 2-process gloo run once aborted at exit ("terminate called without an active
     exception", -6). Each rank frees what holds a collective's work and leaves the group before the interpreter
@@ -76,14 +74,12 @@ def test_a_two_rank_run_ends_cleanly_every_time(tmp_path):
         assert json.loads(done.stdout)["status"] == "ok"
 
 
-@pytest.mark.slow
 def test_global_batch_must_split_over_ranks(tmp_path):
     done = _run(tmp_path, ARGS + ["--device-batch-size", "8"], nproc=2)  # 512 tokens = 8 rows: 1 rank only
     assert done.returncode != 0
     assert "not divisible by device_batch_size x sequence_len x world_size" in done.stderr
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("preset", ["tied-cpu"])  # DistAFMuon (DistMuonAdamW's: tests/doctor/test_doctor_gpu.py)
 def test_a_torchrun_world_of_one_takes_the_group_path(tmp_path, preset):
     """`torchrun --nproc_per_node 1` joins a process group (gloo here, NCCL on a GPU) and runs the
@@ -110,7 +106,6 @@ FINALIZED = ("import atexit, runpy\n"
              "runpy.run_module('muonlab', run_name='__main__', alter_sys=True)\n")
 
 
-@pytest.mark.slow
 def test_a_rank_ends_with_its_commands_status_and_output_without_finalization(tmp_path):
     """A rank (RANK and WORLD_SIZE set, as torchrun sets them) leaves through exit_rank: its output flushed, its
     exit status the command's, no finalization (where threads torn down inside C++ code abort); any other

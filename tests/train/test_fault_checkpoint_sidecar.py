@@ -4,7 +4,6 @@ with none, says in one line what to do."""
 
 from pathlib import Path
 
-import pytest
 import torch
 
 import muonlab.train.checkpoint as ckpt_module
@@ -33,7 +32,6 @@ def weights(path: Path) -> dict:
     return torch.load(path, weights_only=True)
 
 
-@pytest.mark.slow
 def test_resume_passes_over_a_checkpoint_without_its_sidecar(tmp_path, monkeypatch, capsys, one_thread):
     runs = tmp_path / "cache" / "runs"
     assert main(TINY + ["--runs-dir", str(tmp_path / "reference"), "--run-name", "reference"]) == 0
@@ -58,7 +56,6 @@ def test_resume_passes_over_a_checkpoint_without_its_sidecar(tmp_path, monkeypat
     assert final.keys() == reference.keys() and all(torch.equal(final[k], reference[k]) for k in final)
 
 
-@pytest.mark.slow
 def test_no_complete_checkpoint_says_what_to_do(tmp_path, monkeypatch, capsys, one_thread):
     with monkeypatch.context() as patch:
         crash_before_sidecar(patch, 2)  # the first checkpoint

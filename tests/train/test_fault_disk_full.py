@@ -87,7 +87,6 @@ class _FullFile:
         return False
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("target", ["metrics.jsonl", "summary.json", "model.pt", "model.safetensors", "ledger.jsonl"])
 def test_full_disk_leaves_a_failed_record_and_nothing_torn(tmp_path, monkeypatch, capsys, one_thread, target):
     runs = tmp_path / "cache" / "runs"

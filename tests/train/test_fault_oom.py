@@ -29,7 +29,6 @@ def raise_oom_at_step(monkeypatch, owner, name: str, calls_per_step: int) -> Non
     monkeypatch.setattr(owner, name, method)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("where", ["backward", "optimizer step"])
 def test_out_of_memory_names_the_micro_batch_and_is_recorded(tmp_path, monkeypatch, capsys, one_thread, where):
     if where == "backward":  # cpu-tiny: 2 micro-steps per optimizer step

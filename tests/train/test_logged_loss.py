@@ -24,7 +24,6 @@ def same_weights(a, b) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-@pytest.mark.slow
 def test_the_mean_or_the_last_micro_batch_is_logged_and_training_is_the_same(tmp_path, capsys):
     four = ("--total-batch-size", "1024")  # 4 micro-batches a step (cpu-tiny's synthetic loader repeats pairs)
     last, w_last = run(tmp_path, "last", *four)
@@ -37,7 +36,6 @@ def test_the_mean_or_the_last_micro_batch_is_logged_and_training_is_the_same(tmp
     assert all(r["grad_norm"] > 0 for r in last)  # logged at every step, clip or none
 
 
-@pytest.mark.slow
 def test_the_logged_gradient_norm_is_the_norm_of_the_steps_mean_gradient():
     """Step 0's logged norm against the norm written out here in float64: the step's micro-batches' losses,
     each divided by their count, backpropagated into a fresh model of the same seed."""
@@ -68,7 +66,6 @@ def test_the_logged_gradient_norm_is_the_norm_of_the_steps_mean_gradient():
     assert records[0]["grad_norm"] == pytest.approx(want, rel=1e-6)
 
 
-@pytest.mark.slow
 def test_a_clipped_step_logs_the_gradient_norm_and_a_clip_that_does_not_bite_changes_nothing(tmp_path, capsys):
     plain, w_plain = run(tmp_path, "plain")
     clipped, w_clipped = run(tmp_path, "clipped", "--grad-clip", "1e9")

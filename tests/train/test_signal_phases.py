@@ -45,7 +45,6 @@ def _interrupt(tmp_path, marker: str, *args: str, delay: float = 0.5):
     return proc.returncode, err, lines, runs
 
 
-@pytest.mark.slow
 def test_sigterm_while_the_corpus_is_built_stops_cleans_the_cache_and_records_the_run(tmp_path):
     code, err, lines, runs = _interrupt(tmp_path, "data: building synthetic corpus", "--synthetic-bytes",
                                         "200000000", "--num-steps", "2")
@@ -62,7 +61,6 @@ def test_sigterm_while_the_corpus_is_built_stops_cleans_the_cache_and_records_th
     assert (run_dir / "config.json").is_file()
 
 
-@pytest.mark.slow
 def test_sigterm_while_the_first_step_compiles_stops_at_once(tmp_path):
     code, err, lines, runs = _interrupt(tmp_path, "compile True", "--compile", "on", "--num-steps", "3")
     assert code == 130, err
@@ -72,7 +70,6 @@ def test_sigterm_while_the_first_step_compiles_stops_at_once(tmp_path):
     assert (runs / line["run_id"] / "metrics.jsonl").read_text() == ""  # stopped inside the step, not after it
 
 
-@pytest.mark.slow
 def test_sigterm_during_the_final_evaluation_records_a_resumable_run(tmp_path):
     code, err, lines, _ = _interrupt(tmp_path, "step 00001", "--synthetic-bytes", "30000000", "--num-steps", "1",
                                      "--eval-tokens", "5000000", delay=1.0)

@@ -16,7 +16,6 @@ def _ledger(tmp_path) -> list[dict]:
     return list(read_records(Path(tmp_path) / "cache" / "runs" / "ledger.jsonl"))
 
 
-@pytest.mark.slow
 def test_tiny_run_end_to_end(tmp_path, capsys):
     assert main(TINY + ["--json", "--seed", "7"]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -46,7 +45,6 @@ def test_tiny_run_end_to_end(tmp_path, capsys):
         assert key in prov
 
 
-@pytest.mark.slow
 def test_same_seed_same_result(tmp_path, capsys):
     results = []
     for _ in range(2):
@@ -55,7 +53,6 @@ def test_same_seed_same_result(tmp_path, capsys):
     assert results[0] == results[1]
 
 
-@pytest.mark.slow
 def test_divergence_is_recorded(tmp_path, capsys):
     assert main(TINY + ["--max-loss", "0.5"]) == 1
     err = capsys.readouterr().err
@@ -66,7 +63,6 @@ def test_divergence_is_recorded(tmp_path, capsys):
     assert summary["status"] == "diverged"
 
 
-@pytest.mark.slow
 def test_a_run_that_fails_mid_training_leaves_the_garbage_collector_on(tmp_path, capsys, monkeypatch):
     """The loop turns Python's GC off after step 0 (upstream's stall fix); a failure at step 1 must not
     leave it off for the rest of the process (a sweep, a notebook, the next test)."""
@@ -84,7 +80,6 @@ def test_a_run_that_fails_mid_training_leaves_the_garbage_collector_on(tmp_path,
     assert gc.isenabled()
 
 
-@pytest.mark.slow
 def test_runtime_failure_is_recorded_once(tmp_path, capsys, monkeypatch):
     import muonlab.train.run as run_module
 

@@ -38,7 +38,6 @@ def _unigram_bits_per_byte(chain: MarkovText) -> float:
     return float(-(pi * np.log2(pi)).sum()) / chain.bytes_per_word()
 
 
-@pytest.mark.slow
 def test_a_training_run_closes_the_gap_to_the_entropy_rate(capsys):
     assert main(RUN) == 0
     summary = json.loads(capsys.readouterr().out)["summary"]

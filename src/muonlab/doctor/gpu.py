@@ -7,10 +7,10 @@ not stop the others:
 1. environment: CUDA device, capability, torch / CUDA / driver versions, FlashAttention-3 (the
    backend `auto` resolves to; the reason when it cannot load), Triton, and a tiny function
    run through torch.compile in a child process.
-2. pytest: `pytest -m gpu` over the test files that hold gpu tests (tests/doctor/test_gpu_acceptance.py:
-   the attention backends against an fp32 reference, compiled against eager for one arm of
-   every method and model family, the LMO on CUDA against CPU; and the others), its counts read
-   from a JUnit XML report.
+2. pytest: `pytest -m gpu` over the test files that hold gpu tests, those asking for the `cuda`
+   fixture (tests/doctor/test_gpu_acceptance.py: the attention backends against an fp32 reference,
+   compiled against eager for one arm of every method and model family, the LMO on CUDA against CPU;
+   and the others), its counts read from a JUnit XML report.
 3. throughput: a compiled 50-step gpu-d8 run: its loss falls, no graph is compiled after the
    warm-up steps, and its tokens/s, MFU, peak memory and step breakdown beside upstream's published
    figures; then one attention layer of gpu-d8 timed on flex, SDPA and FA3 where it loads
@@ -295,21 +295,30 @@ def pytest_workers(check: Check) -> int:
 PER_TEST_TIMEOUT_S = 150  # pytest-timeout: a hung test fails alone and the report is still written
 
 
-def _uses_gpu_mark(source: str) -> bool:
-    """The code (not a string or comment) names pytest.mark.gpu: a decorator or a pytestmark."""
+CUDA_FIXTURE = "cuda"  # the suite's fixture for the CUDA device: a test that asks for it is a gpu test (its tier)
+
+
+def _asks_for_cuda(source: str) -> bool:
+    """The code (not a string or comment) asks for the `cuda` fixture: a test's or a fixture's parameter, or
+    `pytest.mark.usefixtures("cuda")`."""
     import ast  # noqa: PLC0415
 
-    return any(isinstance(node, ast.Attribute) and node.attr == "gpu" and isinstance(node.value, ast.Attribute)
-               and node.value.attr == "mark" and isinstance(node.value.value, ast.Name)
-               and node.value.value.id == "pytest" for node in ast.walk(ast.parse(source)))
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            if any(arg.arg == CUDA_FIXTURE for arg in node.args.args + node.args.kwonlyargs):
+                return True
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "usefixtures"
+              and any(isinstance(a, ast.Constant) and a.value == CUDA_FIXTURE for a in node.args)):
+            return True
+    return False
 
 
 def gpu_test_files(tests: Path) -> list[str]:
-    """The test files that hold gpu tests. Only they are collected: the rest of the suite may
-    import what a GPU image lacks (the layer tests' grimp, say), and collecting it would fail
+    """The test files that hold gpu tests (tests that ask for the `cuda` fixture). Only they are collected: the
+    rest of the suite may import what a GPU image lacks (the layer tests' grimp, say), and collecting it would fail
     the section for tests it does not run."""
     return [str(path.resolve()) for path in sorted(tests.rglob("test_*.py"))
-            if _uses_gpu_mark(path.read_text(encoding="utf-8"))]
+            if _asks_for_cuda(path.read_text(encoding="utf-8"))]
 
 
 def pytest_command(tests: Path, junit: Path, workers: int, paths: list[str] | None = None) -> list[str]:
