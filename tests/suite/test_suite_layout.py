@@ -188,8 +188,8 @@ def test_a_test_that_trains_or_starts_a_process_outside_its_tier_fails_the_sessi
 
 def test_a_tier_is_derived_from_what_a_test_uses_and_never_written_by_hand(pytester, monkeypatch):
     """A test that asks for the `cuda` fixture (itself or through another fixture) is gpu, one that asks for
-    `slurm_cluster` is slurm, neither measured nor recorded; a tier mark written in a test file stops the
-    collection, naming the test."""
+    `slurm_cluster` is slurm, neither measured nor recorded; a test that carries a tier mark written by hand fails,
+    named, whichever tiers are selected."""
     record = _suite(pytester, monkeypatch, test_uses="import pytest\n\n@pytest.fixture\ndef on_gpu(cuda):\n"
                     "    return cuda\n\ndef test_gpu(on_gpu):\n    pass\n\n"
                     "def test_cluster(slurm_cluster):\n    pass\n\ndef test_plain():\n    pass\n")
@@ -201,9 +201,10 @@ def test_a_tier_is_derived_from_what_a_test_uses_and_never_written_by_hand(pytes
                    "pytestmark = pytest.mark.multiprocess\n\ndef test_x():\n    pass\n",
                    "@pytest.mark.parametrize('n', [pytest.param(1, marks=pytest.mark.gpu)])\ndef test_x(n):\n    pass\n"):
         pytester.makepyfile(test_uses="import pytest\n\n" + marked)
-        run = _run(pytester, monkeypatch=monkeypatch)
-        assert run.ret == pytest.ExitCode.USAGE_ERROR, run.stdout.str()
-        run.stderr.fnmatch_lines(["*test_uses.py::test_x* is marked * by hand: a tier is derived*remove the mark"])
+        for selected in ("", "not slow and not multiprocess and not gpu"):  # no selection leaves it out
+            run = _run(pytester, "-m", selected, monkeypatch=monkeypatch)
+            assert run.ret == pytest.ExitCode.TESTS_FAILED, run.stdout.str()
+            run.stdout.fnmatch_lines(["*test_uses.py::test_x* is marked * by hand: a tier is derived*remove the mark"])
 
 
 def test_only_the_session_asked_to_writes_the_record(monkeypatch):
@@ -223,7 +224,7 @@ def test_only_the_session_asked_to_writes_the_record(monkeypatch):
 
 def test_the_suite_s_record_names_collected_tests_and_the_files_write_no_tier_by_hand():
     """tests/suite/tiers.json, the record `make test-tiers` wrote, holds only the two measured tiers, and no test
-    file of the suite writes a tier mark (collection would stop: the check above)."""
+    file of the suite writes a tier mark (its tests would fail: the check above)."""
     import re
 
     from support.tiers import RECORD

@@ -16,8 +16,8 @@ test answers to (support.budget). Nothing in a test file names them; they come f
   PyTorch's own CI keeps its slow tests so, as a measured list (its slow-tests.json), not as decorators.
 
 Every run measures each test again (support.budget): a test the record calls fast that now trains, starts a process
-or spends more than the fast tier's budget fails the session, named, with the command that records it; so does a
-test file that writes a tier mark by hand. The margins between the line a measurement draws and the budget a run
+or spends more than the fast tier's budget fails the session, named, with the command that records it; a test that
+carries a tier mark written by hand fails, named. The margins between the line a measurement draws and the budget a run
 holds (a quarter of the fast budget, half the multiprocess one) keep a test near a line from failing a run for a
 measurement's noise.
 """
@@ -75,17 +75,26 @@ def hand_written(item) -> list[str]:
     return [mark.name for mark in item.iter_markers() if mark.name in TIERS]
 
 
-def assign(items, record: dict[str, str]) -> list[str]:
-    """Give each collected test its derived tier as a marker (so `-m "not slow"` selects by it); the tests that
-    write a tier mark by hand, as errors."""
-    errors = []
+def assign(items, record: dict[str, str]) -> None:
+    """Give each collected test its derived tier as a marker (so `-m "not slow"` selects by it). A test that writes
+    a tier mark by hand fails, whatever tier is selected: its marks are taken off (so no -m leaves it out) and its call
+    replaced by the failure, which names it (an error at collection would reach pytest-xdist's workers only)."""
     for item in items:
         marks = hand_written(item)
         if marks:
-            errors.append(f"{item.nodeid} is marked {', '.join(marks)} by hand: a tier is derived "
-                          f"(tests/support/tiers.py), remove the mark")
+            _refuse(item, f"marked {', '.join(marks)} by hand: a tier is derived (tests/support/tiers.py), "
+                          "remove the mark")
             continue
         name = static_tier(getattr(item, "fixturenames", ())) or record.get(item.nodeid)
         if name:
             item.add_marker(getattr(pytest.mark, name))
-    return errors
+
+
+def _refuse(item, message: str) -> None:
+    for node in item.listchain():  # the decorator's, a parameter's, the class's or the module's pytestmark
+        node.own_markers[:] = [mark for mark in node.own_markers if mark.name not in TIERS]
+
+    def refused() -> None:
+        pytest.fail(f"{item.nodeid} is {message}", pytrace=False)
+
+    item.runtest = refused
