@@ -120,9 +120,12 @@ def test_a_test_over_its_tier_s_budget_fails_the_session_until_the_record_gives_
     assert run.ret == 0, run.stdout.str()
     run.stdout.fnmatch_lines(["*slowest 10 tests*", "*slow*test_fast.py::test_burns*"])
     _run(pytester, "-m", "not slow", monkeypatch=monkeypatch).assert_outcomes(passed=1, deselected=1)
-    # a recording run that leaves a test out (-k, or a skip on this machine) keeps the test's entry
+    # a recording run that leaves a test out (-k, or a skip on this machine) keeps the test's entry while it exists
     assert _run(pytester, "-k", "sleeps", record=True, monkeypatch=monkeypatch).ret == 0
     assert json.loads(record.read_text()) == {"multiprocess": [], "slow": ["test_fast.py::test_burns"]}
+    pytester.makepyfile(test_fast=BURN + "\ndef test_renamed():\n    burn(0.6)\n\ndef test_sleeps():\n    pass\n")
+    assert _run(pytester, "-k", "sleeps", record=True, monkeypatch=monkeypatch).ret == 0
+    assert json.loads(record.read_text()) == {"multiprocess": [], "slow": []}
     # a module fixture's setup counts for every test that uses it, whichever test set it up
     pytester.makepyfile(test_fast="import pytest\n" + BURN + "\n@pytest.fixture(scope='module')\ndef costly():\n"
                                   "    burn(0.6)\n\ndef test_first(costly):\n    pass\n\n"
@@ -133,8 +136,7 @@ def test_a_test_over_its_tier_s_budget_fails_the_session_until_the_record_gives_
                               "*test_fast.py::test_first (its fixtures took 0.6 CPU s)*",
                               "*test_fast.py::test_second (its fixtures took 0.6 CPU s)*"])
     assert _run(pytester, record=True, monkeypatch=monkeypatch).ret == 0
-    assert json.loads(record.read_text())["slow"] == ["test_fast.py::test_burns", "test_fast.py::test_first",
-                                                      "test_fast.py::test_second"]
+    assert json.loads(record.read_text())["slow"] == ["test_fast.py::test_first", "test_fast.py::test_second"]
     # the multi-process tier has its own budget (scaled to 0.2 CPU s here): a test over it fails the run too
     monkeypatch.setenv("MUONLAB_TEST_BUDGET_SCALE", str(0.2 / TIER_BUDGET_CPU_S["multiprocess"]))
     pytester.makepyfile(test_fast=BURN + "\ndef test_burns():\n    burn(0.6)\n")
@@ -223,16 +225,16 @@ def test_only_the_session_asked_to_writes_the_record(monkeypatch):
 
 
 def test_the_suite_s_record_names_collected_tests_and_the_files_write_no_tier_by_hand():
-    """tests/suite/tiers.json, the record `make test-tiers` wrote, holds only the two measured tiers, and no test
-    file of the suite writes a tier mark (its tests would fail: the check above)."""
+    """tests/suite/tiers.json, the record `make test-tiers` wrote, holds only the two measured tiers and tests that
+    exist, and no test file of the suite writes a tier mark (its tests would fail: the check above)."""
     import re
 
-    from support.tiers import RECORD
+    from support.tiers import RECORD, still_there
 
     recorded = json.loads(RECORD.read_text())
     assert set(recorded) == {"multiprocess", "slow"} and all(recorded.values())
-    files = {nodeid.split("::")[0] for nodeids in recorded.values() for nodeid in nodeids}
-    assert all((TESTS.parent / f).is_file() for f in files), files
+    gone = [nodeid for nodeids in recorded.values() for nodeid in nodeids if not still_there(nodeid, TESTS.parent)]
+    assert gone == [], f"recorded tests that no longer exist (make test-tiers drops them): {gone}"
     by_hand = re.compile(r"^\s*(@pytest\.mark\.(slow|multiprocess|gpu|slurm)\b|pytestmark = .*pytest\.mark\."
                          r"(slow|multiprocess|gpu|slurm)\b)", re.M)
     files = [p for p in sorted(TESTS.rglob("test_*.py")) if p != Path(__file__).resolve()]  # here: in strings

@@ -284,10 +284,11 @@ class TierBudget:
     def failed_tiers(self) -> list[tuple[str, str]]:
         return [] if self.writing_record else self.unrecorded
 
-    def write_record(self) -> None:
+    def write_record(self, root: Path) -> None:
         """The record, rewritten: each test that ran, its measured tier; a test that did not run here keeps its
-        entry (a skipped test, or one left out by -k)."""
-        recorded = {n: t for n, t in tiers_module.read_record(self.record_path).items() if n not in self.measured}
+        entry (a skipped test, or one left out by -k) while it exists."""
+        recorded = {n: t for n, t in tiers_module.read_record(self.record_path).items()
+                    if n not in self.measured and tiers_module.still_there(n, root)}
         recorded |= {n: measured_tier(m, _budgets()) for n, m in self.measured.items()}
         tiers_module.write_record({n: t for n, t in recorded.items() if t != "fast"}, self.record_path)
 
@@ -306,7 +307,7 @@ class TierBudget:
             UNIT_COSTS.write_text(json.dumps({k: round(v, 1) for k, v in sorted(costs.items())}, indent=0) + "\n")
         write = terminalreporter.write_line
         if self.writing_record:
-            self.write_record()
+            self.write_record(terminalreporter.config.rootpath)
             write(f"the tiers of {len(self.measured)} tests measured, recorded in {self.record_path}")
         write(f"slowest {SHOWN} tests (wall s, CPU s, tier):")
         for nodeid, name, wall, cpu in sorted(self.seen, key=lambda r: -r[2])[:SHOWN]:

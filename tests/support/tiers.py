@@ -65,6 +65,16 @@ def read_record(path: Path = RECORD) -> dict[str, str]:
     return {nodeid: tier for tier, nodeids in json.loads(path.read_text()).items() for nodeid in nodeids}
 
 
+def still_there(nodeid: str, root: Path) -> bool:
+    """The test a record's entry names still exists: its file, and a function of its name in it."""
+    path, _, rest = nodeid.partition("::")
+    name = rest.split("::")[-1].split("[")[0]
+    try:
+        return f"def {name}(" in (root / path).read_text()
+    except OSError:
+        return False
+
+
 def write_record(tiers: dict[str, str], path: Path = RECORD) -> None:
     grouped = {tier: sorted(n for n, t in tiers.items() if t == tier) for tier in ("multiprocess", "slow")}
     path.write_text(json.dumps(grouped, indent=0) + "\n")
