@@ -7,8 +7,8 @@ test answers to (support.budget). Nothing in a test file names them; they come f
   are skipped where none exists) is gpu, one that asks for the `slurm_cluster` fixture (the one-node SLURM of
   tests/slurm/local_slurm.sh) is slurm, through any fixture that asks for them too (pytest's fixture closure);
 - **what the test did when the suite last measured it**, recorded in tests/suite/tiers.json by a whole-suite run
-  (`make test-tiers`): a test that started a process (a subprocess, a multiprocessing process, a fork: torchrun's
-  ranks, a sweep's runs, a command line in a new interpreter) is multiprocess, and slow instead when it cost more
+  (`make test-tiers`): a test that started a process (a subprocess, a multiprocessing process: torchrun's ranks, a
+  sweep's runs, a command line in a new interpreter; a helper program such as git aside) is multiprocess, and slow instead when it cost more
   than half that tier's budget; one that entered the product's training loop, in its body or a fixture (a run, a
   sweep, a diagnostic that takes steps), or spent more than a quarter of the fast tier's budget in CPU time (its
   fixtures' setups included) is slow: `make test-fast`, the tier a developer runs on every change, stays about a
@@ -16,7 +16,7 @@ test answers to (support.budget). Nothing in a test file names them; they come f
   PyTorch's own CI keeps its slow tests so, as a measured list (its slow-tests.json), not as decorators.
 
 Every run measures each test again (support.budget): a test the record calls fast that now trains, starts a process
-or spends more than the fast tier's budget fails the session, named, with the command that records it; a test that
+or spends more than the fast tier's budget, itself or in its fixtures, fails the session, named, with the command that records it; a test that
 carries a tier mark written by hand fails, named. The margins between the line a measurement draws and the budget a run
 holds (a quarter of the fast budget, half the multiprocess one) keep a test near a line from failing a run for a
 measurement's noise.
