@@ -44,6 +44,19 @@ def tier(item) -> str:
     return next((name for name in TIERS if item.get_closest_marker(name)), "fast")
 
 
+def _counting(original, counter, counts=lambda *args, **kwargs: True):
+    """`original`, wrapped to add one to `counter.count` on each call that `counts` accepts."""
+
+    @functools.wraps(original)
+    def counted(*args, **kwargs):
+        if counts(*args, **kwargs):
+            counter.count += 1
+        return original(*args, **kwargs)
+
+    counted._counted = True
+    return counted
+
+
 class TrainingLoops:
     """How many times this process entered the product's training loop (muonlab.train.loop.train_loop, which every
     run and every diagnostic that trains goes through): the function is replaced by a counting one in its module and
@@ -61,13 +74,7 @@ class TrainingLoops:
         if getattr(loop.train_loop, "_counted", False):
             return
         original = loop.train_loop
-
-        @functools.wraps(original)
-        def counted(*args, **kwargs):
-            cls.count += 1
-            return original(*args, **kwargs)
-
-        counted._counted = True
+        counted = _counting(original, cls)
         for module in list(sys.modules.values()):  # muonlab's and the test modules' (their names' dicts alone)
             if getattr(module, "__dict__", {}).get("train_loop") is original:
                 module.train_loop = counted
@@ -92,26 +99,14 @@ class ProcessStarts:
 
         if getattr(subprocess.Popen._execute_child, "_counted", False):
             return
-        execute_child, start = subprocess.Popen._execute_child, multiprocessing.process.BaseProcess.start
-
-        @functools.wraps(execute_child)
-        def counted_child(self, args, executable, *rest, **kwargs):
-            if _program(args, executable) not in HELPER_PROGRAMS:
-                cls.count += 1
-            return execute_child(self, args, executable, *rest, **kwargs)
-
-        @functools.wraps(start)
-        def counted_start(self):
-            cls.count += 1
-            return start(self)
-
-        counted_child._counted = True
-        subprocess.Popen._execute_child, multiprocessing.process.BaseProcess.start = counted_child, counted_start
+        subprocess.Popen._execute_child = _counting(subprocess.Popen._execute_child, cls, _not_a_helper)
+        multiprocessing.process.BaseProcess.start = _counting(multiprocessing.process.BaseProcess.start, cls)
 
 
-def _program(args, executable) -> str:
+def _not_a_helper(_popen, args, executable, *_rest, **_kwargs) -> bool:
+    """Popen._execute_child's arguments name a program other than a helper."""
     first = executable or (args.split()[0] if isinstance(args, (str, bytes)) else args[0])
-    return os.path.basename(os.fsdecode(first))
+    return os.path.basename(os.fsdecode(first)) not in HELPER_PROGRAMS
 
 
 def _cpu_seconds() -> float:
@@ -138,7 +133,7 @@ def _warm_runs_cpu_seconds() -> float:
 
 # Each work unit's measured wall time in a whole-suite run on 2 cores (as pytest-split's .test_durations): the
 # order units start in, never a limit. MUONLAB_TEST_COSTS=write rewrites it from the run it ends.
-UNIT_COSTS = Path(__file__).resolve().parents[1] / "suite" / "unit_costs.json"
+UNIT_COSTS = tiers_module.RECORD.with_name("unit_costs.json")  # beside the tier record, in tests/suite/
 # A unit the costs do not name yet: what a test of each tier costs, roughly (s).
 TIER_COST_S = {"slurm": 30.0, "slow": 8.0, "multiprocess": 10.0, "gpu": 0.0, "fast": 0.05}
 
