@@ -170,15 +170,17 @@ def test_a_training_step_reads_the_device_once(monkeypatch):
 
 
 def test_a_run_with_its_batches_made_ahead_is_the_run_without(tmp_path, capsys):
-    """In the training thread, on a prefetching thread, and with the documents tokenized in worker processes."""
+    """In the training thread, on a prefetching thread, with the documents tokenized in worker processes, and
+    with their ids kept in the corpus's store by a first run and read back from it by a second."""
     import json
 
     from muonlab.cli import main
 
     out = {}
-    ways = {"in-thread": ["--prefetch-batches", "0", "--encode-processes", "0"],
-            "ahead": ["--prefetch-batches", "4", "--encode-processes", "0"],
-            "processes": ["--prefetch-batches", "4", "--encode-processes", "2"]}
+    ways = {"in-thread": ["--prefetch-batches", "0", "--encode-processes", "0", "--encoded-store-mb", "0"],
+            "ahead": ["--prefetch-batches", "4", "--encode-processes", "0", "--encoded-store-mb", "0"],
+            "processes": ["--prefetch-batches", "4", "--encode-processes", "2", "--encoded-store-mb", "0"],
+            "stored": ["--prefetch-batches", "4"], "read back": ["--prefetch-batches", "4"]}
     for way, flags in ways.items():
         assert main(["train", "--preset", "cpu-tiny", "--num-steps", "4", *flags,
                      "--runs-dir", str(tmp_path / way), "--json"]) == 0

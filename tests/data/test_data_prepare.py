@@ -108,6 +108,7 @@ def test_eval_rows_tokenized_in_worker_processes_are_the_same_and_leave_none_run
     monkeypatch.setattr(packing, "encoding_pool", lambda spec, n: pools.append(n) or encoding_pool(spec, n))
 
     T = 64
+    synth.config.encoded_store_mb = 0  # every batch tokenized, none read from the store
     own = stacked_rows(synth.eval_rows("val", B=4, T=T, max_tokens=10**9))
     synth.config.encode_processes = 2
     workers = stacked_rows(synth.eval_rows("val", B=4, T=T, max_tokens=10**9))

@@ -81,6 +81,10 @@ class DataConfig(Section):
                                            "command, python -m muonlab or a notebook (a script a spawned worker "
                                            "would run again gets 0); else 0; the same batches either way",
                                            hashed=False, range=COUNT)
+    encoded_store_mb: int = setting(64, "small corpora: a split of at most this many MB keeps its document batches' "
+                                    "token ids on disk beside the tokenizer, which later runs read instead of "
+                                    "tokenizing again (0: never); the same batches either way", hashed=False,
+                                    range=COUNT)
     vocab_size: int = setting(8192, "BPE vocabulary size (tokens: 256 bytes and 4 specials at least)",
                               range=Range(260, 1_000_000, why="a million tokens"))
     tokenizer_max_chars: int = setting(1_000_000_000, "characters of the train split fed to BPE training",

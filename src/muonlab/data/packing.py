@@ -19,11 +19,12 @@ import inspect
 import itertools
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 
 import numpy as np
 import torch
 
+from muonlab.data.encoded_store import EncodedStore
 from muonlab.data.encoding_processes import encode_with_bos, encoding_pool
 from muonlab.data.store import DocBatch
 from muonlab.errors import UsageError
@@ -45,39 +46,48 @@ def _open(factory: DocumentsFactory, start: int) -> Iterator:
     return itertools.islice(iter(factory()), start, None)
 
 
-def _encoded(source: Iterator, tokenizer, workers: int, processes: int = 0) -> Iterator[tuple[object, list]]:
+def _encoded(source: Iterator, tokenizer, workers: int, processes: int = 0, store: EncodedStore | None = None
+             ) -> Iterator[tuple[object, list]]:
     """(document batch, its token ids, BOS first) in the source's order: the same ids however they are made.
 
     With `processes`, the next 2 x `processes` batches are encoded at once in worker processes
     (muonlab.data.encoding_processes: no GIL shared with the training thread), for a tokenizer that can
     be rebuilt there (`encoding_spec`); else the next `workers` batches on threads of their own (tiktoken
-    releases the GIL while it merges: one batch of 128 documents keeps at most two threads busy)."""
+    releases the GIL while it merges: one batch of 128 documents keeps at most two threads busy). With a
+    `store` (a small corpus), a batch whose ids it holds is read from it, and one it lacks is encoded so and
+    stored."""
     spec = getattr(tokenizer, "encoding_spec", None) if processes > 0 else None
+    pool: ProcessPoolExecutor | ThreadPoolExecutor | None = None
     if spec is not None:
-        pool = encoding_pool(spec(), processes)
-        ahead = 2 * processes
+        pool, ahead = encoding_pool(spec(), processes), 2 * processes
 
-        def submit(item):
-            return item, pool.submit(encode_with_bos, list(item.docs if isinstance(item, DocBatch) else item))
+        def start(docs):
+            return pool.submit(encode_with_bos, docs)
+    elif workers > 1:
+        pool, ahead = ThreadPoolExecutor(workers, thread_name_prefix="muonlab-encode"), workers
 
-        def result(pair):
-            return pair[0], pair[1].result()
+        def start(docs):
+            return pool.submit(tokenizer.encode_batch, docs, True)
     else:
-        def encode(item):
-            docs = item.docs if isinstance(item, DocBatch) else item
-            return item, tokenizer.encode_batch(list(docs), prepend_bos=True)
+        ahead = 1
 
-        if workers <= 1:
-            yield from map(encode, source)
-            return
-        pool = ThreadPoolExecutor(workers, thread_name_prefix="muonlab-encode")
-        ahead = workers
+        def start(docs):
+            return tokenizer.encode_batch(docs, prepend_bos=True)
 
-        def submit(item):
-            return pool.submit(encode, item)
+    def submit(item):
+        docs = list(item.docs if isinstance(item, DocBatch) else item)
+        path, stored = store.read(docs) if store is not None else (None, None)
+        return item, path, stored if stored is not None else start(docs), stored is not None
 
-        def result(future):
-            return future.result()
+    def result(entry):
+        item, path, made, was_stored = entry
+        if was_stored:
+            return item, made
+        ids = made.result() if isinstance(made, Future) else made
+        if path is not None:
+            store.write(path, ids)
+        return item, ids
+
     pending: deque = deque()
     try:
         for item in source:
@@ -87,7 +97,8 @@ def _encoded(source: Iterator, tokenizer, workers: int, processes: int = 0) -> I
         while pending:
             yield result(pending.popleft())
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)  # what is running ends in a moment; no worker outlives it
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)  # what is running ends in a moment; no worker outlives it
 
 
 def _packer_state(scalars: dict, docs: list[np.ndarray]) -> dict:
@@ -103,7 +114,7 @@ class RowPacker:
     """Produces packed rows (numpy int64 [T+1]) one at a time; resumable."""
 
     def __init__(self, documents_factory: DocumentsFactory, tokenizer, T: int, buffer_size: int = 1000,
-                 encode_workers: int = 1, encode_processes: int = 0):
+                 encode_workers: int = 1, encode_processes: int = 0, store: EncodedStore | None = None):
         if T < 1 or buffer_size < 1:
             raise UsageError(f"T and buffer_size must be >= 1, got T={T}, buffer_size={buffer_size}")
         self.factory = documents_factory
@@ -112,6 +123,7 @@ class RowPacker:
         self.buffer_size = buffer_size
         self.encode_workers = encode_workers  # document batches encoded at once, ahead of the packing (same ids)
         self.encode_processes = encode_processes  # > 0: encoded in that many worker processes instead (same ids)
+        self.store = store  # a small corpus's batches' ids, read instead of encoded (same ids)
         self.batches_consumed = 0  # document batches taken from the factory so far
         self.rows_produced = 0
         self.epoch = 1  # the epoch of the documents read into the buffer last (it reads ahead)
@@ -129,7 +141,7 @@ class RowPacker:
     def _refill(self) -> None:
         if self._source is None:
             self._source = _encoded(_open(self.factory, self.batches_consumed), self.tokenizer, self.encode_workers,
-                                    self.encode_processes)
+                                    self.encode_processes, self.store)
         while len(self._keys) < self.buffer_size and not self.exhausted:
             item, encoded = next(self._source, (None, None))
             if item is None:
@@ -277,6 +289,7 @@ class BestFitLoader:
         world_size: int = 1,
         encode_workers: int = 1,
         encode_processes: int = 0,
+        store: EncodedStore | None = None,
     ):
         if B < 1:
             raise UsageError(f"batch size B must be >= 1, got {B}")
@@ -285,7 +298,7 @@ class BestFitLoader:
         self.B, self.T = B, T
         self.device = torch.device(device)
         self.rank, self.world_size = rank, world_size
-        self.packer = RowPacker(documents_factory, tokenizer, T, buffer_size, encode_workers, encode_processes)
+        self.packer = RowPacker(documents_factory, tokenizer, T, buffer_size, encode_workers, encode_processes, store)
 
     def __iter__(self) -> "BestFitLoader":
         return self

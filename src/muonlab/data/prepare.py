@@ -13,6 +13,7 @@ import torch
 
 from muonlab.data.config import DataConfig
 from muonlab.data.corpus import Corpus, prepare_corpus
+from muonlab.data.encoded_store import EncodedStore
 from muonlab.data.encoding_processes import main_is_spawn_safe
 from muonlab.data.packing import BestFitLoader, RowPacker
 from muonlab.data.sources import SPLITS
@@ -124,8 +125,16 @@ class PreparedData:
         self.documents(split)  # validates the split
         return BestFitLoader(
             lambda start: self.documents(split, start), self.tokenizer, B, T, buffer_size, device, rank, world_size,
-            **self._encoding(world_size, device),
+            **self._encoding(world_size, device), store=self.encoded_store(split),
         )
+
+    def encoded_store(self, split: str) -> EncodedStore | None:
+        """Where the packer reads `split`'s document batches' ids instead of tokenizing them: a split of a
+        small corpus (at most `data.encoded_store_mb`); None for a larger one, tokenized as it is read."""
+        size = self.manifest.get("splits", {}).get(split, {}).get("bytes")
+        if size is None or size > self.config.encoded_store_mb * 2**20:
+            return None
+        return EncodedStore(self.tokenizer_dir / "encoded", self.tokenizer_hash)
 
     def _encoding(self, world_size: int, device: str | torch.device) -> dict[str, int]:
         """How a rank's packer encodes the next document batches at once: on threads or in worker processes
@@ -156,7 +165,8 @@ class PreparedData:
                        device: str | torch.device = "cpu") -> Iterator:
         factory, offset = self.eval_stream(split, T, max_tokens)
         # gpu-d8 scores 2 x 20,971,520 tokens (and skips as many to holdout's window): encoded as training is
-        packer = RowPacker(factory, self.tokenizer, T, buffer_size, **self._encoding(world_size, device))
+        packer = RowPacker(factory, self.tokenizer, T, buffer_size, **self._encoding(world_size, device),
+                           store=self.encoded_store(split))
         try:
             if packer.skip_rows(offset) < offset:
                 raise UsageError(f"the {split} stream ends before its evaluation window starts (row {offset})")
