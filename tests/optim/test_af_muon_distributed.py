@@ -6,8 +6,6 @@ from __future__ import annotations
 import glob
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -16,6 +14,7 @@ from muonlab.optim.af_muon import build_optimizer
 from muonlab.optim.af_muon_distributed import DistAFMuon
 from muonlab.families.tied.model import build_tied_model
 from support.ranks import run_ranks  # tests/ is on sys.path
+from support.torchrun import ended_cleanly, muonlab
 
 
 def _model():
@@ -106,10 +105,7 @@ def test_two_ranks_step_as_one_process_fed_the_mean_gradient(two_ranks, preset):
 def _train(tmp_path, name, nproc, arm):
     env = dict(os.environ, MUONLAB_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS="1")
     argv = ["train", "--preset", "tied-cpu", "--arm", arm, "--num-steps", "6", "--run-name", name, "--json"]
-    launcher = ([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--standalone",
-                 "-m", "muonlab"] if nproc > 1 else [sys.executable, "-m", "muonlab"])
-    done = subprocess.run(launcher + argv, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = ended_cleanly(muonlab(argv, env, nproc if nproc > 1 else None))
     return json.loads(done.stdout), tmp_path / "cache" / "runs" / name
 
 
