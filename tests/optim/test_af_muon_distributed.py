@@ -10,6 +10,7 @@ import os
 import pytest
 import torch
 
+from muonlab.cli import main
 from muonlab.optim.af_muon import build_optimizer
 from muonlab.optim.af_muon_distributed import DistAFMuon
 from muonlab.families.tied.model import build_tied_model
@@ -102,18 +103,24 @@ def test_two_ranks_step_as_one_process_fed_the_mean_gradient(two_ranks, preset):
                 assert torch.equal(other, value) if torch.is_tensor(value) else other == value, (i, key)
 
 
-def _train(tmp_path, name, nproc, arm):
-    env = dict(os.environ, MUONLAB_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS="1")
+def _train(tmp_path, name, nproc, arm, capsys):
+    """The run on `nproc` gloo ranks under torchrun, or in this process (one thread: the worker's, as the ranks')."""
     argv = ["train", "--preset", "tied-cpu", "--arm", arm, "--num-steps", "6", "--run-name", name, "--json"]
-    done = ended_cleanly(muonlab(argv, env, nproc if nproc > 1 else None))
-    return json.loads(done.stdout), tmp_path / "cache" / "runs" / name
+    if nproc == 1:
+        assert main(argv) == 0
+        out = capsys.readouterr().out
+    else:
+        out = ended_cleanly(muonlab(argv, dict(os.environ, MUONLAB_CACHE=str(tmp_path / "cache"),
+                                               OMP_NUM_THREADS="1"), nproc)).stdout
+    return json.loads(out), tmp_path / "cache" / "runs" / name
 
 
-def test_torchrun_af_muon_run_equals_the_one_process_run(tmp_path):
+def test_torchrun_af_muon_run_equals_the_one_process_run(tmp_path, capsys):
     """`torchrun --nproc_per_node 2 -m muonlab train --preset tied-cpu` (gloo; grad clip 1.0, one micro-batch
-    per rank) gives the 1-process run's weights, checkpointed state and val loss bit for bit."""
-    single, s_dir = _train(tmp_path, "single", 1, "t1_afmuon")
-    double, d_dir = _train(tmp_path, "double", 2, "t1_afmuon")
+    per rank) gives the 1-process run's weights, checkpointed state and val loss bit for bit; its checkpoint is
+    refused by one process."""
+    single, s_dir = _train(tmp_path, "single", 1, "t1_afmuon", capsys)
+    double, d_dir = _train(tmp_path, "double", 2, "t1_afmuon", capsys)
     assert double["summary"]["val_ce"] == single["summary"]["val_ce"]
     ws, wd = (torch.load(d / "model.pt", weights_only=True) for d in (s_dir, d_dir))
     assert all(torch.equal(ws[k], wd[k]) for k in ws)
@@ -121,6 +128,11 @@ def test_torchrun_af_muon_run_equals_the_one_process_run(tmp_path):
               for d in (s_dir, d_dir))
     assert cs["state"].keys() == cd["state"].keys()
     assert all(torch.equal(v, cd["state"][i][k]) for i, st in cs["state"].items() for k, v in st.items())
+    # a checkpoint written by 2 ranks is refused by 1 process with a clear message (the run as if stopped before
+    # its summary: a finished one is refused first, for having nothing to resume)
+    (d_dir / "summary.json").unlink()
+    assert main(["train", "--resume", str(d_dir)]) == 2
+    assert "same number" in capsys.readouterr().err
 
 
 def test_torchs_adamw_is_refused_under_torchrun():
