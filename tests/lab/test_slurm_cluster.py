@@ -4,8 +4,10 @@
 Each scenario goes through the command line as a user would: a detached sweep and its --status; a
 task requeued mid-run, one cancelled, and one warned of its time limit (SIGUSR2), each continuing
 from its checkpoint to the weights of the same run uninterrupted; a 2-task gloo run started from
-SLURM's environment, against the same run in one process. The three interruptions play at once
-(they wait on SLURM far more than they compute), and share one uninterrupted reference run."""
+SLURM's environment, against the same run in one process. A test's commands run in its process
+(`muonlab.cli.main`, the command line's entry point); the three interruptions play at once, each command in
+an interpreter of its own (they wait on SLURM far more than they compute), and share one uninterrupted
+reference run."""
 
 import json
 import os
@@ -21,6 +23,7 @@ import torch
 from support.slurm import go_on_once_pending, hold_past, release, squeue, start_local_slurm, steps_done, wait_for
 from support.torchrun import ABORT
 
+from muonlab.cli import main
 from muonlab.record.ledger import read_records
 
 
@@ -72,16 +75,26 @@ def references():
 class Lab:
     """`lab.sweep(*flags)`: `muonlab sweep` on the local SLURM, runs under `root`/runs."""
 
-    def __init__(self, root: Path, references: References):
+    def __init__(self, root: Path, references: References, capsys=None):
         self.root, self.references = root, references
         self.runs = root / "runs"
         self.ledger = self.runs / "ledger.jsonl"
         self.submitted = self.runs / "ledger.submitted.jsonl"
         self.env = dict(os.environ, OMP_NUM_THREADS="1")  # what the tasks inherit (sbatch exports it)
+        # with the test's capsys, its commands run in this process (the command line's own entry point, a
+        # process's environment: the test's, which has OMP_NUM_THREADS=1 too); without, each in an interpreter
+        # of its own (the scenarios played on threads at once: one process's output cannot be told apart)
+        self.capsys = capsys
 
     def muonlab(self, *args, check=True, timeout=600) -> subprocess.CompletedProcess:
-        out = subprocess.run([sys.executable, "-m", "muonlab", *args], env=self.env, capture_output=True,
-                             text=True, timeout=timeout)
+        if self.capsys is not None:
+            self.capsys.readouterr()
+            code = main(list(args))
+            captured = self.capsys.readouterr()
+            out = subprocess.CompletedProcess(args, code, captured.out, captured.err)
+        else:
+            out = subprocess.run([sys.executable, "-m", "muonlab", *args], env=self.env, capture_output=True,
+                                 text=True, timeout=timeout)
         assert not check or out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
         return out
 
@@ -109,8 +122,9 @@ class Lab:
 
 
 @pytest.fixture
-def lab(tmp_path, slurm_cluster, references):
-    return Lab(tmp_path, references)
+def lab(tmp_path, slurm_cluster, references, capsys, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the environment the commands here hand their tasks
+    return Lab(tmp_path, references, capsys)
 
 
 def same_weights(run_dir, reference: dict) -> bool:
