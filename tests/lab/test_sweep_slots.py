@@ -9,7 +9,7 @@ import sys
 from types import SimpleNamespace
 
 import pytest
-from support.torchrun import ABORT, muonlab
+from support.torchrun import ABORT, run_muonlab
 
 import muonlab.lab.executors as executors
 from muonlab.arms import resolve_config
@@ -138,7 +138,7 @@ def test_a_two_process_run_in_a_sweep_is_the_one_process_run(tmp_path, capsys):
     assert (rec["status"], rec["world_size"], rec["process_group"]) == ("ok", 2, "gloo")
     (config,) = (runs / "sweeps").glob("*/baseline-s1.json")
     assert ABORT not in config.with_suffix(".log").read_text()  # the ranks' output: the sweep ended 0 either way
-    alone = muonlab(["train", "--config", str(config), "--run-name", "alone", "--json"],
+    alone = run_muonlab(["train", "--config", str(config), "--run-name", "alone", "--json"],
                     dict(os.environ, OMP_NUM_THREADS="1"))
     assert alone.returncode == 0, alone.stderr[-3000:]
     import torch

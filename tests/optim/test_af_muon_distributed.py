@@ -15,7 +15,7 @@ from muonlab.optim.af_muon import build_optimizer
 from muonlab.optim.af_muon_distributed import DistAFMuon
 from muonlab.families.tied.model import build_tied_model
 from support.ranks import run_ranks  # tests/ is on sys.path
-from support.torchrun import ended_cleanly, muonlab
+from support.torchrun import ended_cleanly, run_muonlab
 
 
 def _model():
@@ -110,8 +110,8 @@ def _train(tmp_path, name, nproc, arm, capsys):
         assert main(argv) == 0
         out = capsys.readouterr().out
     else:
-        out = ended_cleanly(muonlab(argv, dict(os.environ, MUONLAB_CACHE=str(tmp_path / "cache"),
-                                               OMP_NUM_THREADS="1"), nproc)).stdout
+        env = dict(os.environ, MUONLAB_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS="1")
+        out = ended_cleanly(run_muonlab(argv, env, nproc)).stdout
     return json.loads(out), tmp_path / "cache" / "runs" / name
 
 

@@ -14,7 +14,7 @@ TORCHRUN = (sys.executable, "-m", "torch.distributed.run", "--standalone")
 ABORT = "terminate called"  # what libstdc++ prints when a thread is torn down inside C++ code
 
 
-def muonlab(argv: list[str], env: dict[str, str], nproc: int | None = None, timeout: float = 300
+def run_muonlab(argv: list[str], env: dict[str, str], nproc: int | None = None, timeout: float = 300
             ) -> subprocess.CompletedProcess:
     """`python -m muonlab ARGV`, or `torchrun --nproc_per_node NPROC -m muonlab ARGV` when nproc is given."""
     launcher = [*TORCHRUN, "--nproc_per_node", str(nproc)] if nproc else [sys.executable]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from support.models import assert_trained
-from support.torchrun import ended_cleanly, muonlab
+from support.torchrun import ended_cleanly, run_muonlab
 
 from muonlab.cli import main
 
@@ -23,7 +23,7 @@ FIXED_PEAK = ["--plugin", str(Path(__file__).parents[1] / "support" / "fixed_pea
 def _run(tmp_path, argv, nproc=None):
     env = dict(os.environ, MUONLAB_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS="1",
                MUONLAB_TEST_PEAK_FLOPS=str(PEAK))
-    return muonlab(argv, env, nproc)
+    return run_muonlab(argv, env, nproc)
 
 
 def test_two_ranks_match_one_process(tmp_path):
