@@ -14,8 +14,8 @@ TORCHRUN = (sys.executable, "-m", "torch.distributed.run", "--standalone")
 ABORT = "terminate called"  # what libstdc++ prints when a thread is torn down inside C++ code
 
 
-def run_muonlab(argv: list[str], env: dict[str, str], nproc: int | None = None, timeout: float = 300
-            ) -> subprocess.CompletedProcess:
+def run_muonlab(argv: list[str], env: dict[str, str], nproc: int | None = None,
+                timeout: float = 300) -> subprocess.CompletedProcess:
     """`python -m muonlab ARGV`, or `torchrun --nproc_per_node NPROC -m muonlab ARGV` when nproc is given."""
     launcher = [*TORCHRUN, "--nproc_per_node", str(nproc)] if nproc else [sys.executable]
     return subprocess.run([*launcher, "-m", "muonlab", *argv], env=env, capture_output=True, text=True,

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from muonlab.atomic import atomic_open
+from muonlab.data.store import hash_docs
 
 FORMAT = 1  # the layout of an entry: [FORMAT, n, offsets (n + 1), ids]; bumped when it changes
 
@@ -29,10 +30,7 @@ class EncodedStore:
 
     def _path(self, docs: list[str]) -> Path:
         h = hashlib.sha256(f"{FORMAT}:{self.fingerprint}:{len(docs)}:".encode())
-        for doc in docs:  # length-prefixed: no two batches hash alike by moving a boundary
-            data = doc.encode("utf-8")
-            h.update(len(data).to_bytes(8, "little"))
-            h.update(data)
+        hash_docs(h, docs)  # length-prefixed, as the corpus hash: no two batches hash alike by moving a boundary
         return self.directory / f"{h.hexdigest()[:32]}.npy"
 
     def read(self, docs: list[str]) -> tuple[Path, list[np.ndarray] | None]:
@@ -43,7 +41,15 @@ class EncodedStore:
     @staticmethod
     def write(path: Path, rows: list[list[int]]) -> None:
         """Keep the ids `rows` (lists of ids, BOS first, one a document) at `path`."""
-        _write(path, rows)
+        lengths = [len(r) for r in rows]
+        offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+        ids = np.fromiter((t for r in rows for t in r), dtype=np.int32, count=int(offsets[-1]))
+        entry = np.concatenate([np.array([FORMAT, len(rows)], dtype=np.int32), offsets.astype(np.int32), ids])
+        try:
+            with atomic_open(path, "wb") as f:
+                np.save(f, entry, allow_pickle=False)
+        except OSError:  # a cache the run may not write: it tokenizes, as without a store
+            pass
 
 
 def _read(path: Path, n: int) -> list[np.ndarray] | None:
@@ -58,14 +64,3 @@ def _read(path: Path, n: int) -> list[np.ndarray] | None:
         return None
     return [ids[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
 
-
-def _write(path: Path, rows: list[list[int]]) -> None:
-    lengths = [len(r) for r in rows]
-    offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
-    ids = np.fromiter((t for r in rows for t in r), dtype=np.int32, count=int(offsets[-1]))
-    entry = np.concatenate([np.array([FORMAT, len(rows)], dtype=np.int32), offsets.astype(np.int32), ids])
-    try:
-        with atomic_open(path, "wb") as f:
-            np.save(f, entry, allow_pickle=False)
-    except OSError:  # a cache the run may not write: it tokenizes, as without a store
-        pass

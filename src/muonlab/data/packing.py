@@ -77,12 +77,12 @@ def _encoded(source: Iterator, tokenizer, workers: int, processes: int = 0, stor
     def submit(item):
         docs = list(item.docs if isinstance(item, DocBatch) else item)
         path, stored = store.read(docs) if store is not None else (None, None)
-        return item, path, stored if stored is not None else start(docs), stored is not None
+        return item, path, stored, start(docs) if stored is None else None
 
     def result(entry):
-        item, path, made, was_stored = entry
-        if was_stored:
-            return item, made
+        item, path, stored, made = entry
+        if stored is not None:
+            return item, stored
         ids = made.result() if isinstance(made, Future) else made
         if path is not None:
             store.write(path, ids)
