@@ -139,7 +139,7 @@ def test_a_two_process_run_in_a_sweep_is_the_one_process_run(tmp_path, capsys):
     (config,) = (runs / "sweeps").glob("*/baseline-s1.json")
     assert ABORT not in config.with_suffix(".log").read_text()  # the ranks' output: the sweep ended 0 either way
     alone = run_muonlab(["train", "--config", str(config), "--run-name", "alone", "--json"],
-                    dict(os.environ, OMP_NUM_THREADS="1"))
+                        dict(os.environ, OMP_NUM_THREADS="1"))
     assert alone.returncode == 0, alone.stderr[-3000:]
     import torch
 
