@@ -4,16 +4,16 @@
 Each scenario goes through the command line as a user would: a detached sweep and its --status; a
 task requeued mid-run, one cancelled, and one warned of its time limit (SIGUSR2), each continuing
 from its checkpoint to the weights of the same run uninterrupted; a 2-task gloo run started from
-SLURM's environment, against the same run in one process. A test's commands run in its process
-(`muonlab.cli.main`, the command line's entry point); the three interruptions play at once, each command in
-an interpreter of its own (they wait on SLURM far more than they compute), and share one uninterrupted
-reference run."""
+SLURM's environment, against the same run in one process. The commands run in the test's process
+(`muonlab.cli.main`, the command line's entry point), one at a time, each with its own output; the three
+interruptions play at once on threads (they wait on SLURM far more than they compute) and share one
+uninterrupted reference run."""
 
+import contextlib
+import io
 import json
-import os
 import signal
 import subprocess
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -27,6 +27,9 @@ from muonlab.cli import main
 from muonlab.record.ledger import read_records
 
 
+# one command at a time in this process: its output is its own (a thread's print goes to the process's stdout)
+ONE_COMMAND = threading.Lock()
+
 STEPS = 30  # each interrupted run is held (SIGSTOP) from its 8th step until its signal is on its way
 HELD_AT = 8
 
@@ -35,13 +38,11 @@ HELD_AT = 8
 def slurm_cluster():
     env = start_local_slurm()
     version = env.pop("_version")
-    saved = os.environ.get("SLURM_CONF")
-    os.environ.update(env)  # for the squeue and scontrol calls made here
-    yield version
-    if saved is None:
-        os.environ.pop("SLURM_CONF", None)
-    else:
-        os.environ["SLURM_CONF"] = saved
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in env.items():  # for the squeue and scontrol calls made here
+            patch.setenv(name, value)
+        patch.setenv("OMP_NUM_THREADS", "1")  # what the tasks inherit from the commands run here (sbatch exports it)
+        yield version
 
 
 class References:
@@ -53,16 +54,13 @@ class References:
         self.weights: dict[tuple, dict] = {}
         self.lock = threading.Lock()
 
-    def get(self, config: Path, where: Path, env: dict) -> dict:
+    def get(self, config: Path, where: Path) -> dict:
         job = json.loads(config.read_text())["config"]
         key = (job["protocol"], job["seed"], job["arm"])
         with self.lock:
             if key not in self.weights:
-                cmd = [sys.executable, "-m", "muonlab", "train", "--config", str(config),
-                       "--runs-dir", str(where), "--ledger", str(where / "ledger.jsonl"), "--run-name", "ref",
-                       "--quiet"]
-                out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-                assert out.returncode == 0, out.stderr[-3000:]
+                muonlab("train", "--config", str(config), "--runs-dir", str(where), "--ledger",
+                        str(where / "ledger.jsonl"), "--run-name", "ref", "--quiet")
                 self.weights[key] = torch.load(where / "ref" / "model.pt", weights_only=True)
             return self.weights[key]
 
@@ -72,40 +70,33 @@ def references():
     return References()
 
 
+def muonlab(*args, check=True) -> subprocess.CompletedProcess:
+    """`muonlab ARGS` in this process, as the command line runs it; its tasks inherit this process's environment
+    (sbatch exports it: OMP_NUM_THREADS=1, tests/conftest.py)."""
+    with ONE_COMMAND, contextlib.redirect_stdout(io.StringIO()) as out, contextlib.redirect_stderr(io.StringIO()) as err:
+        code = main(list(args))
+    done = subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+    assert not check or code == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    return done
+
+
 class Lab:
     """`lab.sweep(*flags)`: `muonlab sweep` on the local SLURM, runs under `root`/runs."""
 
-    def __init__(self, root: Path, references: References, capsys=None):
+    def __init__(self, root: Path, references: References):
         self.root, self.references = root, references
         self.runs = root / "runs"
         self.ledger = self.runs / "ledger.jsonl"
         self.submitted = self.runs / "ledger.submitted.jsonl"
-        self.env = dict(os.environ, OMP_NUM_THREADS="1")  # what the tasks inherit (sbatch exports it)
-        # with the test's capsys, its commands run in this process (the command line's own entry point, a
-        # process's environment: the test's, which has OMP_NUM_THREADS=1 too); without, each in an interpreter
-        # of its own (the scenarios played on threads at once: one process's output cannot be told apart)
-        self.capsys = capsys
-
-    def muonlab(self, *args, check=True, timeout=600) -> subprocess.CompletedProcess:
-        if self.capsys is not None:
-            self.capsys.readouterr()
-            code = main(list(args))
-            captured = self.capsys.readouterr()
-            out = subprocess.CompletedProcess(args, code, captured.out, captured.err)
-        else:
-            out = subprocess.run([sys.executable, "-m", "muonlab", *args], env=self.env, capture_output=True,
-                                 text=True, timeout=timeout)
-        assert not check or out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
-        return out
 
     def sweep(self, *flags, arms="baseline", seeds="1", steps=STEPS, check=True) -> subprocess.CompletedProcess:
-        return self.muonlab("sweep", "--arms", arms, "--seeds", seeds, "--preset", "cpu-tiny", "--num-steps",
+        return muonlab("sweep", "--arms", arms, "--seeds", seeds, "--preset", "cpu-tiny", "--num-steps",
                             str(steps), "--runs-dir", str(self.runs), "--executor", "slurm", "--slurm",
                             "cpus_per_task=1", *flags, check=check)
 
     def status(self, *flags) -> dict:
         return {(r["arm"], r["seed"]): r for r in
-                json.loads(self.muonlab("sweep", "--status", "--ledger", str(self.ledger), "--json", *flags)
+                json.loads(muonlab("sweep", "--status", "--ledger", str(self.ledger), "--json", *flags)
                            .stdout)["runs"]}
 
     def records(self) -> list[dict]:
@@ -118,13 +109,12 @@ class Lab:
         """The weights of the sweep's own job file run here in one process, uninterrupted (into a ledger of its
         own)."""
         config = sorted((self.runs / "sweeps").glob(f"*/{name}.json"))[0]  # the first sweep's (a re-run's is the same)
-        return self.references.get(config, self.root / "reference", self.env)
+        return self.references.get(config, self.root / "reference")
 
 
 @pytest.fixture
-def lab(tmp_path, slurm_cluster, references, capsys, monkeypatch):
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the environment the commands here hand their tasks
-    return Lab(tmp_path, references, capsys)
+def lab(tmp_path, slurm_cluster, references):
+    return Lab(tmp_path, references)
 
 
 def same_weights(run_dir, reference: dict) -> bool:

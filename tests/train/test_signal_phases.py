@@ -22,9 +22,10 @@ import pytest
 from muonlab.train.run import StopSignals
 
 
-def _interrupt(tmp_path, marker: str, *args: str, delay: float = 0.5):
-    """Start `muonlab train --preset cpu-tiny ARGS`, send SIGTERM `delay` s after a stdout line
-    holding `marker`; (exit code, stderr, the ledger's lines, the runs folder)."""
+def _interrupt(tmp_path, marker: str, *args: str, then=lambda runs: True):
+    """Start `muonlab train --preset cpu-tiny ARGS`, send SIGTERM once a stdout line holds `marker` and
+    `then(runs folder)` holds (each phase is long enough to be still under way: no wait of a guessed length);
+    (exit code, stderr, the ledger's lines, the runs folder)."""
     env = {**os.environ, "MUONLAB_CACHE": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1"}
     runs = tmp_path / "runs"
     proc = subprocess.Popen([sys.executable, "-m", "muonlab", "train", "--preset", "cpu-tiny", "--runs-dir",
@@ -34,8 +35,9 @@ def _interrupt(tmp_path, marker: str, *args: str, delay: float = 0.5):
         for line in proc.stdout:
             if marker in line:
                 break
-        time.sleep(delay)
-        assert proc.poll() is None, f"the run passed {marker!r} before the signal"
+        while not then(runs) and proc.poll() is None:
+            time.sleep(0.01)
+        assert proc.poll() is None, f"the run ended before the signal (after {marker!r})"
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=120)
     finally:
@@ -46,6 +48,7 @@ def _interrupt(tmp_path, marker: str, *args: str, delay: float = 0.5):
 
 
 def test_sigterm_while_the_corpus_is_built_stops_cleans_the_cache_and_records_the_run(tmp_path):
+    # the line is printed under the corpus folder's lock: the folder is half built (200 MB take seconds)
     code, err, lines, runs = _interrupt(tmp_path, "data: building synthetic corpus", "--synthetic-bytes",
                                         "200000000", "--num-steps", "2")
     assert code == 130, err
@@ -62,7 +65,10 @@ def test_sigterm_while_the_corpus_is_built_stops_cleans_the_cache_and_records_th
 
 
 def test_sigterm_while_the_first_step_compiles_stops_at_once(tmp_path):
-    code, err, lines, runs = _interrupt(tmp_path, "compile True", "--compile", "on", "--num-steps", "3")
+    # metrics.jsonl is opened once the training loop's signal handling is in place; the first step then
+    # compiles the model for seconds
+    code, err, lines, runs = _interrupt(tmp_path, "compile True", "--compile", "on", "--num-steps", "3",
+                                        then=lambda runs: any(runs.glob("*/metrics.jsonl")))
     assert code == 130, err
     [line] = lines
     assert (line["status"], line["phase"], line["resumable"]) == ("interrupted", "train", False)
@@ -71,8 +77,10 @@ def test_sigterm_while_the_first_step_compiles_stops_at_once(tmp_path):
 
 
 def test_sigterm_during_the_final_evaluation_records_a_resumable_run(tmp_path):
-    code, err, lines, _ = _interrupt(tmp_path, "step 00001", "--synthetic-bytes", "30000000", "--num-steps", "1",
-                                     "--eval-tokens", "5000000", delay=1.0)
+    # the line comes after the final checkpoint; a model of depth 6 takes ~1 s of a core to score the
+    # validation and holdout splits of a 3 MB corpus
+    code, err, lines, _ = _interrupt(tmp_path, "evaluating the trained weights", "--synthetic-bytes", "3000000",
+                                     "--depth", "6", "--num-steps", "1", "--eval-tokens", "100000000")
     assert code == 130, err
     [line] = lines
     assert (line["status"], line["phase"], line["resumable"]) == ("interrupted", "evaluate", True)

@@ -15,6 +15,7 @@ is that ratio, the floor for a model that sees each document on its own.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -131,7 +132,11 @@ class SyntheticSource:
     def __init__(self, total_bytes: int, seed: int, n_words: int, branching: int, doc_words: int):
         self.total_bytes, self.seed, self.doc_words = total_bytes, seed, doc_words
         self.n_words, self.branching = n_words, branching
-        self.chain = MarkovText.random(n_words, branching, seed)
+
+    @functools.cached_property
+    def chain(self) -> MarkovText:
+        """Made when a corpus is built, not where one is reused (its identity needs no chain: ~30 ms a run)."""
+        return MarkovText.random(self.n_words, self.branching, self.seed)
 
     def identity(self) -> dict:
         return {

@@ -445,7 +445,8 @@ def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx: 
     t_train = time.time()
     metrics_path = run.path / "metrics.jsonl" if ctx.is_main else Path(os.devnull)
     record["phase"] = "train"  # the first step compiles the model where the run compiles
-    with metrics_writer(metrics_path) as write_metrics, StopSignals(at_once=not ctx.active) as stop:
+    # the signals' handler first: once metrics.jsonl exists, a signal is the loop's (a test waits for the file)
+    with StopSignals(at_once=not ctx.active) as stop, metrics_writer(metrics_path) as write_metrics:
         try:
             state = train_loop(cfg, train_model, optimizer, loader, runtime, flops_per_token, on_step=on_step,
                                state=state, pending=pending, checkpoint=save, stop_requested=stop.poll,
@@ -459,6 +460,7 @@ def _train_and_evaluate(cfg, data, runtime, run, t_start, log, checkpoint, ctx: 
             if hasattr(loader, "close"):
                 loader.close()
     record["phase"] = "evaluate"
+    log("evaluating the trained weights")  # a long final evaluation is not mistaken for a hang
     evals = evaluate(train_model, data, cfg, runtime, ctx)  # compiled, as upstream scores it
     timed_steps = state.step - min(cfg.train.untimed_steps, state.step)
     mfu = mfu_percent(flops_per_token, cfg.train.total_batch_size * timed_steps, state.training_seconds,
