@@ -38,6 +38,20 @@ def test_a_warm_child_has_its_own_session_environment_log_threads_and_exit_statu
     assert log.read_text().splitlines()[-1].startswith("threads=2 ")  # appended: the sweep opened the log
 
 
+def test_a_warm_childs_output_is_buffered_as_a_new_interpreters(tmp_path):
+    """As `python -m muonlab` writing to a file: stdout in blocks, or each line as printed under PYTHONUNBUFFERED
+    (support/warm_run.py reads a run's lines as they come), whatever the environment the server started in."""
+    from support.warm_child import prints_a_line
+
+    for unbuffered, written in (("1", len("ready\n")), ("", 0)):
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+        log = tmp_path / f"run-{unbuffered or 'buffered'}.log"
+        run = warm_start.WarmRun([], {**env, **({"PYTHONUNBUFFERED": unbuffered} if unbuffered else {})}, str(log),
+                                 target=prints_a_line)
+        assert run.wait(timeout=120) == 0
+        assert log.read_text() == f"ready\nwritten={written}\n"
+
+
 COSTS = {"total_seconds", "training_seconds", "tokens_per_second", "mfu_percent", "peak_memory_mb"}
 
 

@@ -4,14 +4,13 @@ import errno
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
 from support.models import assert_trained
+from support.warm_run import WarmMuonlab
 
 import muonlab.record.ledger as ledger_module
 import muonlab.train.checkpoint as ckpt_module
@@ -58,10 +57,10 @@ def reference_run(tmp_path, capsys):
     return Path(out["run_dir"]), out["summary"]
 
 
-def _start(tmp_path, name, extra=()):
-    env = dict(os.environ, MUONLAB_CACHE=str(tmp_path / "cache"))
-    cmd = [sys.executable, "-m", "muonlab"] + TINY + ["--run-name", name, *extra]
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+def _start(tmp_path, name) -> WarmMuonlab:
+    """The run in a process of its own (support.warm_run), to be killed or signalled."""
+    return WarmMuonlab(TINY + ["--run-name", name], dict(os.environ, MUONLAB_CACHE=str(tmp_path / "cache")),
+                       tmp_path / f"{name}.log")
 
 
 def _wait_for_steps(run_dir: Path, n: int, proc, timeout=120):
@@ -76,11 +75,11 @@ def _wait_for_steps(run_dir: Path, n: int, proc, timeout=120):
 
 def test_killed_run_resumes_bitwise(tmp_path, reference_run, capsys):
     ref_dir, ref_summary = reference_run
-    proc = _start(tmp_path, "killed")
     run_dir = runs(tmp_path) / "killed"
-    _wait_for_steps(run_dir, 14, proc)
-    proc.kill()  # SIGKILL: no chance to clean up, as in a node failure
-    proc.wait(timeout=30)
+    with _start(tmp_path, "killed") as run:
+        _wait_for_steps(run_dir, 14, run.process)
+        run.process.kill()  # SIGKILL: no chance to clean up, as in a node failure
+        run.process.wait(timeout=30)
     assert list_checkpoints(run_dir), "a periodic checkpoint was written before the kill"
     assert main(["train", "--resume", str(run_dir), "--json"]) == 0
     resumed = json.loads(capsys.readouterr().out)["summary"]
@@ -98,12 +97,11 @@ def test_killed_run_resumes_bitwise(tmp_path, reference_run, capsys):
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR2])  # a preemption; SLURM's notice before one
 def test_sigterm_checkpoints_and_resumes(tmp_path, reference_run, capsys, monkeypatch, sig):
     ref_dir, _ = reference_run
-    proc = _start(tmp_path, "preempted")
     run_dir = runs(tmp_path) / "preempted"
-    _wait_for_steps(run_dir, 6, proc)
-    proc.send_signal(sig)
-    out, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 130, out
+    with _start(tmp_path, "preempted") as run:
+        _wait_for_steps(run_dir, 6, run.process)
+        run.process.send_signal(sig)
+        assert run.process.wait(timeout=60) == 130, run.output()
     (rec,) = [r for r in ledger(tmp_path) if r["run_id"] == "preempted"]
     assert rec["status"] == "interrupted" and rec["resumable"] and sig.name in rec["error"]
     assert verify_checkpoint(Path(rec["checkpoint"])) is None

@@ -13,46 +13,38 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
+from support.warm_run import WarmMuonlab
 
 from muonlab.train.run import StopSignals
 
 
 def _interrupt(tmp_path, marker: str, *args: str, then=lambda runs: True):
-    """Start `muonlab train --preset cpu-tiny ARGS`, send SIGTERM once a stdout line holds `marker` and
-    `then(runs folder)` holds (each phase is long enough to be still under way: no wait of a guessed length);
-    (exit code, stderr, the ledger's lines, the runs folder)."""
-    env = {**os.environ, "MUONLAB_CACHE": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1"}
+    """Start `muonlab train --preset cpu-tiny ARGS` (a process of its own: support.warm_run), send SIGTERM once
+    a line of its output holds `marker` and `then(runs folder)` holds (each phase is long enough to be still
+    under way: no wait of a guessed length); (exit code, its output, the ledger's lines, the runs folder)."""
     runs = tmp_path / "runs"
-    proc = subprocess.Popen([sys.executable, "-m", "muonlab", "train", "--preset", "cpu-tiny", "--runs-dir",
-                             str(runs), *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
-    try:
-        for line in proc.stdout:
-            if marker in line:
-                break
-        while not then(runs) and proc.poll() is None:
+    argv = ["train", "--preset", "cpu-tiny", "--runs-dir", str(runs), *args]
+    with WarmMuonlab(argv, {**os.environ, "MUONLAB_CACHE": str(tmp_path / "cache")}, tmp_path / "run.log") as run:
+        run.wait_for_line(marker)
+        while not then(runs) and run.process.poll() is None:
             time.sleep(0.01)
-        assert proc.poll() is None, f"the run ended before the signal (after {marker!r})"
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
+        assert run.process.poll() is None, f"the run ended before the signal (after {marker!r})"
+        run.process.send_signal(signal.SIGTERM)
+        code = run.process.wait(timeout=120)
     ledger = runs / "ledger.jsonl"
     lines = [json.loads(line) for line in ledger.read_text().splitlines()] if ledger.is_file() else []
-    return proc.returncode, err, lines, runs
+    return code, run.output(), lines, runs
 
 
 def test_sigterm_while_the_corpus_is_built_stops_cleans_the_cache_and_records_the_run(tmp_path):
     # the line is printed under the corpus folder's lock: the folder is half built (200 MB take seconds)
-    code, err, lines, runs = _interrupt(tmp_path, "data: building synthetic corpus", "--synthetic-bytes",
+    code, out, lines, runs = _interrupt(tmp_path, "data: building synthetic corpus", "--synthetic-bytes",
                                         "200000000", "--num-steps", "2")
-    assert code == 130, err
-    assert err.strip().splitlines()[-1].startswith("error: interrupted: the run is recorded interrupted; where its "
+    assert code == 130, out
+    assert out.strip().splitlines()[-1].startswith("error: interrupted: the run is recorded interrupted; where its "
                                                    "ledger line says resumable, `muonlab train --resume RUN_DIR`")
     assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]
     [line] = lines
@@ -64,12 +56,14 @@ def test_sigterm_while_the_corpus_is_built_stops_cleans_the_cache_and_records_th
     assert (run_dir / "config.json").is_file()
 
 
-def test_sigterm_while_the_first_step_compiles_stops_at_once(tmp_path):
-    # metrics.jsonl is opened once the training loop's signal handling is in place; the first step then
-    # compiles the model for seconds
-    code, err, lines, runs = _interrupt(tmp_path, "compile True", "--compile", "on", "--num-steps", "3",
-                                        then=lambda runs: any(runs.glob("*/metrics.jsonl")))
-    assert code == 130, err
+def test_sigterm_while_the_first_step_compiles_stops_at_once(tmp_path, monkeypatch):
+    # the signal once Inductor has written its first file into an empty cache: the first step is compiling (its
+    # C++ kernels, each a compiler run, cold)
+    inductor = tmp_path / "inductor"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(inductor))
+    code, out, lines, runs = _interrupt(tmp_path, "compile True", "--compile", "on", "--num-steps", "3",
+                                        then=lambda runs: inductor.is_dir() and any(inductor.rglob("*")))
+    assert code == 130, out
     [line] = lines
     assert (line["status"], line["phase"], line["resumable"]) == ("interrupted", "train", False)
     assert line["error"] == "interrupted (SIGTERM)"
@@ -79,9 +73,9 @@ def test_sigterm_while_the_first_step_compiles_stops_at_once(tmp_path):
 def test_sigterm_during_the_final_evaluation_records_a_resumable_run(tmp_path):
     # the line comes after the final checkpoint; a model of depth 6 takes ~1 s of a core to score the
     # validation and holdout splits of a 3 MB corpus
-    code, err, lines, _ = _interrupt(tmp_path, "evaluating the trained weights", "--synthetic-bytes", "3000000",
+    code, out, lines, _ = _interrupt(tmp_path, "evaluating the trained weights", "--synthetic-bytes", "3000000",
                                      "--depth", "6", "--num-steps", "1", "--eval-tokens", "100000000")
-    assert code == 130, err
+    assert code == 130, out
     [line] = lines
     assert (line["status"], line["phase"], line["resumable"]) == ("interrupted", "evaluate", True)
 

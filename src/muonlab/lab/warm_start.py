@@ -51,7 +51,8 @@ def _train(argv: list[str], env: dict[str, str], log_path: str) -> None:
 
 def enter_run(env: dict[str, str], log_path: str) -> None:
     """In the forked child: a session of its own (the terminal's Ctrl-C reaches the sweep only), the run's
-    environment, its log as stdout and stderr (stdin empty), and its share of the cores."""
+    environment (PYTHONUNBUFFERED included), its log as stdout and stderr (stdin empty), and its share of the
+    cores."""
     os.setsid()
     os.environ.clear()
     os.environ.update(env)
@@ -62,6 +63,11 @@ def enter_run(env: dict[str, str], log_path: str) -> None:
     os.dup2(log, 2)
     os.close(log)
     os.close(devnull)
+    # the output's buffering as a new interpreter writing to a file has it (the server's came from its own start):
+    # stdout in blocks, or each write as printed under PYTHONUNBUFFERED (`tail -f` of a run's log); stderr by line
+    unbuffered = bool(env.get("PYTHONUNBUFFERED"))
+    sys.stdout.reconfigure(line_buffering=unbuffered, write_through=unbuffered)
+    sys.stderr.reconfigure(line_buffering=True, write_through=unbuffered)
     import torch
 
     if env.get("OMP_NUM_THREADS", "").isdigit():  # read by torch at import, which the server did already
