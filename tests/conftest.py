@@ -136,6 +136,18 @@ def pytest_runtest_call(item):
         pytest.skip(f"optional package missing: {exc}")
 
 
+@pytest.hookimpl(tryfirst=True)  # before the test's fixtures are set up (support.budget measures each)
+def pytest_runtest_setup(item):
+    """A worker's first import of transformers and the Llama classes its families build (~2 CPU s) is paid before
+    the first test that asks for the `transformers` fixture sets its fixtures up: a one-time import, as torch._dynamo's
+    above, not that test's budget (it was, in a run where no earlier test on the worker had imported them)."""
+    if "transformers" in getattr(item, "fixturenames", ()):
+        try:
+            import transformers.models.llama.modeling_llama  # noqa: F401
+        except ImportError:
+            pass  # the fixture skips the test, saying why
+
+
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook (the suite also runs without xdist)
 def pytest_xdist_make_scheduler(config, log):
     """`--dist loadfile` (make test): a file to a worker, but a spread file's tests one by one (support.scheduling)."""
