@@ -72,7 +72,7 @@ def references():
 
 def muonlab(*args, check=True) -> subprocess.CompletedProcess:
     """`muonlab ARGS` in this process, as the command line runs it; its tasks inherit this process's environment
-    (sbatch exports it: OMP_NUM_THREADS=1, tests/conftest.py)."""
+    (sbatch exports it: OMP_NUM_THREADS=1, set by the slurm_cluster fixture)."""
     with ONE_COMMAND, contextlib.redirect_stdout(io.StringIO()) as out, contextlib.redirect_stderr(io.StringIO()) as err:
         code = main(list(args))
     done = subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
@@ -90,9 +90,9 @@ class Lab:
         self.submitted = self.runs / "ledger.submitted.jsonl"
 
     def sweep(self, *flags, arms="baseline", seeds="1", steps=STEPS, check=True) -> subprocess.CompletedProcess:
-        return muonlab("sweep", "--arms", arms, "--seeds", seeds, "--preset", "cpu-tiny", "--num-steps",
-                            str(steps), "--runs-dir", str(self.runs), "--executor", "slurm", "--slurm",
-                            "cpus_per_task=1", *flags, check=check)
+        return muonlab("sweep", "--arms", arms, "--seeds", seeds, "--preset", "cpu-tiny", "--num-steps", str(steps),
+                       "--runs-dir", str(self.runs), "--executor", "slurm", "--slurm", "cpus_per_task=1", *flags,
+                       check=check)
 
     def status(self, *flags) -> dict:
         return {(r["arm"], r["seed"]): r for r in

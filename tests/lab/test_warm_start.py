@@ -43,11 +43,11 @@ def test_a_warm_childs_output_is_buffered_as_a_new_interpreters(tmp_path):
     (support/warm_run.py reads a run's lines as they come), whatever the environment the server started in."""
     from support.warm_child import prints_a_line
 
-    for unbuffered, written in (("1", len("ready\n")), ("", 0)):
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
-        log = tmp_path / f"run-{unbuffered or 'buffered'}.log"
-        run = warm_start.WarmRun([], {**env, **({"PYTHONUNBUFFERED": unbuffered} if unbuffered else {})}, str(log),
-                                 target=prints_a_line)
+    buffered = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    for name, env, written in (("unbuffered", {**buffered, "PYTHONUNBUFFERED": "1"}, len("ready\n")),
+                               ("buffered", buffered, 0)):
+        log = tmp_path / f"{name}.log"
+        run = warm_start.WarmRun([], env, str(log), target=prints_a_line)
         assert run.wait(timeout=120) == 0
         assert log.read_text() == f"ready\nwritten={written}\n"
 

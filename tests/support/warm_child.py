@@ -36,7 +36,6 @@ def imports_of_a_run(argv, env, log_path):
     print(f"frozen={frozen}\nimported={','.join(new)}", flush=True)
 
 
-
 def prints_a_line(argv, env, log_path):
     """Print a line, then the bytes of it that reached the log file by then (0 while buffered)."""
     from muonlab.lab.warm_start import enter_run

@@ -5,8 +5,10 @@ pays to import torch. Its stdout and stderr go to one log, written line by line 
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
+from typing import Callable
+
+from support.slurm import wait_for
 
 from muonlab.lab import warm_start
 
@@ -19,11 +21,15 @@ class WarmMuonlab:
     def output(self) -> str:
         return self.log.read_text() if self.log.is_file() else ""
 
+    def wait_until(self, what: str, predicate: Callable[[], object], timeout_s: float = 300,
+                   every_s: float = 0.01) -> None:
+        """Until `predicate()` holds; fails if the run ends first (or after `timeout_s`)."""
+        wait_for(what, lambda: predicate() or self.process.poll() is not None, timeout_s, every_s)
+        assert predicate(), f"the run ended (exit {self.process.poll()}) before {what}"
+
     def wait_for_line(self, marker: str) -> None:
-        """Until a line of the output holds `marker`; fails if the run ends without one."""
-        while marker not in self.output():
-            assert self.process.poll() is None, f"the run ended (exit {self.process.poll()}) without {marker!r}"
-            time.sleep(0.01)
+        """Until a line of the output holds `marker`."""
+        self.wait_until(f"a line holding {marker!r}", lambda: marker in self.output())
 
     def __enter__(self) -> "WarmMuonlab":
         return self

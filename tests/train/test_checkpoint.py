@@ -4,7 +4,6 @@ import errno
 import json
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -63,21 +62,16 @@ def _start(tmp_path, name) -> WarmMuonlab:
                        tmp_path / f"{name}.log")
 
 
-def _wait_for_steps(run_dir: Path, n: int, proc, timeout=120):
+def _steps_logged(run_dir: Path) -> int:
     metrics = run_dir / "metrics.jsonl"
-    deadline = time.time() + timeout
-    while time.time() < deadline and proc.poll() is None:
-        if metrics.exists() and metrics.read_text().count("\n") >= n:
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"run did not reach {n} steps (exit {proc.poll()})")
+    return metrics.read_text().count("\n") if metrics.exists() else 0
 
 
 def test_killed_run_resumes_bitwise(tmp_path, reference_run, capsys):
     ref_dir, ref_summary = reference_run
     run_dir = runs(tmp_path) / "killed"
     with _start(tmp_path, "killed") as run:
-        _wait_for_steps(run_dir, 14, run.process)
+        run.wait_until("14 steps", lambda: _steps_logged(run_dir) >= 14, timeout_s=120, every_s=0.02)
         run.process.kill()  # SIGKILL: no chance to clean up, as in a node failure
         run.process.wait(timeout=30)
     assert list_checkpoints(run_dir), "a periodic checkpoint was written before the kill"
@@ -99,7 +93,7 @@ def test_sigterm_checkpoints_and_resumes(tmp_path, reference_run, capsys, monkey
     ref_dir, _ = reference_run
     run_dir = runs(tmp_path) / "preempted"
     with _start(tmp_path, "preempted") as run:
-        _wait_for_steps(run_dir, 6, run.process)
+        run.wait_until("6 steps", lambda: _steps_logged(run_dir) >= 6, timeout_s=120, every_s=0.02)
         run.process.send_signal(sig)
         assert run.process.wait(timeout=60) == 130, run.output()
     (rec,) = [r for r in ledger(tmp_path) if r["run_id"] == "preempted"]

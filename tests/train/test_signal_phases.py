@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 
 import pytest
 from support.warm_run import WarmMuonlab
@@ -29,8 +28,7 @@ def _interrupt(tmp_path, marker: str, *args: str, then=lambda runs: True):
     argv = ["train", "--preset", "cpu-tiny", "--runs-dir", str(runs), *args]
     with WarmMuonlab(argv, {**os.environ, "MUONLAB_CACHE": str(tmp_path / "cache")}, tmp_path / "run.log") as run:
         run.wait_for_line(marker)
-        while not then(runs) and run.process.poll() is None:
-            time.sleep(0.01)
+        run.wait_until(f"the condition after {marker!r}", lambda: then(runs))
         assert run.process.poll() is None, f"the run ended before the signal (after {marker!r})"
         run.process.send_signal(signal.SIGTERM)
         code = run.process.wait(timeout=120)
