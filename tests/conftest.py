@@ -15,6 +15,14 @@ import torch  # noqa: E402
 # every run imports torch._dynamo (with sympy), even uncompiled (muonlab.lab.warm_start says why): ~2 s of a core,
 # imported once here, so that no test's CPU budget pays it by being its worker's first run
 import torch._dynamo  # noqa: F401
+# so too the Hugging Face models the families build (~1 s of a core, where transformers is installed): a worker's first
+# import was charged to whichever fast test built one first (2.2-2.5 CPU s in a slow hour, over the fast budget)
+for _module in ("transformers.models.llama.modeling_llama", "transformers.models.qwen2.modeling_qwen2",
+                "transformers.models.t5gemma2.modeling_t5gemma2"):
+    try:
+        __import__(_module)
+    except ImportError:  # an optional package; its tests skip, saying why
+        break
 from muonlab.host_memory import retain_freed_host_memory
 from support.bundles import PRECISIONS, reference_bundles  # tests/ is on sys.path
 from support.budget import TierBudget, heaviest_units_first
@@ -134,18 +142,6 @@ def pytest_runtest_call(item):
         return (yield)
     except MissingPackage as exc:
         pytest.skip(f"optional package missing: {exc}")
-
-
-@pytest.hookimpl(tryfirst=True)  # before the test's fixtures are set up (support.budget measures each)
-def pytest_runtest_setup(item):
-    """A worker's first import of transformers and the Llama classes its families build (~2 CPU s) is paid before
-    the first test that asks for the `transformers` fixture sets its fixtures up: a one-time import, as torch._dynamo's
-    above, not that test's budget (it was, in a run where no earlier test on the worker had imported them)."""
-    if "transformers" in getattr(item, "fixturenames", ()):
-        try:
-            import transformers.models.llama.modeling_llama  # noqa: F401
-        except ImportError:
-            pass  # the fixture skips the test, saying why
 
 
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook (the suite also runs without xdist)

@@ -68,8 +68,8 @@ def test_gradient_source_intervention_splits_the_merged_gradient():
 
 @pytest.fixture
 def transformers():
-    """The Hugging Face tests skip without transformers (imported when one runs: collecting stays cheap; a worker's
-    first import, with the Llama classes the families build, before any fixture is measured: tests/conftest.py)."""
+    """The Hugging Face tests skip without transformers (a worker imports it at its start where it is installed:
+    tests/conftest.py), with the Llama classes the families build."""
     module = pytest.importorskip("transformers")
     pytest.importorskip("transformers.models.llama.modeling_llama")
     return module
