@@ -21,6 +21,16 @@ class WarmMuonlab:
     def output(self) -> str:
         return self.log.read_text() if self.log.is_file() else ""
 
+    def signal_state(self) -> str:
+        """The run's signals as its kernel entry holds them (pending, blocked, ignored, caught), for a failure's
+        message: whether a signal sent was held, ignored or taken by a handler."""
+        try:
+            lines = Path(f"/proc/{self.process.pid}/status").read_text().splitlines()
+        except OSError:
+            return "(no /proc entry)"
+        return " ".join(line.replace("\t", "") for line in lines if line.startswith(("SigPnd", "ShdPnd", "SigBlk",
+                                                                                       "SigIgn", "SigCgt")))
+
     def wait_until(self, what: str, predicate: Callable[[], object], timeout_s: float = 300,
                    every_s: float = 0.01) -> None:
         """Until `predicate()` holds; fails if the run ends first (or after `timeout_s`)."""

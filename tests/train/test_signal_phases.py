@@ -31,7 +31,10 @@ def _interrupt(tmp_path, marker: str, *args: str, then=lambda runs: True):
         run.wait_until(f"the condition after {marker!r}", lambda: then(runs))
         assert run.process.poll() is None, f"the run ended before the signal (after {marker!r})"
         run.process.send_signal(signal.SIGTERM)
+        state = run.signal_state()  # in a failure's message: was the signal held, ignored or handled?
         code = run.process.wait(timeout=120)
+    if code != 130:
+        print(f"the run's signals just after SIGTERM was sent: {state}")
     ledger = runs / "ledger.jsonl"
     lines = [json.loads(line) for line in ledger.read_text().splitlines()] if ledger.is_file() else []
     return code, run.output(), lines, runs
