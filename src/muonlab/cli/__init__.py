@@ -27,6 +27,11 @@ def threading_is_main() -> bool:
 
 
 def _signal_as_interrupt(signum, frame):
+    import signal
+
+    from muonlab import stop_request
+
+    stop_request.note(signal.Signals(signum).name)  # kept should C code discard the exception (muonlab.stop_request)
     raise KeyboardInterrupt  # a SLURM preemption or `kill` ends a run like Ctrl-C: recorded, then exit
 
 
@@ -79,3 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if previous:
+            from muonlab import stop_request
+
+            stop_request.clear()

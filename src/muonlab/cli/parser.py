@@ -70,7 +70,14 @@ def _emit(args, payload: dict, text: str) -> None:
 
 def _log_for(args) -> Callable[[str], None]:
     stream = sys.stderr if getattr(args, "json", False) else sys.stdout
-    return lambda message: print(message, file=stream, flush=True)
+
+    def log(message: str) -> None:
+        # one write, the line end with it: print() writes them apart, and a SIGTERM taken between the two left
+        # the run's last line without its end, the command's "error: interrupted" line joined to it
+        stream.write(f"{message}\n")
+        stream.flush()
+
+    return log
 
 
 def verb_module(name: str):

@@ -25,6 +25,7 @@ from muonlab.data.config import DataConfig
 from muonlab.data.sources import SPLIT_SCHEME, SPLITS, chunk_documents, make_source, split_documents
 from muonlab.data.store import hash_docs, open_parquet, sha256_file, write_docs
 from muonlab.errors import UsageError
+from muonlab.stop_request import stop_if_requested
 
 FORMAT = "muonlab-corpus-v1"
 
@@ -82,6 +83,7 @@ def _prepare_small(cfg: DataConfig, root: Path, log: Callable[[str], None]) -> C
         h = hashlib.sha256()
         stats = {}
         for name in SPLITS:
+            stop_if_requested()  # a stop whose interrupt was lost inside the draw (muonlab.stop_request)
             docs = chunk_documents(splits[name], cfg.max_doc_chars)
             write_docs(files[name][0], docs)
             h.update(name.encode() + b"\0")
@@ -93,6 +95,7 @@ def _prepare_small(cfg: DataConfig, root: Path, log: Callable[[str], None]) -> C
                 "chars": s.chars,
                 "files": [f"{name}.parquet"],
             }
+        stop_if_requested()
         meta = source.meta()
         manifest = {
             "format": FORMAT,

@@ -45,6 +45,7 @@ from muonlab.record.optimizer_groups import optimizer_groups
 from muonlab.record.rundir import (RunDir, check_new_run, ledger_path, metrics_writer, new_run_id, periodic_evals,
                                    runs_dir)
 from muonlab.record.sinks import SinkGroup, parse_sinks
+from muonlab.stop_request import stop_if_requested
 from muonlab.train.build import build_model, build_optimizer
 from muonlab.train.checkpoint import (latest_checkpoint, newest_complete_checkpoint, rng_state, save_checkpoint,
                                       set_rng_state)
@@ -114,11 +115,13 @@ class StopSignals:
 
     def _handle(self, signum, frame):
         name = signal.Signals(signum).name
-        if self.requested or self.at_once:
-            exc = KeyboardInterrupt(f"interrupted ({self.signal or name})")
-            exc.signal = self.signal or name  # a SLURM task requeues itself on SIGUSR2
+        first = not self.requested
+        if first:  # noted before any raise: an interrupt that C code discards still stops the loop after its step
+            self.requested, self.signal = True, name
+        if not first or self.at_once:
+            exc = KeyboardInterrupt(f"interrupted ({self.signal})")
+            exc.signal = self.signal  # a SLURM task requeues itself on SIGUSR2
             raise exc
-        self.requested, self.signal = True, name
 
     def poll(self) -> bool:
         """The loop's question after each step: stop now?"""
@@ -344,7 +347,9 @@ def _prepare_data(cfg: RunConfig, log, ctx: Dist, runtime: Runtime, run: RunDir 
     exists), but a signal is a run interrupted as it began: it gets its directory (a resumed run keeps
     its own) and an `interrupted` line with phase `data`, like an interruption at any later phase."""
     try:
-        return get_family(cfg.family).prepare_data(cfg, log=log)
+        data = get_family(cfg.family).prepare_data(cfg, log=log)
+        stop_if_requested()  # a stop taken in the data phase whose interrupt C code discarded (muonlab.stop_request)
+        return data
     except (KeyboardInterrupt, SystemExit) as exc:
         if ctx.is_main:
             with signals_deferred():
