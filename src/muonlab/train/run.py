@@ -104,8 +104,9 @@ class StopSignals:
 
     With `at_once`, a signal that arrives before the loop's first poll (`poll`, after the first step's
     work) interrupts at once: that step compiles the model, which can take minutes, and stopping
-    after it would keep nothing a checkpoint does not already hold. A distributed run waits for the
-    step all the same: its ranks must stop together."""
+    after it would keep nothing a checkpoint does not already hold (the stop is asked for too: should C code
+    discard the interrupt, the poll after the step still stops). A distributed run waits for the step all the
+    same: its ranks must stop together."""
 
     def __init__(self, at_once: bool = False):
         self.requested = False
