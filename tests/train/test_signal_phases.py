@@ -6,7 +6,9 @@ and the run is recorded as `interrupted` with the phase it was in.
 - train, first step: the step that compiles the model stops at once, not after the step (there is
   nothing yet a checkpoint would keep);
 - train, later steps: the loop stops after its step and checkpoints (tests/train/test_checkpoint.py);
-- evaluate: the final evaluation stops at once; the final checkpoint makes the run resumable."""
+- evaluate: the final evaluation stops at once; the final checkpoint makes the run resumable;
+- a signal whose KeyboardInterrupt C code discards still stops the data phase, and the first step after it ends
+  (muonlab.stop_request)."""
 
 from __future__ import annotations
 
