@@ -107,12 +107,12 @@ def test_a_distributed_run_waits_for_its_step_whatever_the_phase():
         assert stop.poll() is True
 
 
-def _discarding_the_interrupt(original):
-    """`original`, after a SIGTERM whose KeyboardInterrupt is discarded, as C code calling back into Python can
+def _discarding_the_interrupt(original, sig):
+    """`original`, after a signal whose KeyboardInterrupt is discarded, as C code calling back into Python can
     (a suite run's SIGTERM was lost so inside numpy's Generator.choice, in the synthetic corpus's word draw)."""
     def draw(*args, **kwargs):
         try:
-            signal.raise_signal(signal.SIGTERM)  # the handler runs here and raises
+            signal.raise_signal(sig)  # the handler runs here and raises
         except KeyboardInterrupt:
             pass
         return original(*args, **kwargs)
@@ -120,14 +120,20 @@ def _discarding_the_interrupt(original):
     return draw
 
 
-def test_a_sigterm_whose_interrupt_is_discarded_still_stops_the_corpus_build(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_whose_interrupt_is_discarded_still_stops_the_corpus_build(tmp_path, monkeypatch, capsys, sig):
     from muonlab.cli import main
     from muonlab.data.synthetic import MarkovText
 
-    monkeypatch.setattr(MarkovText, "random", _discarding_the_interrupt(MarkovText.random))
+    monkeypatch.setattr(MarkovText, "random", _discarding_the_interrupt(MarkovText.random, sig))
     monkeypatch.setenv("MUONLAB_CACHE", str(tmp_path / "cache"))
     runs = tmp_path / "runs"
-    code = main(["train", "--preset", "cpu-tiny", "--runs-dir", str(runs), "--synthetic-bytes", "300000"])
+    # Ctrl-C as a terminal's process has it (a pytest-xdist worker ignores SIGINT, and the command leaves it so)
+    terminal = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        code = main(["train", "--preset", "cpu-tiny", "--runs-dir", str(runs), "--synthetic-bytes", "300000"])
+    finally:
+        signal.signal(signal.SIGINT, terminal)
     assert code == 130, capsys.readouterr()
     assert capsys.readouterr().err.strip().startswith("error: interrupted")
     [line] = [json.loads(text) for text in (runs / "ledger.jsonl").read_text().splitlines()]

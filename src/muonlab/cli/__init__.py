@@ -32,7 +32,7 @@ def _signal_as_interrupt(signum, frame):
     from muonlab import stop_request
 
     stop_request.note(signal.Signals(signum).name)  # kept should C code discard the exception (muonlab.stop_request)
-    raise KeyboardInterrupt  # a SLURM preemption or `kill` ends a run like Ctrl-C: recorded, then exit
+    raise KeyboardInterrupt  # a SLURM preemption, a `kill` or Ctrl-C ends a run: recorded, then exit
 
 
 def _chosen_verb(argv: list[str] | None) -> str | None:
@@ -51,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
 
     # SIGUSR2: SLURM's advance notice (sbatch --signal), whose default action would end the process unrecorded
     stops = [signal.SIGTERM] + ([signal.SIGUSR2] if hasattr(signal, "SIGUSR2") else [])
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # Ctrl-C (a sweep's, to its runs) alike;
+        stops.append(signal.SIGINT)  # a process that started with it ignored (a background job) keeps it so
     previous = {sig: signal.signal(sig, _signal_as_interrupt) for sig in stops} if threading_is_main() else {}
     try:
         words = sys.argv[1:] if argv is None else argv
