@@ -24,10 +24,6 @@ def clear() -> None:
     _requested = None
 
 
-def requested() -> str | None:
-    return _requested
-
-
 def stop_if_requested() -> None:
     """Raise the interrupt of a stop signal taken earlier: a place where the work may stop."""
     if _requested is not None:

@@ -11,8 +11,10 @@ Exit status: 0 success, 1 runtime failure (including a diverged run or a failed 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
+from muonlab import stop_request
 from muonlab.cli.parser import build_parser
 from muonlab.cli.resolve import _resolve_config
 from muonlab.errors import MuonlabError, UsageError
@@ -27,10 +29,6 @@ def threading_is_main() -> bool:
 
 
 def _signal_as_interrupt(signum, frame):
-    import signal
-
-    from muonlab import stop_request
-
     stop_request.note(signal.Signals(signum).name)  # kept should C code discard the exception (muonlab.stop_request)
     raise KeyboardInterrupt  # a SLURM preemption, a `kill` or Ctrl-C ends a run: recorded, then exit
 
@@ -47,8 +45,6 @@ def _one_line(exc: BaseException) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import signal
-
     # SIGUSR2: SLURM's advance notice (sbatch --signal), whose default action would end the process unrecorded
     stops = [signal.SIGTERM] + ([signal.SIGUSR2] if hasattr(signal, "SIGUSR2") else [])
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # Ctrl-C (a sweep's, to its runs) alike;
@@ -87,6 +83,4 @@ def main(argv: list[str] | None = None) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         if previous:
-            from muonlab import stop_request
-
             stop_request.clear()
